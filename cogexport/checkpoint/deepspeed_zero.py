@@ -1,0 +1,422 @@
+"""Read a DeepSpeed checkpoint (ZeRO stages 0-3, any world size) as a lazy mapping of names to tensors.
+
+The names and order are the trained module's ``state_dict()``: trainable parameters come from the fp32
+masters in the optimizer partitions (gathered only from the ranks that hold them), frozen parameters and
+persistent buffers from the stored bits, tied aliases from their source. Everything about the checkpoint is
+read and checked when it is opened (only the small pickles, never tensor data); tensors are read one at a
+time when loaded. ``deepspeed`` is never imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from ..errors import CogExportError
+from ..lazy import LazyTensor
+from .locate import RankFiles, locate, optim_file_name, zero3_model_file_name
+from .torch_archive import PickledObject, StoredTensor, TorchArchive, load_torch_file
+from .zero_layout import FlatGroupLayout, Zero3SubGroupLayout, gather_zero3_pieces
+
+# Keys DeepSpeed writes into a model-states file; anything else is the user's client_state.
+ENGINE_KEYS = frozenset({
+    "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+    "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
+    "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size",
+    "checkpoint_parallel_dimensions", "ds_config", "ds_version",
+})
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass
+class CheckpointInfo:
+    """What a checkpoint is, for ``inspect`` and for the decisions of later stages."""
+
+    format: str
+    paths: list[str]
+    tag: str | None = None
+    tags: list[str] = field(default_factory=list)
+    step: int | None = None
+    stage: int | None = None
+    training_dtype: str | None = None
+    world_size: int | None = None
+    weights_source: str = ""
+    ds_version: str | None = None
+    trainable: list[str] = field(default_factory=list)
+    frozen: list[str] = field(default_factory=list)
+    tied: dict[str, str] = field(default_factory=dict)
+    buffers: list[str] = field(default_factory=list)
+    client_state: dict[str, str] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _summary(value: Any) -> str:
+    if isinstance(value, StoredTensor):
+        return f"tensor {tuple(value.shape)} {DTYPE_NAMES.get(value.dtype, str(value.dtype))}"
+    if isinstance(value, (bool, int, float)) or value is None:
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value if len(value) <= 60 else value[:57] + "...")
+    if isinstance(value, PickledObject):
+        return value.type_name
+    if isinstance(value, (dict, list, tuple)):
+        return f"{type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
+class DeepSpeedCheckpoint(Mapping[str, LazyTensor]):
+    """A DeepSpeed checkpoint opened lazily: ``checkpoint[name]`` is a ``LazyTensor``.
+
+    ``strict=False`` (for ``inspect``) records problems such as missing ranks in ``info.problems`` instead of
+    raising; the mapping is then empty if the weights cannot be assembled.
+    """
+
+    def __init__(self, paths: list[Path] | Path, tag: str | None = None, *, strict: bool = True) -> None:
+        paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+        self._archives: list[TorchArchive] = []
+        self._tensors: dict[str, LazyTensor] = {}
+        self.files: RankFiles = locate(paths, tag)
+        self.info = CheckpointInfo(format="deepspeed", paths=[str(p) for p in paths], tag=self.files.tag,
+                                   tags=self.files.tags_available)
+        try:
+            self._open(strict)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- Mapping -------------------------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> LazyTensor:
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def bytes_read(self) -> dict[str, int]:
+        """Tensor bytes read so far from each file (for checking that only what is needed gets read)."""
+        return {str(archive.path): archive.bytes_read for archive in self._archives}
+
+    def close(self) -> None:
+        for archive in self._archives:
+            archive.close()
+
+    def __enter__(self) -> "DeepSpeedCheckpoint":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- opening -------------------------------------------------------------------------------------------
+    def _load(self, path: Path) -> Any:
+        archive, tree = load_torch_file(path)
+        self._archives.append(archive)
+        self.info.files.append(str(path))
+        return tree
+
+    def _problem(self, strict: bool, message: str) -> None:
+        if strict:
+            raise CogExportError(message)
+        self.info.problems.append(message)
+
+    def _open(self, strict: bool) -> None:
+        files = self.files
+        main_path = files.model_states or files.zero3_model_states.get(0)
+        if main_path is None:
+            ranks = sorted(files.zero3_model_states)
+            self._problem(True, f"rank 0 of a ZeRO-3 checkpoint missing: expected {zero3_model_file_name(0)} in "
+                                f"{files.where} (found ranks {ranks})")
+        states = self._load(main_path)
+        if not isinstance(states, dict) or "module" not in states:
+            raise CogExportError(f"{main_path} is not a DeepSpeed model-states file (no 'module' entry)")
+        module = states["module"]
+        if module is None:
+            raise CogExportError(f"{main_path} holds no module (a pipeline-parallel checkpoint?); not supported")
+        info = self.info
+        info.step = states.get("global_steps")
+        info.ds_version = states.get("ds_version")
+        info.client_state = {k: _summary(v) for k, v in states.items() if k not in ENGINE_KEYS}
+        config = states.get("ds_config") if isinstance(states.get("ds_config"), dict) else {}
+        info.training_dtype = _training_dtype(config, module)
+        info.stage = _stage(config, files, states)
+        info.world_size = int(states.get("dp_world_size") or max([*files.optim_states, *files.zero3_model_states, 0]) + 1)
+        info.buffers = [n for n in states.get("buffer_names") or [] if n in module]
+
+        if info.stage == 3:
+            self._open_zero3(states, module, strict)
+        elif info.stage in (1, 2) and files.optim_states:
+            self._open_zero12(states, module, strict)
+        elif info.stage == 0 or info.stage is None:
+            self._open_stage0(states, module)
+        else:
+            self._open_module_only(states, module, "no optimizer files")
+
+    def _expect_ranks(self, strict: bool, found: dict[int, Path], name_of) -> bool:
+        """Check ranks 0..ws-1 are all present and nothing beyond; True if the set is complete."""
+        world_size = self.info.world_size
+        ok = True
+        for rank in range(world_size):
+            if rank not in found:
+                ok = False
+                self._problem(strict, f"rank {rank} of {world_size} missing: expected {name_of(rank)} in "
+                                      f"{self.files.where} (on a multi-node run, give every node's folder)")
+        for rank in sorted(r for r in found if r >= world_size):
+            ok = False
+            self._problem(strict, f"stale rank file {found[rank]}: this checkpoint has world size {world_size} "
+                                  f"(dp_world_size in its model states); move the file away")
+        return ok
+
+    def _check_prefix(self, strict: bool) -> bool:
+        if len(self.files.bf16_prefixed) > 1:
+            self._problem(strict, f"mixed optimizer files in {self.files.where}: some with the bf16_ prefix, some "
+                                  "without (leftovers of another run?); keep one run's files")
+            return False
+        return True
+
+    # ZeRO-1/2 ---------------------------------------------------------------------------------------------
+    def _open_zero12(self, states: dict, module: dict, strict: bool) -> None:
+        info, files = self.info, self.files
+        bf16_prefix = True in files.bf16_prefixed
+        complete = self._expect_ranks(strict, files.optim_states, lambda r: optim_file_name(r, bf16_prefix)) \
+            and self._check_prefix(strict)
+        shapes: list[dict] = states.get("param_shapes") or []
+        info.trainable = [n for group in shapes for n in group]
+        info.tied = dict(states.get("shared_params") or {})
+        frozen_fragments = states.get("frozen_param_fragments") or {}
+        known = set(info.trainable) | set(info.tied) | set(info.buffers)
+        info.frozen = [n for n in module if n not in known]
+        if not complete:
+            return
+        optim = {rank: self._load(files.optim_states[rank])["optimizer_state_dict"]
+                 for rank in range(info.world_size)}
+        first = optim[0]
+        padding_stripped = "zero_stage" in first  # BF16_Optimizer keeps each rank's tail padding
+        info.weights_source = ("fp32 masters (ZeRO-%d partitions)" % info.stage) if padding_stripped else \
+            "fp32 masters (BF16_Optimizer partitions)"
+        gaps_by_group = first.get("param_alignment_paddings") or [None] * len(shapes)
+        master_of: dict[str, tuple[FlatGroupLayout, list[StoredTensor]]] = {}
+        for index, group_shapes in enumerate(shapes):
+            layout = FlatGroupLayout.build(group_shapes, info.world_size, gaps_by_group[index])
+            partitions = []
+            for rank in range(info.world_size):
+                partition_counts = optim[rank].get("partition_count")
+                count = partition_counts[index] if isinstance(partition_counts, list) else partition_counts
+                if count is not None and int(count) != info.world_size:
+                    self._problem(True, f"mixed world sizes: {files.optim_states[rank]} was saved with {count} ranks, "
+                                        f"the model states say {info.world_size}")
+                stored = optim[rank]["single_partition_of_fp32_groups"][index]
+                expected = layout.saved_length(rank, padding_stripped)
+                if stored.numel != expected:
+                    self._problem(True, f"{files.optim_states[rank]} does not match this checkpoint's layout (group "
+                                        f"{index}: {stored.numel} elements, expected {expected}); is it from another "
+                                        "tag or run?")
+                partitions.append(stored)
+            for name in group_shapes:
+                master_of[name] = (layout, partitions)
+
+        def master(name: str) -> LazyTensor:
+            layout, partitions = master_of[name]
+            ranks = layout.ranks_holding(name)
+            origin = f"fp32 master of {name} (rank{'s' if len(ranks) > 1 else ''} {ranks[0]}" + \
+                     (f"-{ranks[-1]})" if len(ranks) > 1 else ")")
+            return LazyTensor(layout.slots[name].shape, torch.float32, lambda: layout.gather(name, partitions), origin)
+
+        def frozen(name: str) -> LazyTensor:
+            # Stage 2 saves frozen params as full tensors; stage 1 saves none, they live only in `module`.
+            return _stored(frozen_fragments[name] if name in frozen_fragments else module[name], f"frozen {name}")
+
+        self._assemble(module, master, frozen)
+
+    # ZeRO-3 -----------------------------------------------------------------------------------------------
+    def _open_zero3(self, states: dict, module: dict, strict: bool) -> None:
+        info, files = self.info, self.files
+        info.weights_source = "fp32 masters (ZeRO-3 partitions)"
+        models_ok = self._expect_ranks(strict, files.zero3_model_states, zero3_model_file_name)
+        bf16_prefix = True in files.bf16_prefixed
+        optims_ok = self._expect_ranks(strict, files.optim_states, lambda r: optim_file_name(r, bf16_prefix)) \
+            and self._check_prefix(strict)
+        shapes: list[dict] = states.get("param_shapes") or []
+        info.trainable = [n for group in shapes for n in group]
+        info.tied = dict(states.get("shared_params") or {})
+        frozen_shapes = dict(states.get("frozen_param_shapes") or {})
+        info.frozen = list(frozen_shapes)
+        if not (models_ok and optims_ok):
+            return
+        rank_states = {0: states}
+        for rank in range(1, info.world_size):
+            rank_states[rank] = self._load(files.zero3_model_states[rank])
+        optim = {rank: self._load(files.optim_states[rank])["optimizer_state_dict"] for rank in range(info.world_size)}
+        for rank in range(info.world_size):
+            claimed = rank_states[rank].get("dp_world_size")
+            if claimed is not None and int(claimed) != info.world_size:
+                self._problem(True, f"mixed world sizes: {files.zero3_model_states[rank]} says {claimed} ranks, "
+                                    f"rank 0 says {info.world_size}")
+            step = rank_states[rank].get("global_steps")
+            if step != info.step:
+                self._problem(True, f"mixed tags: {files.zero3_model_states[rank]} is from step {step}, rank 0 from "
+                                    f"step {info.step}; give one tag's files")
+            count = optim[rank].get("partition_count")
+            if count is not None and int(count) != info.world_size:
+                self._problem(True, f"mixed world sizes: {files.optim_states[rank]} was saved with {count} ranks, "
+                                    f"the model states say {info.world_size}")
+        master_of: dict[str, tuple[Zero3SubGroupLayout, list[StoredTensor]]] = {}
+        for index, group_shapes in enumerate(shapes):
+            layout = Zero3SubGroupLayout.build(group_shapes, info.world_size)
+            partitions = []
+            for rank in range(info.world_size):
+                groups = optim[rank]["fp32_flat_groups"]
+                if index >= len(groups) or groups[index].numel != layout.length:
+                    found = groups[index].numel if index < len(groups) else "no"
+                    self._problem(True, f"{files.optim_states[rank]} does not match this checkpoint's layout "
+                                        f"(sub-group {index}: {found} elements, expected {layout.length}); is it "
+                                        "from another tag or run?")
+                partitions.append(groups[index])
+            for name in group_shapes:
+                master_of[name] = (layout, partitions)
+
+        def master(name: str) -> LazyTensor:
+            layout, partitions = master_of[name]
+            return LazyTensor(layout.slots[name].shape, torch.float32, lambda: layout.gather(name, partitions),
+                              f"fp32 master of {name} (ZeRO-3, all ranks)")
+
+        def frozen(name: str) -> LazyTensor:
+            shape = torch.Size(frozen_shapes[name])
+            pieces = [rank_states[r]["frozen_param_fragments"][name] for r in range(info.world_size)]
+            piece = pieces[0].numel
+            if any(p.numel != piece for p in pieces) or piece * info.world_size < shape.numel():
+                self._problem(True, f"frozen parameter {name} has inconsistent fragments across ranks")
+            dtype = pieces[0].dtype
+            return LazyTensor(shape, dtype, lambda: gather_zero3_pieces(pieces, 0, piece, shape, dtype),
+                              f"frozen {name} (ZeRO-3 fragments)")
+
+        self._assemble(module, master, frozen)
+
+    # Stage 0 and model-states-only ----------------------------------------------------------------------
+    def _open_stage0(self, states: dict, module: dict) -> None:
+        optimizer = states.get("optimizer")
+        masters = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None
+        if not masters:
+            source = "stage 0, fp32 training" if self.info.training_dtype == "fp32" else "no fp32 masters saved"
+            self._open_module_only(states, module, source)
+            return
+        self.info.weights_source = "fp32 masters (stage 0 optimizer fp32_groups)"
+        self.info.tied = _aliases(module, self.info.buffers)
+        params = {n: t for n, t in module.items() if n not in self.info.buffers and n not in self.info.tied}
+        flat_masters = [m for group in masters for m in group]
+        owner = _match_stage0_masters(params, flat_masters)
+        self.info.trainable = [n for n in params if n in owner]
+        self.info.frozen = [n for n in params if n not in owner]
+
+        def master(name: str) -> LazyTensor:
+            return _stored(owner[name], f"fp32 master of {name} (stage 0)")
+
+        self._assemble(module, master, lambda name: _stored(module[name], f"frozen {name}"))
+
+    def _open_module_only(self, states: dict, module: dict, why: str) -> None:
+        info = self.info
+        dtype = info.training_dtype or "the stored dtype"
+        info.weights_source = f"module state_dict ({why}: weights are the {dtype} copy)"
+        if info.training_dtype not in (None, "fp32"):
+            info.notes.append(f"{why}: the weights are the {dtype} module copy, not fp32 masters")
+        info.tied = dict(states.get("shared_params") or {}) or _aliases(module, info.buffers)
+        info.trainable = [n for n in module if n not in info.buffers and n not in info.tied]
+        self._assemble(module, lambda name: _stored(module[name], name), lambda name: _stored(module[name], name))
+
+    def _assemble(self, module: dict, master, frozen) -> None:
+        """Fill the mapping in the module's state_dict order; aliases resolve to their source's tensor."""
+        info = self.info
+        trainable, frozen_names = set(info.trainable), set(info.frozen)
+        order = list(module) + [n for n in info.trainable if n not in module]
+        for name in order:
+            if name in info.buffers:
+                self._tensors[name] = _stored(module[name], f"buffer {name}")
+            elif name in trainable:
+                self._tensors[name] = master(name)
+            elif name in frozen_names:
+                self._tensors[name] = frozen(name)
+            elif name not in info.tied:
+                raise CogExportError(f"{self.files.where}: module entry {name} is neither a trained, frozen or tied "
+                                     "parameter nor a buffer; the checkpoint is inconsistent")
+        for alias, source in info.tied.items():
+            if source not in self._tensors:
+                raise CogExportError(f"tied parameter {alias} points at {source}, which the checkpoint does not hold")
+        self._tensors = {name: self._tensors[name] if name not in info.tied else self._tensors[info.tied[name]]
+                         for name in order if name in self._tensors or name in info.tied}
+
+
+def _stored(tensor: Any, origin: str) -> LazyTensor:
+    if not isinstance(tensor, StoredTensor):
+        raise CogExportError(f"{origin}: expected a tensor in the checkpoint, found {type(tensor).__name__}")
+    return LazyTensor(tensor.shape, tensor.dtype, tensor.read, origin)
+
+
+def _training_dtype(config: dict, module: dict) -> str | None:
+    for key, name in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
+        section = config.get(key)
+        if isinstance(section, dict) and section.get("enabled"):
+            return name
+    if config:
+        return "fp32"
+    floating = [t.dtype for t in module.values() if isinstance(t, StoredTensor) and t.dtype.is_floating_point]
+    return DTYPE_NAMES.get(max(set(floating), key=floating.count)) if floating else None
+
+
+def _stage(config: dict, files: RankFiles, states: dict) -> int | None:
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict) and "stage" in zero:
+        return int(zero["stage"])
+    if files.zero3_model_states:
+        return 3
+    if states.get("param_shapes") is None:
+        return 0 if config else None
+    return 2 if states.get("frozen_param_shapes") is not None else 1
+
+
+def _aliases(module: dict, buffers: list[str]) -> dict[str, str]:
+    """Tied parameters found by storage: a later name stored at the same bytes as an earlier one."""
+    first_at: dict[tuple, str] = {}
+    aliases = {}
+    for name, tensor in module.items():
+        if name in buffers or not isinstance(tensor, StoredTensor) or tensor.numel == 0:
+            continue
+        if tensor.location in first_at:
+            aliases[name] = first_at[tensor.location]
+        else:
+            first_at[tensor.location] = name
+    return aliases
+
+
+def _match_stage0_masters(params: dict[str, StoredTensor], masters: list[StoredTensor]) -> dict[str, StoredTensor]:
+    """Pair stage-0 fp32 masters (saved without names) with the module's parameters.
+
+    When every parameter trains, masters follow the parameters in order. Otherwise each master is matched to
+    the parameter whose stored low-precision bits equal the master cast down, which is how the optimizer
+    wrote them back after its last step.
+    """
+    names = list(params)
+    if len(names) == len(masters) and all(params[n].shape == m.shape for n, m in zip(names, masters)):
+        return dict(zip(names, masters))
+
+    def fingerprint(tensor: torch.Tensor) -> tuple:
+        return tuple(tensor.shape), hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy().tobytes()).digest()
+
+    by_print: dict[tuple, list[str]] = {}
+    for name in names:
+        by_print.setdefault(fingerprint(params[name].read()), []).append(name)
+    owner: dict[str, StoredTensor] = {}
+    for index, stored in enumerate(masters):
+        low_dtype = params[names[0]].dtype if names else torch.float32
+        candidates = by_print.get(fingerprint(stored.read().to(low_dtype)), [])
+        if not candidates:
+            raise CogExportError(f"stage-0 fp32 master {index} {tuple(stored.shape)} matches no parameter of the "
+                                 "module; the checkpoint is inconsistent")
+        owner[candidates.pop(0)] = stored
+    return owner

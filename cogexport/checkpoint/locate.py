@@ -1,0 +1,184 @@
+"""Find a DeepSpeed checkpoint's tag and its rank files, from whatever folders or files the user points at.
+
+Accepted: a save dir (with ``latest``), a tag dir, a model-states file, an HF Trainer / accelerate
+``checkpoint-N/`` folder, and several of these at once for multi-node runs whose ranks sit on different
+disks. Rank files are collected from all of them and sorted numerically.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import CogExportError
+
+MODEL_STATES = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+ZERO3_MODEL_STATES = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+OPTIM_STATES = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+PIPELINE_LAYER = re.compile(r"^layer_\d+-model_states\.pt$")
+
+
+def optim_file_name(rank: int, bf16: bool) -> str:
+    return f"{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def zero3_model_file_name(rank: int) -> str:
+    return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
+
+
+@dataclass
+class RankFiles:
+    """Every file of one tag, wherever it was found."""
+
+    tag: str
+    tag_dirs: list[Path]
+    model_states: Path | None = None  # mp_rank_00_model_states.pt (stages 0-2)
+    zero3_model_states: dict[int, Path] = field(default_factory=dict)
+    optim_states: dict[int, Path] = field(default_factory=dict)
+    bf16_prefixed: set[bool] = field(default_factory=set)
+    tags_available: list[str] = field(default_factory=list)
+    save_dirs: list[Path] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return " or ".join(str(d) for d in self.tag_dirs)
+
+
+def _is_tag_dir(path: Path) -> bool:
+    try:
+        return path.is_dir() and any(
+            MODEL_STATES.match(p.name) or ZERO3_MODEL_STATES.match(p.name) or OPTIM_STATES.match(p.name)
+            for p in path.iterdir()
+        )
+    except OSError:
+        return False
+
+
+def list_tags(save_dir: Path) -> list[str]:
+    """Tag dirs directly below a save dir, in natural order (global_step10 after global_step9)."""
+    tags = [p.name for p in save_dir.iterdir() if _is_tag_dir(p)]
+    return sorted(tags, key=lambda name: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)])
+
+
+def _read_latest(save_dir: Path) -> str | None:
+    latest = save_dir / "latest"
+    if not latest.is_file():
+        return None
+    tag = latest.read_text(errors="replace").strip()
+    if not tag:
+        raise CogExportError(f"{latest} is empty; pass --tag to choose a checkpoint")
+    return tag
+
+
+@dataclass
+class _Place:
+    """One user-given path: either a tag dir itself, or a save dir holding tag dirs."""
+
+    path: Path
+    tag_dir: Path | None
+    latest: str | None
+    tags: list[str]
+
+
+def _classify(path: Path) -> _Place:
+    if not path.exists():
+        raise CogExportError(f"{path} does not exist")
+    if path.is_file():
+        if not (MODEL_STATES.match(path.name) or ZERO3_MODEL_STATES.match(path.name)):
+            raise CogExportError(f"{path} is not a DeepSpeed model-states file; point at the checkpoint folder")
+        return _Place(path, path.parent, None, [path.parent.name])
+    if _is_tag_dir(path):
+        return _Place(path, path, None, [path.name])
+    tags = list_tags(path)
+    latest = _read_latest(path)
+    if not tags and latest is None:
+        emptiness = "is empty" if not any(path.iterdir()) else "holds no DeepSpeed checkpoint"
+        raise CogExportError(
+            f"{path} {emptiness}: expected a 'latest' file or a tag folder with *_model_states.pt "
+            "(point at the save dir, a tag folder such as global_step100, or a checkpoint-N folder)"
+        )
+    return _Place(path, None, latest, tags)
+
+
+def _choose_tag(places: list[_Place], tag: str | None) -> str:
+    if tag is not None:
+        return tag
+    latests = {p.latest for p in places if p.latest is not None}
+    if len(latests) > 1:
+        raise CogExportError(f"mixed tags: the 'latest' files name {', '.join(sorted(latests))}; pass --tag")
+    if latests:
+        return latests.pop()
+    named = {p.tag_dir.name for p in places if p.tag_dir is not None}
+    if len(named) > 1:
+        raise CogExportError(f"mixed tags: the folders given are tags {', '.join(sorted(named))}; give one tag's folders")
+    if named:
+        return named.pop()
+    all_tags = sorted({t for p in places for t in p.tags})
+    if len(all_tags) == 1:
+        return all_tags[0]
+    raise CogExportError(
+        f"{places[0].path} holds several checkpoints and no 'latest' file: pass --tag (one of {', '.join(all_tags)})"
+    )
+
+
+def locate(paths: list[Path], tag: str | None = None) -> RankFiles:
+    """Resolve the user's paths to one tag and every rank file of it."""
+    places = [_classify(Path(p)) for p in paths]
+    chosen = _choose_tag(places, tag)
+    tag_dirs: list[Path] = []
+    for place in places:
+        if place.tag_dir is not None:
+            if tag is None and place.tag_dir.name != chosen and len(places) > 1:
+                raise CogExportError(f"mixed tags: {place.tag_dir} is tag {place.tag_dir.name}, the checkpoint's is {chosen}")
+            tag_dirs.append(place.tag_dir)
+            continue
+        candidate = place.path / chosen
+        if candidate.is_dir():
+            tag_dirs.append(candidate)
+        elif len(places) == 1 or place.latest is not None or tag is not None:
+            source = "--tag" if tag is not None else f"{place.path / 'latest'}"
+            available = ", ".join(place.tags) or "none"
+            raise CogExportError(f"{source} names tag '{chosen}' but {candidate} does not exist (tags here: {available})")
+        else:
+            raise CogExportError(f"mixed tags: {place.path} has no tag '{chosen}' (it has {', '.join(place.tags)})")
+    files = RankFiles(tag=chosen, tag_dirs=tag_dirs, tags_available=sorted({t for p in places for t in p.tags}),
+                      save_dirs=[p.path for p in places if p.tag_dir is None])
+    for tag_dir in tag_dirs:
+        _collect(tag_dir, files)
+    if files.model_states is None and not files.zero3_model_states:
+        raise CogExportError(f"no model-states file for tag '{chosen}' in {files.where}: expected mp_rank_00_model_states.pt "
+                             "(add the folder of the node that ran rank 0)")
+    return files
+
+
+def _collect(tag_dir: Path, files: RankFiles) -> None:
+    for path in sorted(tag_dir.iterdir()):
+        name = path.name
+        path = path.resolve()
+        if PIPELINE_LAYER.match(name):
+            raise CogExportError(f"{tag_dir} is a pipeline-parallel checkpoint ({name}); cogexport reads data-parallel ZeRO checkpoints")
+        found = MODEL_STATES.match(name) or ZERO3_MODEL_STATES.match(name) or OPTIM_STATES.match(name)
+        if not found:
+            continue
+        if int(found.groups()[-1]) != 0:
+            raise CogExportError(f"{path} is from a model-parallel run (mp rank {int(found.groups()[-1])}); only mp size 1 is supported")
+        if MODEL_STATES.match(name):
+            _add(files, "model_states", None, path)
+        elif ZERO3_MODEL_STATES.match(name):
+            _add(files, "zero3_model_states", int(found.group(1)), path)
+        else:
+            files.bf16_prefixed.add(found.group(1) is not None)
+            _add(files, "optim_states", int(found.group(2)), path)
+
+
+def _add(files: RankFiles, kind: str, rank: int | None, path: Path) -> None:
+    if rank is None:
+        if files.model_states is not None and files.model_states != path:
+            raise CogExportError(f"two copies of {path.name}: {files.model_states} and {path}; give each rank's folder once")
+        files.model_states = path
+        return
+    table: dict[int, Path] = getattr(files, kind)
+    if rank in table and table[rank] != path:
+        raise CogExportError(f"rank {rank} appears twice: {table[rank]} and {path}; give each rank's folder once")
+    table[rank] = path

@@ -1,0 +1,344 @@
+"""Open ``torch.save`` files safely and lazily.
+
+A torch.save file is a zip archive: ``data.pkl`` describes the object tree and each tensor storage sits
+uncompressed in its own member. We unpickle ``data.pkl`` with an unpickler that resolves only an explicit
+allowlist of names (tensor rebuilders, dtypes, plain containers) and turns the classes DeepSpeed and numpy
+pickle into inert stand-ins, so no pickled callable of the file's choosing ever runs. Tensors come back as
+``StoredTensor`` references (dtype, shape, where the bytes are); data is read only when asked, straight
+from the file into the result, a slice at a time if that is all that is needed.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import pickle
+import struct
+import threading
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CogExportError, UnsafeCheckpointError
+from ..tensor_bytes import pread_into, tensor_buffer
+
+# torch.save's legacy (non-zip) format starts with a pickled magic number.
+_LEGACY_MAGIC_PREFIX = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
+_ZIP_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
+
+
+class PickledObject:
+    """An object of a class cogexport never imports, kept as inert data.
+
+    ``type_name`` is the pickled class's dotted name, ``args`` what it was constructed with and ``state``
+    what was pickled as its state. Nothing of the original class runs.
+    """
+
+    type_name = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "PickledObject":
+        obj = object.__new__(cls)
+        obj.args = args
+        obj.state = None
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """An attribute from the pickled state (a dict, or a (dict, slots) pair)."""
+        state = self.state
+        if isinstance(state, tuple) and len(state) == 2:
+            state = {**(state[0] or {}), **(state[1] or {})}
+        return state.get(key, default) if isinstance(state, dict) else default
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} (not loaded) {self.state!r}>"
+
+
+def _stand_in(qualified_name: str) -> type[PickledObject]:
+    return type(qualified_name.rsplit(".", 1)[-1], (PickledObject,), {"type_name": qualified_name})
+
+
+# Classes that training checkpoints legitimately pickle. DeepSpeed adds classes between versions, so any
+# name under its package is accepted as an inert stand-in; stand-ins only hold data, so this runs nothing.
+_STAND_IN_NAMES = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar",
+    "numpy.ndarray",
+    "numpy.dtype",
+    "argparse.Namespace",
+)
+_STAND_IN_PREFIXES = ("deepspeed.",)
+
+
+@dataclass(frozen=True)
+class _StorageType:
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class _StorageRef:
+    archive: "TorchArchive"
+    key: str
+    dtype: torch.dtype
+    numel: int
+
+
+class _TensorType:
+    """What ``torch.Tensor`` / ``Parameter`` resolve to: a marker, never a constructor."""
+
+
+def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
+    # Protocol-2 pickles store bytes as _codecs.encode(str, "latin1"); nothing else is allowed through.
+    if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
+        raise pickle.UnpicklingError("_codecs.encode is only allowed for latin1 byte strings")
+    return text.encode("latin1")
+
+
+def _rebuild_parameter(data: Any, *_: Any) -> Any:
+    return data
+
+
+def _rebuild_from_type(func: Any, _new_type: Any, args: tuple, _state: Any) -> Any:
+    # Tensors with Python attributes (DeepSpeed's ds_id) come through here; the attributes are dropped.
+    return func(*args)
+
+
+def _rebuild_tensor(storage: Any, storage_offset: int, size: Any, stride: Any, *_: Any) -> "StoredTensor":
+    if not isinstance(storage, _StorageRef):
+        raise pickle.UnpicklingError("tensor without a storage")
+    tensor = StoredTensor(storage.archive, storage.key, storage.dtype, int(storage_offset),
+                          torch.Size(size), tuple(int(s) for s in stride))
+    tensor.check_bounds(storage.numel)
+    return tensor
+
+
+def _allowed_globals() -> dict[str, Any]:
+    table: dict[str, Any] = {
+        "collections.OrderedDict": collections.OrderedDict,
+        "torch._utils._rebuild_tensor_v2": _rebuild_tensor,
+        "torch._utils._rebuild_tensor": _rebuild_tensor,
+        "torch._utils._rebuild_parameter": _rebuild_parameter,
+        "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
+        "torch._tensor._rebuild_from_type_v2": _rebuild_from_type,
+        "torch.Tensor": _TensorType,
+        "torch.nn.parameter.Parameter": _TensorType,
+        "torch.Size": torch.Size,
+        "torch.device": torch.device,
+        "torch.storage.UntypedStorage": _StorageType(torch.uint8),
+        "_codecs.encode": _latin1_encode,
+        "builtins.set": set,
+        "builtins.frozenset": frozenset,
+        "builtins.complex": complex,
+        "builtins.bytearray": bytearray,
+        "builtins.slice": slice,
+        "deepspeed.runtime.zero.config.ZeroStageEnum": int,
+    }
+    for name in dir(torch):
+        if isinstance(getattr(torch, name), torch.dtype):
+            table[f"torch.{name}"] = getattr(torch, name)
+    for dtype, storage_name in torch.storage._dtype_to_storage_type_map().items():
+        table[f"torch.{storage_name}"] = _StorageType(dtype)
+    for name in _STAND_IN_NAMES:
+        table[name] = _stand_in(name)
+    return table
+
+
+_ALLOWED = _allowed_globals()
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, archive: "TorchArchive") -> None:
+        super().__init__(io.BytesIO(data))
+        self._archive = archive
+
+    def find_class(self, module: str, name: str) -> Any:
+        qualified = f"{module}.{name}"
+        if qualified in _ALLOWED:
+            return _ALLOWED[qualified]
+        if qualified.startswith(_STAND_IN_PREFIXES):
+            return _stand_in(qualified)
+        raise UnsafeCheckpointError(
+            f"refused to load {self._archive.path}: it pickles '{qualified}', which would run code when loaded; "
+            "cogexport loads only tensors and plain data (if this file is yours, re-save its state dict with "
+            "torch.save; if not, do not load it with torch.load(weights_only=False) either)"
+        )
+
+    def persistent_load(self, pid: Any) -> _StorageRef:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+        _, storage_type, key, _location, numel = pid
+        if not isinstance(storage_type, _StorageType):
+            raise pickle.UnpicklingError(f"unexpected storage type {storage_type!r}")
+        return self._archive.storage(str(key), storage_type.dtype, int(numel))
+
+
+@dataclass(frozen=True, eq=False)
+class StoredTensor:
+    """A tensor inside a torch.save archive: its dtype, shape and where its bytes are. Reads nothing by itself."""
+
+    archive: "TorchArchive"
+    key: str
+    dtype: torch.dtype
+    storage_offset: int
+    shape: torch.Size
+    stride: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @property
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for dim, step in zip(reversed(self.shape), reversed(self.stride)):
+            if dim != 1 and step != expected:
+                return False
+            expected *= dim
+        return True
+
+    @property
+    def location(self) -> tuple:
+        """Identifies the bytes: two tensors with the same location are the same data (tied weights)."""
+        return (self.archive.path, self.key, self.storage_offset, tuple(self.shape), self.stride)
+
+    def check_bounds(self, storage_numel: int) -> None:
+        last = self.storage_offset + sum((d - 1) * s for d, s in zip(self.shape, self.stride)) if self.numel else -1
+        if self.storage_offset < 0 or last >= storage_numel:
+            raise CogExportError(f"{self.archive.path} is corrupt: a tensor reaches past its storage '{self.key}'")
+
+    def read(self) -> torch.Tensor:
+        """The whole tensor, as a new contiguous CPU tensor."""
+        if self.is_contiguous:
+            return self.read_flat(0, self.numel).view(self.shape)
+        span = self.storage_offset + 1 + sum((d - 1) * s for d, s in zip(self.shape, self.stride))
+        window = self.archive.read_elements(self.key, self.dtype, 0, span)
+        return window.as_strided(self.shape, self.stride, self.storage_offset).contiguous()
+
+    def read_flat(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Elements ``start:stop`` of the flattened tensor (contiguous tensors only), into ``out`` if given."""
+        if not self.is_contiguous:
+            return self.read().reshape(-1)[start:stop].clone()
+        if not 0 <= start <= stop <= self.numel:
+            raise IndexError(f"range {start}:{stop} outside a tensor of {self.numel} elements")
+        return self.archive.read_elements(self.key, self.dtype, self.storage_offset + start, stop - start, out)
+
+
+class TorchArchive:
+    """One torch.save zip archive on disk: its member offsets, and reads of storage bytes by position."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._members: dict[str, tuple[int, int]] = {}
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+        self.bytes_read = 0  # tensor data read so far (small pickles not counted)
+        self._pickle = self._read_directory()
+
+    def _read_directory(self) -> bytes:
+        try:
+            with open(self.path, "rb") as handle:
+                head = handle.read(len(_LEGACY_MAGIC_PREFIX))
+                if head.startswith(_LEGACY_MAGIC_PREFIX):
+                    raise CogExportError(
+                        f"{self.path} uses torch's legacy (non-zip) format, which cannot be read lazily; re-save it "
+                        "with torch.save's default format (DeepSpeed: drop \"checkpoint_serialization\": false)"
+                    )
+                if not zipfile.is_zipfile(handle):
+                    what = "looks truncated (its zip directory is missing)" if head.startswith(b"PK") else \
+                        "is not a torch.save archive"
+                    raise CogExportError(f"{self.path} {what}; copy it again or point at another checkpoint")
+                pickle_name = None
+                with zipfile.ZipFile(handle) as archive:
+                    for info in archive.infolist():
+                        handle.seek(info.header_offset)
+                        fields = _ZIP_LOCAL_HEADER.unpack(handle.read(_ZIP_LOCAL_HEADER.size))
+                        data_offset = info.header_offset + _ZIP_LOCAL_HEADER.size + fields[9] + fields[10]
+                        self._members[info.filename] = (data_offset, info.file_size)
+                        if info.compress_type != zipfile.ZIP_STORED and "/data/" in info.filename:
+                            raise CogExportError(f"{self.path}: tensor data is compressed; re-save it with torch.save")
+                        if info.filename.endswith("data.pkl") and info.filename.count("/") == 1:
+                            pickle_name = info.filename
+                    if pickle_name is None:
+                        raise CogExportError(f"{self.path} is a zip file but not a torch.save archive (no data.pkl)")
+                    self._prefix = pickle_name[: -len("data.pkl")]
+                    byteorder = self._prefix + "byteorder"
+                    if byteorder in self._members and archive.read(byteorder).strip() not in (b"", b"little"):
+                        raise CogExportError(f"{self.path} was saved on a big-endian machine, which is not supported")
+                    size = os.fstat(handle.fileno()).st_size
+                    for name, (offset, length) in self._members.items():
+                        if offset + length > size:
+                            raise CogExportError(f"{self.path} looks truncated: member {name} ends past the file")
+                    return archive.read(pickle_name)
+        except (zipfile.BadZipFile, struct.error, EOFError) as error:
+            raise CogExportError(f"{self.path} is corrupt or truncated ({error}); copy it again") from None
+        except OSError as error:
+            raise CogExportError(f"cannot read {self.path}: {error.strerror}") from None
+
+    def load(self) -> Any:
+        """The archive's object tree, tensors replaced by ``StoredTensor`` references."""
+        try:
+            return _RestrictedUnpickler(self._pickle, self).load()
+        except CogExportError:
+            raise
+        except Exception as error:  # a malformed pickle can fail in many ways; all mean the same to the user
+            raise CogExportError(f"{self.path} is corrupt: its data.pkl does not unpickle ({error})") from None
+
+    def storage(self, key: str, dtype: torch.dtype, numel: int) -> _StorageRef:
+        member = f"{self._prefix}data/{key}"
+        if member not in self._members:
+            raise CogExportError(f"{self.path} is corrupt: storage '{key}' is missing")
+        if self._members[member][1] < numel * dtype.itemsize:
+            raise CogExportError(f"{self.path} is corrupt or truncated: storage '{key}' is short")
+        return _StorageRef(self, key, dtype, numel)
+
+    def read_elements(self, key: str, dtype: torch.dtype, start: int, count: int,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+        """``count`` elements of storage ``key`` from element ``start``, read straight into a tensor."""
+        if out is None:
+            out = torch.empty(count, dtype=dtype)
+        elif out.dtype != dtype or out.numel() != count or not out.is_contiguous():
+            raise ValueError("output tensor does not match the requested range")
+        if count:
+            offset = self._members[f"{self._prefix}data/{key}"][0] + start * dtype.itemsize
+            try:
+                pread_into(self._descriptor(), tensor_buffer(out), offset)
+            except (OSError, EOFError) as error:
+                raise CogExportError(f"cannot read {self.path}: {error}") from None
+            self.bytes_read += count * dtype.itemsize
+        return out
+
+    def _descriptor(self) -> int:
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            return self._fd
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def load_torch_file(path: Path) -> tuple[TorchArchive, Any]:
+    """Open a torch.save file: the archive (for reading tensor data later) and its object tree."""
+    archive = TorchArchive(path)
+    return archive, archive.load()

@@ -1,0 +1,62 @@
+"""``cogexport consolidate``: one set of weights from a rank-sharded DeepSpeed checkpoint.
+
+Every name of the trained module's state_dict is written: trainable parameters (fp32 masters), frozen
+parameters (their stored bits, upcast), tied aliases (a copy of their source, since safetensors cannot share
+memory) and persistent buffers (in their own dtype). Files follow Hugging Face naming: ``model.safetensors`` or
+``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .checkpoint import as_paths, open_checkpoint
+from .errors import CogExportError
+from .lazy import LazyTensor
+from .progress import byte_progress
+from .write.shards import plan_shards, write_shards
+from .write.staging import check_destination, staged_folder
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+WEIGHTS_NAME = "model.safetensors"
+
+
+@dataclass
+class ConsolidateResult:
+    output: str
+    files: list[str]
+    tensors: int
+    total_bytes: int
+    dtype: str
+    source: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def consolidation_dtypes(tensors: dict[str, LazyTensor], buffers: set[str], dtype: torch.dtype) -> dict[str, LazyTensor]:
+    """Floating parameters in ``dtype``; buffers (and anything not floating) exactly as stored."""
+    return {name: tensor if name in buffers or not tensor.dtype.is_floating_point else tensor.to(dtype)
+            for name, tensor in tensors.items()}
+
+
+def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Path, *, dtype: str = "fp32",
+                tag: str | None = None, max_shard_size: str | int = "5GB", overwrite: bool = False,
+                progress: bool | None = None) -> ConsolidateResult:
+    """Write the consolidated weights of ``checkpoint`` into the folder ``output``."""
+    if dtype not in DTYPES:
+        raise CogExportError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    paths, output = as_paths(checkpoint), Path(output)
+    with open_checkpoint(paths, tag) as source:
+        tensors = consolidation_dtypes(dict(source), set(source.info.buffers), DTYPES[dtype])
+        if not tensors:
+            raise CogExportError(f"{source.files.where} holds no tensors to consolidate")
+        plan = plan_shards(tensors, WEIGHTS_NAME, max_shard_size)
+        check_destination(output, source.files.tag_dirs, paths, overwrite)
+        with staged_folder(output) as staging, byte_progress(plan.total_bytes, "consolidate", progress) as bar:
+            files = write_shards(staging, tensors, plan, on_tensor=lambda _name, nbytes: bar.update(nbytes))
+        return ConsolidateResult(str(output), files, len(tensors), plan.total_bytes, dtype, asdict(source.info))

@@ -1,0 +1,65 @@
+"""``cogexport inspect``: what a checkpoint is and holds, as a dict (for --json) or as aligned text."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from .checkpoint import open_checkpoint
+from .checkpoint.deepspeed_zero import DTYPE_NAMES
+
+
+def inspect_checkpoint(paths: list[Path], tag: str | None = None) -> dict:
+    """Everything ``inspect`` reports. Problems (missing ranks, ...) are listed, not raised."""
+    with open_checkpoint(paths, tag, strict=False) as checkpoint:
+        info = checkpoint.info
+        report = asdict(info)
+        kinds = {**{n: "trainable" for n in info.trainable}, **{n: "frozen" for n in info.frozen},
+                 **{n: "tied" for n in info.tied}, **{n: "buffer" for n in info.buffers}}
+        report["tensors"] = [
+            {"name": name, "kind": kinds.get(name, "parameter"), "shape": list(tensor.shape),
+             "dtype": DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype).replace("torch.", ""))}
+            for name, tensor in checkpoint.items()
+        ]
+        unique = [checkpoint[n] for n in checkpoint if n not in info.tied]
+        parameters = [checkpoint[n] for n in checkpoint if n not in info.tied and n not in info.buffers]
+        report["parameter_count"] = sum(t.numel for t in parameters) if len(checkpoint) else None
+        report["fp32_bytes"] = sum(t.numel * 4 if t.dtype.is_floating_point else t.nbytes for t in unique) \
+            if len(checkpoint) else None
+    return report
+
+
+def _names(names: list[str], limit: int = 6) -> str:
+    if not names:
+        return "none"
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def render_inspect_text(report: dict) -> str:
+    stage = report["stage"]
+    kind = {None: "model states only", 0: "ZeRO stage 0 (no partitioning)"}.get(stage, f"ZeRO-{stage}")
+    tags = report["tags"]
+    rows = [
+        ("checkpoint", ", ".join(report["paths"])),
+        ("tag", f"{report['tag']}" + (f" (tags here: {', '.join(tags)})" if len(tags) > 1 else "")),
+        ("format", f"DeepSpeed {kind}, {report['training_dtype'] or '?'} training, world size {report['world_size']}"
+                   + (f", saved by DeepSpeed {report['ds_version']}" if report["ds_version"] else "")),
+        ("step", str(report["step"])),
+        ("weights", report["weights_source"] or "cannot be assembled (see problems)"),
+    ]
+    if report["parameter_count"] is not None:
+        rows.append(("parameters", f"{report['parameter_count']:,} elements in {len(report['tensors'])} tensors, "
+                                   f"{report['fp32_bytes']:,} bytes as fp32"))
+    rows += [
+        ("trainable", f"{len(report['trainable'])} tensors"),
+        ("frozen", _names(report["frozen"])),
+        ("tied", _names([f"{alias} -> {source}" for alias, source in report["tied"].items()])),
+        ("buffers", _names(report["buffers"])),
+        ("client state", _names([f"{k}={v}" for k, v in report["client_state"].items()])),
+        ("files", f"{len(report['files'])} read"),
+    ]
+    rows += [("note", note) for note in report["notes"]]
+    rows += [("problem", problem) for problem in report["problems"]] or [("problems", "none")]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

@@ -1,0 +1,84 @@
+"""Write a safetensors file one tensor at a time, byte for byte what ``safetensors.torch.save_file`` writes.
+
+The header (names, dtypes, shapes, offsets) depends only on shapes and dtypes, so it is written first and
+each tensor's bytes follow as it is loaded: memory holds one tensor, never a shard. The layout rules below
+are the safetensors library's own: tensors are stored by dtype (in its enum order, largest first), then by
+name; the JSON header is compact, ``__metadata__`` first, padded with spaces to a multiple of 8 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Callable, Mapping
+
+import torch
+
+from ..lazy import LazyTensor
+from ..tensor_bytes import tensor_buffer
+
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64", torch.complex64: "C64",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}
+# The order safetensors stores dtypes in (its Dtype enum, descending).
+_STORAGE_ORDER = ["U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E4M3",
+                  "F8_E5M2", "I8", "U8", "BOOL"]
+_RANK = {code: index for index, code in enumerate(_STORAGE_ORDER)}
+
+
+def storage_order(tensors: Mapping[str, LazyTensor]) -> list[str]:
+    """Names in the order their bytes are laid out in the file."""
+    return sorted(tensors, key=lambda name: (_RANK[_code(tensors[name].dtype)], name.encode()))
+
+
+def _code(dtype: torch.dtype) -> str:
+    try:
+        return SAFETENSORS_DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"safetensors cannot store {dtype}") from None
+
+
+def build_header(tensors: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None) -> bytes:
+    """The length-prefixed, padded JSON header for these tensors, in storage order."""
+    entries: dict[str, object] = {}
+    if metadata:
+        entries["__metadata__"] = dict(metadata)
+    offset = 0
+    for name in storage_order(tensors):
+        tensor = tensors[name]
+        entries[name] = {"dtype": _code(tensor.dtype), "shape": list(tensor.shape),
+                         "data_offsets": [offset, offset + tensor.nbytes]}
+        offset += tensor.nbytes
+    text = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-(len(text) + 8) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None = None,
+                      on_tensor: Callable[[str, int], None] | None = None) -> int:
+    """Stream ``tensors`` into ``path``; returns the bytes of tensor data written.
+
+    ``on_tensor(name, nbytes)`` is called after each tensor (progress bars).
+    """
+    header = build_header(tensors, metadata)
+    written = 0
+    with open(path, "wb", buffering=0) as handle:
+        _write_all(handle, memoryview(header))
+        for name in storage_order(tensors):
+            tensor = tensors[name].load().contiguous()
+            _write_all(handle, tensor_buffer(tensor))
+            written += tensor.nbytes
+            del tensor
+            if on_tensor is not None:
+                on_tensor(name, tensors[name].nbytes)
+    return written
+
+
+def _write_all(handle, data: memoryview) -> None:
+    while len(data):
+        done = handle.write(data)
+        data = data[done:]

@@ -1,0 +1,83 @@
+"""Plan and write a sharded safetensors checkpoint the way Hugging Face libraries do.
+
+Shards are cut by ``huggingface_hub``'s own splitter (greedy, in the given key order, decimal size units),
+so file names, boundaries and the index match ``save_pretrained`` for the same tensors. The plan needs only
+shapes and dtypes; writing then streams one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from huggingface_hub import split_state_dict_into_shards_factory
+
+from ..errors import CogExportError
+from ..lazy import LazyTensor
+from .safetensors_file import write_safetensors
+
+SAFETENSORS_METADATA = {"format": "pt"}
+
+
+@dataclass
+class ShardPlan:
+    """Which tensors go in which file, and the index to write when there is more than one file."""
+
+    files: dict[str, list[str]]
+    index_name: str
+    index: dict | None
+    total_bytes: int
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.index is not None
+
+
+def parse_size(size: str | int) -> int:
+    """'5GB' -> 5_000_000_000 (decimal units, as huggingface_hub reads them)."""
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    try:
+        return parse_size_to_int(size) if isinstance(size, str) else int(size)
+    except ValueError:
+        raise CogExportError(f"--max-shard-size {size!r} is not a size; write it like 5GB, 500MB or 2000000000") from None
+
+
+def plan_shards(tensors: Mapping[str, LazyTensor], weights_name: str, max_shard_size: str | int) -> ShardPlan:
+    """Split like ``save_pretrained`` would for ``weights_name`` (e.g. 'model.safetensors')."""
+    stem, extension = weights_name.rsplit(".safetensors", 1)[0], ".safetensors"
+    split = split_state_dict_into_shards_factory(
+        dict(tensors),
+        get_storage_size=lambda tensor: tensor.nbytes,
+        filename_pattern=stem + "{suffix}" + extension,
+        max_shard_size=parse_size(max_shard_size),
+    )
+    index = None
+    if split.is_sharded:
+        index = {"metadata": dict(split.metadata), "weight_map": dict(split.tensor_to_filename)}
+    return ShardPlan(files={name: list(keys) for name, keys in split.filename_to_tensors.items()},
+                     index_name=_index_name(weights_name), index=index, total_bytes=split.metadata["total_size"])
+
+
+def _index_name(weights_name: str) -> str:
+    # 'model.safetensors' -> 'model.safetensors.index.json'; a variant moves behind 'index':
+    # 'diffusion_pytorch_model.bf16.safetensors' -> 'diffusion_pytorch_model.safetensors.index.bf16.json'
+    parts = weights_name.split(".")
+    if len(parts) == 3:
+        return f"{parts[0]}.safetensors.index.{parts[1]}.json"
+    return f"{weights_name}.index.json"
+
+
+def write_shards(folder: Path, tensors: Mapping[str, LazyTensor], plan: ShardPlan,
+                 on_tensor: Callable[[str, int], None] | None = None) -> list[str]:
+    """Write every shard (and the index, if sharded) into ``folder``; returns the file names written."""
+    written = []
+    for filename, names in plan.files.items():
+        write_safetensors(folder / filename, {name: tensors[name] for name in names}, SAFETENSORS_METADATA, on_tensor)
+        written.append(filename)
+    if plan.index is not None:
+        (folder / plan.index_name).write_text(json.dumps(plan.index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        written.append(plan.index_name)
+    return written

@@ -1,0 +1,69 @@
+"""Write an output folder under a hidden name next to its destination, and move it into place only when done.
+
+An interrupted or failed run leaves nothing under the final name (the hidden staging folder is removed on
+any error, Ctrl-C included). An existing non-empty destination is refused unless overwriting was asked for,
+and a destination that overlaps the input is always refused, so the input can never be touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from ..errors import CogExportError
+
+
+def check_destination(destination: Path, checkpoint_folders: Iterable[Path], inputs: Iterable[Path],
+                      overwrite: bool) -> None:
+    """Refuse a destination that is a file, is non-empty (without ``overwrite``) or overlaps the input.
+
+    ``checkpoint_folders`` (the folders holding the checkpoint's files) may not contain, be or lie inside the
+    destination; the user's ``inputs`` may not lie inside it (so --overwrite can never delete them).
+    """
+    destination = Path(destination)
+    target = destination.resolve()
+    for folder in map(lambda p: Path(p).resolve(), checkpoint_folders):
+        if target == folder or target.is_relative_to(folder):
+            raise CogExportError(f"output {destination} is inside the checkpoint folder {folder}; write it elsewhere")
+    for source in map(lambda p: Path(p).resolve(), [*checkpoint_folders, *inputs]):
+        if source.is_relative_to(target):
+            raise CogExportError(f"output {destination} contains the input {source}; choose another output folder")
+    if destination.is_file():
+        raise CogExportError(f"output {destination} is a file; give a folder path")
+    if destination.is_dir() and any(destination.iterdir()) and not overwrite:
+        raise CogExportError(f"output {destination} exists and is not empty; pass --overwrite to replace it")
+
+
+@contextmanager
+def staged_folder(destination: Path) -> Iterator[Path]:
+    """Yield an empty folder to write into; on success it becomes ``destination`` (replacing it if present)."""
+    destination = Path(destination)
+    created_parents = [p for p in reversed(destination.parents) if not p.exists()]
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = destination.parent / f".{destination.name}.cogexport-{uuid.uuid4().hex[:8]}.partial"
+    staging.mkdir()
+    try:
+        yield staging
+        _move_into_place(staging, destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for parent in reversed(created_parents):
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _move_into_place(staging: Path, destination: Path) -> None:
+    if destination.is_dir() and any(destination.iterdir()):
+        retired = destination.parent / f".{destination.name}.cogexport-{uuid.uuid4().hex[:8]}.old"
+        os.rename(destination, retired)
+        os.rename(staging, destination)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.rename(staging, destination)  # replaces an empty folder in one step

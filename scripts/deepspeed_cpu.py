@@ -1,0 +1,90 @@
+"""Run real DeepSpeed training ranks on a CPU-only machine (tests, demo, benchmark).
+
+DeepSpeed needs a few nudges to train on CPU: the CPU accelerator, gloo, no JIT-compiled
+shared-memory op, and torch's own Adam. Everything here is for making checkpoints; the
+cogexport tool itself never imports deepspeed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn_ranks(rank_main: Callable[..., None], world_size: int, *args: Any) -> None:
+    """Run ``rank_main(rank, world_size, port, *args)`` in ``world_size`` fresh processes."""
+    port = free_port()
+    mp.spawn(_enter_rank, args=(rank_main, world_size, port, args), nprocs=world_size, join=True)
+
+
+def _enter_rank(rank: int, rank_main: Callable[..., None], world_size: int, port: int, args: tuple) -> None:
+    os.environ.update(
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    rank_main(rank, world_size, port, *args)
+
+
+def import_deepspeed():
+    """Import deepspeed for CPU training, skipping the 40-80 s JIT build of a comm op training does not use."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed
+
+
+def deepspeed_config(
+    stage: int,
+    dtype: str,
+    *,
+    sub_group_size: int | None = None,
+    parameter_alignment: bool = False,
+    bf16_optimizer: bool = False,
+    micro_batch_size: int = 1,
+    lr: float = 1e-2,
+) -> dict:
+    """A DeepSpeed config for one of the checkpoint variants the reader must handle."""
+    zero: dict[str, Any] = {"stage": stage}
+    if sub_group_size is not None:
+        zero["sub_group_size"] = sub_group_size
+    if parameter_alignment:
+        zero["parameter_alignment"] = True
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": lr, "torch_adam": True}},
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        config["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    elif dtype != "fp32":
+        raise ValueError(f"unknown dtype {dtype!r}")
+    if bf16_optimizer:
+        if dtype != "bf16" or stage != 1:
+            raise ValueError("the BF16_Optimizer variant is stage 1 with bf16")
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config

@@ -1,0 +1,197 @@
+"""Make a real DeepSpeed ZeRO checkpoint on CPU, with the ground truth taken inside the training process.
+
+    python scripts/make_deepspeed_checkpoint.py OUT --stage 2 --dtype bf16 --world-size 2
+
+OUT/checkpoint/ is the DeepSpeed save dir (``latest``, the tag dir). With ``--truth``, OUT/truth.safetensors
+holds what a consolidated checkpoint must equal: every trainable parameter's fp32 master (from
+``safe_get_full_fp32_param``), every frozen parameter in its stored training dtype and every persistent
+buffer; OUT/truth.json lists the module's state_dict order, which names are trainable, frozen, tied
+aliases (alias -> source) and buffers, and the run's settings.
+
+Models: ``toy`` has odd sizes (so partitions are padded), a frozen layer, a tied weight, a float and an int
+buffer; ``bench`` is 28 x Linear(4096, 4096) plus an odd-sized head (about 1.9 GB in fp32), for the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from deepspeed_cpu import deepspeed_config, import_deepspeed, spawn_ranks  # noqa: E402
+
+
+class ToyModel(nn.Module):
+    """Every kind of state a reader must handle, at sizes that never divide evenly between ranks."""
+
+    vocab = 37
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(self.vocab, 13)
+        self.block = nn.Sequential(nn.Linear(13, 29), nn.GELU(), nn.Linear(29, 13))
+        self.norm = nn.LayerNorm(13)
+        self.frozen_proj = nn.Linear(13, 7)
+        self.frozen_proj.requires_grad_(False)
+        self.side = nn.Linear(7, 3)
+        self.head = nn.Linear(13, self.vocab, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("running_scale", torch.linspace(0.5, 1.5, 5))
+        self.register_buffer("step_count", torch.tensor([3, 1, 4], dtype=torch.int64))
+        self.register_buffer("scratch", torch.zeros(2), persistent=False)
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        hidden = self.norm(self.embed(batch) + self.block(self.embed(batch)))
+        logits = self.head(hidden)
+        side = self.side(self.frozen_proj(hidden))
+        with torch.no_grad():
+            self.step_count += 1
+            self.running_scale.mul_(0.75)
+        return logits.float().pow(2).mean() + side.float().pow(2).mean()
+
+    @staticmethod
+    def batch(step: int, rank: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(1000 * step + rank)
+        return torch.randint(0, ToyModel.vocab, (2, 5), generator=generator)
+
+
+class BenchModel(nn.Module):
+    """About 1.9 GB of fp32 parameters, shaped like a real transformer's big matrices."""
+
+    width = 4096
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(self.width, self.width, bias=False) for _ in range(28))
+        self.head = nn.Linear(self.width, 1013)
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        hidden = batch.to(self.head.weight.dtype)
+        for layer in self.layers:
+            hidden = layer(hidden)
+        return self.head(hidden).float().pow(2).mean()
+
+    @staticmethod
+    def batch(step: int, rank: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(1000 * step + rank)
+        return torch.randn(1, BenchModel.width, generator=generator) * 1e-3
+
+
+MODELS = {"toy": ToyModel, "bench": BenchModel}
+
+
+def train_and_save(rank: int, world_size: int, port: int, spec: dict) -> None:
+    deepspeed = import_deepspeed()
+    torch.manual_seed(0)
+    model = MODELS[spec["model"]]()
+    config = deepspeed_config(
+        spec["stage"],
+        spec["dtype"],
+        sub_group_size=spec["sub_group_size"],
+        parameter_alignment=spec["parameter_alignment"],
+        bf16_optimizer=spec["bf16_optimizer"],
+    )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=config)
+    for step in range(spec["steps"]):
+        loss = engine(MODELS[spec["model"]].batch(step, rank))
+        engine.backward(loss)
+        engine.step()
+    engine.save_checkpoint(spec["save_dir"], tag=spec["tag"], client_state={"epoch": 3, "run_note": "cogexport test"})
+    if spec["truth"]:
+        truth = collect_truth(deepspeed, engine, spec["stage"])
+        if rank == 0:
+            write_truth(truth, spec)
+    deepspeed.comm.barrier()
+
+
+def collect_truth(deepspeed, engine, stage: int) -> dict:
+    """What the consolidated state dict must hold, read from the live engine (a collective call at stage 3)."""
+    module = engine.module
+    first_name_of: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if id(param) in first_name_of:
+            tied[name] = first_name_of[id(param)]
+        else:
+            first_name_of[id(param)] = name
+    tensors: dict[str, torch.Tensor] = {}
+    trainable, frozen = [], []
+    for name, param in module.named_parameters():
+        if param.requires_grad:
+            tensors[name] = fp32_master(deepspeed, engine, param).detach().clone().cpu()
+            trainable.append(name)
+        else:
+            with deepspeed.zero.GatheredParameters([param], enabled=stage == 3):
+                tensors[name] = param.detach().clone().cpu()
+            frozen.append(name)
+    buffers = [name for name in module.state_dict() if name not in first_name_of.values() and name not in tied]
+    persistent = dict(module.named_buffers())
+    for name in buffers:
+        tensors[name] = persistent[name].detach().clone().cpu()
+    return {
+        "tensors": tensors,
+        "order": list(module.state_dict().keys()),
+        "trainable": trainable,
+        "frozen": frozen,
+        "tied": tied,
+        "buffers": buffers,
+        "global_steps": engine.global_steps,
+    }
+
+
+def fp32_master(deepspeed, engine, param: nn.Parameter) -> torch.Tensor:
+    """The optimizer's fp32 master of a trainable parameter, at any stage."""
+    master = deepspeed.utils.safe_get_full_fp32_param(param)
+    if master is not None:
+        return master
+    # Stage 0 keeps no fragment mapping: fp32 runs train the parameter itself, bf16/fp16 runs keep
+    # per-parameter masters in the wrapper's fp32_groups, aligned with its fp16_groups.
+    optimizer = engine.optimizer
+    for low_group, master_group in zip(getattr(optimizer, "fp16_groups", []), getattr(optimizer, "fp32_groups", [])):
+        for low, master in zip(low_group, master_group):
+            if low is param:
+                return master
+    assert param.dtype == torch.float32, "no fp32 master found for a low-precision parameter"
+    return param
+
+
+def write_truth(truth: dict, spec: dict) -> None:
+    from safetensors.torch import save_file
+
+    out = Path(spec["out"])
+    save_file({k: v.contiguous() for k, v in truth.pop("tensors").items()}, out / "truth.safetensors")
+    settings = {k: spec[k] for k in ("model", "stage", "dtype", "world_size", "steps", "tag", "sub_group_size",
+                                     "parameter_alignment", "bf16_optimizer")}
+    (out / "truth.json").write_text(json.dumps({**truth, "settings": settings}, indent=1))
+
+
+@click.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--model", type=click.Choice(sorted(MODELS)), default="toy", show_default=True)
+@click.option("--stage", type=click.IntRange(0, 3), default=2, show_default=True)
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="bf16", show_default=True)
+@click.option("--world-size", type=click.IntRange(1, 16), default=2, show_default=True)
+@click.option("--steps", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--tag", default=None, help="Tag dir name (DeepSpeed's default: global_step{N}).")
+@click.option("--sub-group-size", type=int, default=None, help="ZeRO-3 sub-group size (300 gives several on toy).")
+@click.option("--parameter-alignment", is_flag=True, help="ZeRO-1/2 alignment gaps between parameters.")
+@click.option("--bf16-optimizer", is_flag=True, help="Stage 1 + bf16 + fp32 grad accumulation: BF16_Optimizer.")
+@click.option("--truth/--no-truth", default=True, show_default=True, help="Write truth.safetensors and truth.json.")
+def main(out: Path, **spec) -> None:
+    """Train MODEL a few steps under real DeepSpeed on CPU and save a checkpoint to OUT/checkpoint."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec.update(out=str(out), save_dir=str(out / "checkpoint"))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    spawn_ranks(train_and_save, spec["world_size"], spec)
+    click.echo(f"wrote {out / 'checkpoint'}", err=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create .venv in the repo root with cogexport (editable) and its test tools.
+# torch goes in first and pinned: on our build machines pip finds this CPU wheel on local disk, and nothing
+# later can pull a multi-GB CUDA build as a side effect. Set TORCH_SPEC to install another build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    .venv/bin/python -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
+fi
+.venv/bin/python -m pip install --quiet -e ".[test]"

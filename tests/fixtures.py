@@ -1,0 +1,136 @@
+"""Real checkpoints for tests, made once by the scripts in scripts/ and cached in tests/.fixtures.
+
+The cache key covers the generating scripts and the torch/deepspeed versions, so a change to either makes
+fresh fixtures. A file lock per fixture lets parallel test workers share them: the first one to ask makes
+it, the others wait.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from importlib.metadata import version
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+CACHE = ROOT / "tests" / ".fixtures"
+
+
+def _cache_key(*scripts: str) -> str:
+    digest = hashlib.sha256()
+    for script in scripts:
+        digest.update((SCRIPTS / script).read_bytes())
+    for package in ("torch", "deepspeed", "diffusers", "transformers"):
+        digest.update(version(package).encode())
+    return digest.hexdigest()[:12]
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def cached_fixture(name: str, scripts: tuple[str, ...], command: list[str]) -> Path:
+    """Run ``command`` (with OUT appended) once per cache key; return the finished folder."""
+    folder = CACHE / _cache_key(*scripts) / name
+    with _locked(folder.with_name(name + ".lock")):
+        if not (folder / ".complete").exists():
+            partial = folder.with_name(name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+            done = subprocess.run([sys.executable, *command, str(partial)], env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"making fixture {name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+            (partial / ".complete").touch()
+            os.rename(partial, folder)
+    return folder
+
+
+@dataclass(frozen=True)
+class DeepSpeedVariant:
+    """One kind of DeepSpeed checkpoint the reader must handle."""
+
+    stage: int
+    dtype: str
+    world_size: int
+    sub_group_size: int | None = None
+    parameter_alignment: bool = False
+    bf16_optimizer: bool = False
+    model: str = "toy"
+
+    @property
+    def id(self) -> str:
+        extra = ("-subgroups" if self.sub_group_size else "") + ("-aligned" if self.parameter_alignment else "") \
+            + ("-bf16optimizer" if self.bf16_optimizer else "")
+        return f"{self.model}-zero{self.stage}-{self.dtype}-ws{self.world_size}{extra}"
+
+    def arguments(self) -> list[str]:
+        args = [str(SCRIPTS / "make_deepspeed_checkpoint.py"), "--model", self.model, "--stage", str(self.stage),
+                "--dtype", self.dtype, "--world-size", str(self.world_size)]
+        if self.sub_group_size:
+            args += ["--sub-group-size", str(self.sub_group_size)]
+        if self.parameter_alignment:
+            args.append("--parameter-alignment")
+        if self.bf16_optimizer:
+            args.append("--bf16-optimizer")
+        return args
+
+
+@dataclass(frozen=True)
+class DeepSpeedFixture:
+    """A cached real DeepSpeed checkpoint and the ground truth taken inside its training process."""
+
+    root: Path
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "checkpoint"
+
+    @cached_property
+    def truth(self) -> dict:
+        return json.loads((self.root / "truth.json").read_text())
+
+    @cached_property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return load_file(self.root / "truth.safetensors")
+
+    def expected_state_dict(self) -> dict[str, torch.Tensor]:
+        """The module's state_dict as a consolidation must give it, in its order (aliases = their source)."""
+        tied = self.truth["tied"]
+        return {name: self.tensors[tied.get(name, name)] for name in self.truth["order"]}
+
+
+def deepspeed_checkpoint(variant: DeepSpeedVariant) -> DeepSpeedFixture:
+    scripts = ("make_deepspeed_checkpoint.py", "deepspeed_cpu.py")
+    return DeepSpeedFixture(cached_fixture(variant.id, scripts, variant.arguments()))
+
+
+ALL_VARIANTS = [
+    *(DeepSpeedVariant(stage, dtype, ws) for stage in (0, 1, 2, 3) for dtype in ("fp32", "bf16", "fp16")
+      for ws in (1, 2, 3)),
+    DeepSpeedVariant(3, "bf16", 2, sub_group_size=300),
+    DeepSpeedVariant(2, "bf16", 3, parameter_alignment=True),
+    DeepSpeedVariant(1, "bf16", 2, parameter_alignment=True),
+    DeepSpeedVariant(1, "bf16", 2, bf16_optimizer=True),
+    DeepSpeedVariant(1, "bf16", 3, bf16_optimizer=True),
+]
