@@ -77,16 +77,17 @@ class DeepSpeedVariant:
     parameter_alignment: bool = False
     bf16_optimizer: bool = False
     model: str = "toy"
+    steps: int = 2
 
     @property
     def id(self) -> str:
         extra = ("-subgroups" if self.sub_group_size else "") + ("-aligned" if self.parameter_alignment else "") \
-            + ("-bf16optimizer" if self.bf16_optimizer else "")
+            + ("-bf16optimizer" if self.bf16_optimizer else "") + (f"-steps{self.steps}" if self.steps != 2 else "")
         return f"{self.model}-zero{self.stage}-{self.dtype}-ws{self.world_size}{extra}"
 
     def arguments(self) -> list[str]:
         args = [str(SCRIPTS / "make_deepspeed_checkpoint.py"), "--model", self.model, "--stage", str(self.stage),
-                "--dtype", self.dtype, "--world-size", str(self.world_size)]
+                "--dtype", self.dtype, "--world-size", str(self.world_size), "--steps", str(self.steps)]
         if self.sub_group_size:
             args += ["--sub-group-size", str(self.sub_group_size)]
         if self.parameter_alignment:
@@ -133,4 +134,5 @@ ALL_VARIANTS = [
     DeepSpeedVariant(1, "bf16", 2, parameter_alignment=True),
     DeepSpeedVariant(1, "bf16", 2, bf16_optimizer=True),
     DeepSpeedVariant(1, "bf16", 3, bf16_optimizer=True),
+    DeepSpeedVariant(2, "bf16", 11),  # ranks 10 and 11 sort after 9; parameters straddle several ranks
 ]

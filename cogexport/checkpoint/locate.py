@@ -55,10 +55,15 @@ def _is_tag_dir(path: Path) -> bool:
         return False
 
 
+def natural_sorted(names) -> list[str]:
+    """Names with their numbers compared as numbers: global_step10 after global_step9."""
+    return sorted(set(names), key=lambda name: [(0, int(t), "") if t.isdigit() else (1, 0, t)
+                                                for t in re.split(r"(\d+)", name)])
+
+
 def list_tags(save_dir: Path) -> list[str]:
-    """Tag dirs directly below a save dir, in natural order (global_step10 after global_step9)."""
-    tags = [p.name for p in save_dir.iterdir() if _is_tag_dir(p)]
-    return sorted(tags, key=lambda name: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)])
+    """Tag dirs directly below a save dir, in natural order."""
+    return natural_sorted(p.name for p in save_dir.iterdir() if _is_tag_dir(p))
 
 
 def _read_latest(save_dir: Path) -> str | None:
@@ -114,7 +119,7 @@ def _choose_tag(places: list[_Place], tag: str | None) -> str:
         raise CogExportError(f"mixed tags: the folders given are tags {', '.join(sorted(named))}; give one tag's folders")
     if named:
         return named.pop()
-    all_tags = sorted({t for p in places for t in p.tags})
+    all_tags = natural_sorted(t for p in places for t in p.tags)
     if len(all_tags) == 1:
         return all_tags[0]
     raise CogExportError(
@@ -142,7 +147,7 @@ def locate(paths: list[Path], tag: str | None = None) -> RankFiles:
             raise CogExportError(f"{source} names tag '{chosen}' but {candidate} does not exist (tags here: {available})")
         else:
             raise CogExportError(f"mixed tags: {place.path} has no tag '{chosen}' (it has {', '.join(place.tags)})")
-    files = RankFiles(tag=chosen, tag_dirs=tag_dirs, tags_available=sorted({t for p in places for t in p.tags}),
+    files = RankFiles(tag=chosen, tag_dirs=tag_dirs, tags_available=natural_sorted(t for p in places for t in p.tags),
                       save_dirs=[p.path for p in places if p.tag_dir is None])
     for tag_dir in tag_dirs:
         _collect(tag_dir, files)
