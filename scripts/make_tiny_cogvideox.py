@@ -1,0 +1,177 @@
+"""Build a tiny but complete CogVideoX pipeline folder, fully offline (tests, README demo, benchmarks).
+
+    python scripts/make_tiny_cogvideox.py OUT --variant t2v --seed 0
+    python scripts/make_tiny_cogvideox.py OUT --variant 1.5-5b-i2v
+
+OUT is what ``DiffusionPipeline.save_pretrained`` writes: ``model_index.json`` plus ``scheduler/``,
+``text_encoder/``, ``tokenizer/``, ``transformer/`` and ``vae/``, all real Diffusers / transformers classes at
+toy sizes, so ``CogVideoXPipeline.from_pretrained(OUT)`` (or the image-to-video pipeline) loads it and renders
+a 9-frame 32x48 clip in seconds on a CPU. Nothing is downloaded: the tokenizer is a T5 Unigram tokenizer over
+a written-out vocabulary of about a hundred pieces; every model is randomly initialised from ``--seed``.
+
+The transformer and VAE are exactly the ones ``cogvideox_tiny_configs`` builds for the SAT fixtures (same
+configs, same seeded weights), and the T5 width and tokenizer cap match their text_embed_dim and text length,
+so a SAT or DeepSpeed fixture and a pipeline folder of the same variant and seed fit together.
+
+Variants: the five real families (2b, 5b, 5b-i2v, 1.5-5b, 1.5-5b-i2v), each with its own VAE scaling,
+1.5's inverted latent scaling and its scheduler SNR shift; ``t2v`` is short for 2b, ``i2v`` for 5b-i2v.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# Local folders only: never let a from_pretrained fall back to the Hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import click
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cogvideox_tiny_configs import (  # noqa: E402
+    TINY_TEXT_EMBED_DIM,
+    TINY_TEXT_LENGTH,
+    VARIANTS as FAMILIES,
+    build_tiny_transformer,
+    full_vae_config,
+    randomize_,
+    tiny_vae_config,
+)
+
+ALIASES = {"t2v": "2b", "i2v": "5b-i2v"}
+VARIANT_CHOICES = (*ALIASES, *FAMILIES)
+
+# The words the tiny tokenizer knows whole; anything else is spelled out in CHARACTERS (or becomes <unk>).
+TOKENIZER_WORDS = (
+    "a an the of on in at under over across along and with "
+    "panda cat dog car boat astronaut drone city forest road sea sky lake moon mountains waves fireworks "
+    "playing guitar walking sailing driving sleeping exploding crashing flying red blue calm snowy sunny "
+    "stormy small big night sunset bamboo coastal"
+).split()
+CHARACTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'-"
+
+
+def family(variant: str) -> str:
+    """The real model family a variant name stands for ("t2v" -> "2b", "i2v" -> "5b-i2v")."""
+    name = ALIASES.get(variant, variant)
+    if name not in FAMILIES:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {', '.join(VARIANT_CHOICES)}")
+    return name
+
+
+def pipeline_class_name(variant: str) -> str:
+    return "CogVideoXImageToVideoPipeline" if family(variant).endswith("i2v") else "CogVideoXPipeline"
+
+
+def build_tokenizer():
+    """A T5 tokenizer (Unigram; T5's special ids pad 0, eos 1, unk 2), capped at the transformer's text length.
+
+    The vocabulary is written out rather than trained: whole words score higher than the letters that spell
+    them, so known words are one token each and a short prompt fits the tiny 8-token cap.
+    """
+    from transformers import T5Tokenizer
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    pieces += [(f"\u2581{word}", -4.0) for word in sorted(set(TOKENIZER_WORDS))]
+    pieces += [("\u2581", -8.0)] + [(character, -10.0) for character in CHARACTERS]
+    # extra_ids=0: T5's 100 sentinel tokens are for span corruption, which nothing here uses.
+    return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=TINY_TEXT_LENGTH)
+
+
+def build_text_encoder(vocab_size: int):
+    """A 2-layer T5 v1.1-style encoder (gated GELU, relative positions) whose width is the transformer's text dim."""
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(
+        vocab_size=vocab_size,
+        d_model=TINY_TEXT_EMBED_DIM,
+        d_kv=8,
+        d_ff=36,
+        num_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        feed_forward_proj="gated-gelu",
+        dropout_rate=0.0,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    return T5EncoderModel(config).eval()
+
+
+def build_vae(variant: str, seed: int):
+    """The shared tiny VAE (same weights as ``build_tiny_vae(seed)``) with the family's latent scaling."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKLCogVideoX(**tiny_vae_config(), **full_vae_config(family(variant)))
+    return randomize_(vae, seed).eval()
+
+
+def build_transformer(variant: str, seed: int):
+    """The shared tiny transformer; learned positions stored in fp32 like every other tensor."""
+    transformer = build_tiny_transformer(family(variant), seed=seed)
+    if transformer.config.use_learned_positional_embeddings:
+        # Diffusers keeps this buffer in float64 (its sin-cos init); real checkpoints store it like the weights.
+        transformer.patch_embed.pos_embedding.data = transformer.patch_embed.pos_embedding.data.float()
+    return transformer
+
+
+def build_scheduler(variant: str):
+    """The scheduler every CogVideoX family ships with; only the SNR shift differs (3.0 for 2b, else 1.0)."""
+    from diffusers import CogVideoXDDIMScheduler
+
+    return CogVideoXDDIMScheduler(
+        num_train_timesteps=1000,
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=True,
+        steps_offset=0,
+        prediction_type="v_prediction",
+        timestep_spacing="trailing",
+        rescale_betas_zero_snr=True,
+        snr_shift_scale=3.0 if family(variant) == "2b" else 1.0,
+    )
+
+
+def build_tiny_pipeline(variant: str = "t2v", seed: int = 0):
+    """A fresh tiny CogVideoXPipeline or CogVideoXImageToVideoPipeline, fp32 on CPU."""
+    import diffusers
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    text_encoder = build_text_encoder(len(tokenizer))
+    return getattr(diffusers, pipeline_class_name(variant))(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=build_vae(variant, seed),
+        transformer=build_transformer(variant, seed),
+        scheduler=build_scheduler(variant),
+    )
+
+
+def save_tiny_pipeline(out: str | os.PathLike, variant: str = "t2v", seed: int = 0) -> Path:
+    """Build the tiny pipeline and ``save_pretrained`` it to ``out`` (safetensors); returns ``out``."""
+    out = Path(out)
+    build_tiny_pipeline(variant, seed).save_pretrained(out)
+    return out
+
+
+@click.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--variant", type=click.Choice(VARIANT_CHOICES), default="t2v", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def main(out: Path, variant: str, seed: int) -> None:
+    """Write a tiny CogVideoX pipeline folder to OUT."""
+    save_tiny_pipeline(out, variant, seed)
+    click.echo(f"wrote {out} (tiny CogVideoX-{family(variant)}, {pipeline_class_name(variant)})")
+
+
+if __name__ == "__main__":
+    main()
