@@ -42,10 +42,24 @@ def _human_bytes(count: int) -> str:
     return f"{count} B"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class ExportByDefault(click.Group):
+    """``cogexport [OPTIONS] CHECKPOINT OUTPUT`` runs ``export``; named subcommands run themselves."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help", "--version"):
+            args = ["export", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=ExportByDefault, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cogexport")
 def main() -> None:
-    """Turn training checkpoints (DeepSpeed ZeRO, SAT, Diffusers fine-tunes) into Hugging Face folders."""
+    """Turn training checkpoints (DeepSpeed ZeRO, SAT, Diffusers fine-tunes) into Hugging Face folders.
+
+    The main job, CogVideoX to Diffusers, is the default command:
+
+        cogexport --model-type t2v CHECKPOINT OUTPUT
+    """
 
 
 checkpoint_paths = click.argument("checkpoint", nargs=-1, required=True, type=click.Path(path_type=Path))
@@ -94,3 +108,86 @@ def inspect(checkpoint, tag, as_json) -> None:
     """Describe a checkpoint: format, stage, dtype, ranks, step, parameters, and anything missing."""
     report = inspect_checkpoint(list(checkpoint), tag)
     click.echo(json.dumps(report, indent=2) if as_json else render_inspect_text(report))
+
+
+@main.command()
+@checkpoint_paths
+@output_path
+@click.option("--model-type", type=click.Choice(["t2v", "i2v"]), help="Checked against the checkpoint when given.")
+@click.option("--component", type=click.Choice(["transformer", "vae", "pipeline"]),
+              help="What to write [default: pipeline when --base is a pipeline folder, else transformer].")
+@click.option("--base", type=click.Path(path_type=Path),
+              help="Local Diffusers pipeline or model folder: configs, and a pipeline's text encoder and tokenizer.")
+@click.option("--vae", "vae_path", type=click.Path(path_type=Path),
+              help="VAE checkpoint for a pipeline (SAT 3d-vae.pt or Diffusers weights) [default: the base's VAE].")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--keep-fp32", multiple=True, metavar="GLOB",
+              help="Also keep tensors matching GLOB (on dotted name components) in fp32; repeatable.")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file (decimal units).")
+@click.option("--variant", help="File-name variant, as save_pretrained(variant=...) (e.g. bf16).")
+@tag_option
+@click.option("--ema", is_flag=True, help="Export SAT's EMA copy (the TAG-ema folder).")
+@click.option("--model-name", help="The published model this is (e.g. CogVideoX-5b); needed for a VAE alone.")
+@click.option("--base-model", help="Hub id the model card names as the base model [default: the published one].")
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
+@click.option("--push-to-hub", metavar="REPO", help="Upload the finished folder to this Hub repository.")
+@click.option("--private", is_flag=True, help="With --push-to-hub: create the repository private.")
+@json_option
+@_user_errors_exit_2
+def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
+           tag, ema, model_name, base_model, overwrite, push_to_hub, private, as_json) -> None:
+    """Export a CogVideoX checkpoint (SAT, DeepSpeed, Diffusers fine-tune) to a Diffusers folder."""
+    from .export import ExportOptions, command_line, export as run_export
+
+    options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
+                            keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,
+                            ema=ema, model_name=model_name, base_model=base_model, overwrite=overwrite,
+                            push_to_hub=push_to_hub, private=private, command=command_line())
+    result = run_export(list(checkpoint), output, options)
+    for note in result.notes:
+        click.echo(f"cogexport: note: {note}", err=True)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    click.echo(f"wrote {result.output}: {result.model} {result.component}, {result.tensors} tensors, "
+               f"{_human_bytes(result.total_bytes)} ({result.precision})")
+    if result.dropped:
+        reasons = sorted(set(result.dropped.values()))
+        click.echo(f"  dropped {len(result.dropped)} source key(s): {'; '.join(reasons)}")
+    if result.ignored:
+        click.echo(f"  ignored {result.ignored} key(s) outside the exported model (T5, VAE, ...)")
+    if result.linked:
+        click.echo("  " + ", ".join(f"{name} {how} from --base" for name, how in result.linked.items()))
+    if result.pushed_to:
+        click.echo(f"  uploaded to https://huggingface.co/{result.pushed_to}")
+
+
+@main.command()
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--against", "against", multiple=True, required=True, type=click.Path(path_type=Path),
+              help="The checkpoint the folder was exported from (repeat for several rank folders).")
+@tag_option
+@click.option("--ema", is_flag=True, help="The folder was exported from SAT's EMA copy.")
+@click.option("--no-load", is_flag=True, help="Skip loading the folder with Diffusers.")
+@json_option
+@_user_errors_exit_2
+def verify(output, against, tag, ema, no_load, as_json) -> None:
+    """Check an exported folder tensor by tensor against its checkpoint, and load it with Diffusers.
+
+    Exit code 0 when everything matches, 1 when something differs (listed), 2 for bad input.
+    """
+    from .verify import verify as run_verify
+
+    reports = run_verify(output, list(against), tag=tag, ema=ema, load=not no_load)
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in reports], indent=2))
+    else:
+        for report in reports:
+            loaded = {True: "loads with Diffusers", False: f"does NOT load with Diffusers ({report.load_error})",
+                      None: "loading skipped"}[report.loads_with_diffusers]
+            click.echo(f"{'ok' if report.ok else 'FAILED'}: {report.folder} ({report.model_class}): {report.tensors} "
+                       f"tensors, {report.exact} exact, {report.cast_exact} equal to the cast source; {loaded}")
+            for mismatch in report.mismatches[:20]:
+                click.echo(f"  {mismatch}")
+    if not all(r.ok for r in reports):
+        sys.exit(1)

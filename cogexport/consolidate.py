@@ -17,11 +17,11 @@ import torch
 from .checkpoint import as_paths, open_checkpoint
 from .errors import CogExportError
 from .lazy import LazyTensor
+from .precision import dtype_named
 from .progress import byte_progress
 from .write.shards import plan_shards, write_shards
 from .write.staging import check_destination, staged_folder
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHTS_NAME = "model.safetensors"
 
 
@@ -48,15 +48,14 @@ def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Pat
                 tag: str | None = None, max_shard_size: str | int = "5GB", overwrite: bool = False,
                 progress: bool | None = None) -> ConsolidateResult:
     """Write the consolidated weights of ``checkpoint`` into the folder ``output``."""
-    if dtype not in DTYPES:
-        raise CogExportError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    target_dtype = dtype_named(dtype)
     paths, output = as_paths(checkpoint), Path(output)
     with open_checkpoint(paths, tag) as source:
-        tensors = consolidation_dtypes(dict(source), set(source.info.buffers), DTYPES[dtype])
+        tensors = consolidation_dtypes(dict(source), set(source.info.buffers), target_dtype)
         if not tensors:
             raise CogExportError(f"{source.files.where} holds no tensors to consolidate")
         plan = plan_shards(tensors, WEIGHTS_NAME, max_shard_size)
-        check_destination(output, source.files.tag_dirs, paths, overwrite)
+        check_destination(output, source.own_folders(), [*paths, *source.info.files], overwrite)
         with staged_folder(output) as staging, byte_progress(plan.total_bytes, "consolidate", progress) as bar:
             files = write_shards(staging, tensors, plan, on_tensor=lambda _name, nbytes: bar.update(nbytes))
         return ConsolidateResult(str(output), files, len(tensors), plan.total_bytes, dtype, asdict(source.info))

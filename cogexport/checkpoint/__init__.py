@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .deepspeed_zero import CheckpointInfo, DeepSpeedCheckpoint
+from .base import CheckpointInfo, LazyCheckpoint
+from .deepspeed_zero import DeepSpeedCheckpoint
+from .locate import MODEL_STATES, ZERO3_MODEL_STATES, list_tags
+from .safetensors_files import SafetensorsCheckpoint
+from .torch_state_dict import TorchStateDictCheckpoint
 
 
 def as_paths(checkpoint: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -15,10 +19,29 @@ def as_paths(checkpoint: str | Path | Sequence[str | Path]) -> list[Path]:
     return [Path(p) for p in checkpoint]
 
 
+def _is_deepspeed_folder(folder: Path) -> bool:
+    return (folder / "latest").is_file() or bool(list_tags(folder)) or any(
+        MODEL_STATES.match(p.name) or ZERO3_MODEL_STATES.match(p.name) for p in folder.iterdir())
+
+
 def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | None = None,
-                    *, strict: bool = True) -> DeepSpeedCheckpoint:
-    """Open a checkpoint as a lazy mapping of names to ``LazyTensor`` (shape and dtype known, data read on load)."""
-    return DeepSpeedCheckpoint(as_paths(checkpoint), tag, strict=strict)
+                    *, strict: bool = True) -> LazyCheckpoint:
+    """Open a checkpoint as a lazy mapping of names to ``LazyTensor`` (shape and dtype known, data read on load).
+
+    DeepSpeed save dirs, tag dirs and model-states files (several paths for multi-node runs), safetensors files
+    and folders, and plain torch.save state-dict files are recognised by what they are.
+    """
+    paths = as_paths(checkpoint)
+    if len(paths) == 1 and paths[0].exists():
+        path = paths[0]
+        if path.is_file() and path.suffix == ".safetensors":
+            return SafetensorsCheckpoint(path)
+        if path.is_file() and not (MODEL_STATES.match(path.name) or ZERO3_MODEL_STATES.match(path.name)):
+            return TorchStateDictCheckpoint(path)
+        if path.is_dir() and not _is_deepspeed_folder(path) and any(path.glob("*.safetensors")):
+            return SafetensorsCheckpoint(path)
+    return DeepSpeedCheckpoint(paths, tag, strict=strict)
 
 
-__all__ = ["CheckpointInfo", "DeepSpeedCheckpoint", "as_paths", "open_checkpoint"]
+__all__ = ["CheckpointInfo", "DeepSpeedCheckpoint", "LazyCheckpoint", "SafetensorsCheckpoint",
+           "TorchStateDictCheckpoint", "as_paths", "open_checkpoint"]

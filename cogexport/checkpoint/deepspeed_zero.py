@@ -10,15 +10,14 @@ time when loaded. ``deepspeed`` is never imported.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from ..errors import CogExportError
 from ..lazy import LazyTensor
+from .base import CheckpointInfo, LazyCheckpoint
 from .locate import RankFiles, locate, optim_file_name, zero3_model_file_name
 from .torch_archive import PickledObject, StoredTensor, TorchArchive, load_torch_file
 from .zero_layout import FlatGroupLayout, Zero3SubGroupLayout, gather_zero3_pieces
@@ -31,30 +30,6 @@ ENGINE_KEYS = frozenset({
     "checkpoint_parallel_dimensions", "ds_config", "ds_version",
 })
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-@dataclass
-class CheckpointInfo:
-    """What a checkpoint is, for ``inspect`` and for the decisions of later stages."""
-
-    format: str
-    paths: list[str]
-    tag: str | None = None
-    tags: list[str] = field(default_factory=list)
-    step: int | None = None
-    stage: int | None = None
-    training_dtype: str | None = None
-    world_size: int | None = None
-    weights_source: str = ""
-    ds_version: str | None = None
-    trainable: list[str] = field(default_factory=list)
-    frozen: list[str] = field(default_factory=list)
-    tied: dict[str, str] = field(default_factory=dict)
-    buffers: list[str] = field(default_factory=list)
-    client_state: dict[str, str] = field(default_factory=dict)
-    files: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
 
 def _summary(value: Any) -> str:
@@ -71,7 +46,7 @@ def _summary(value: Any) -> str:
     return type(value).__name__
 
 
-class DeepSpeedCheckpoint(Mapping[str, LazyTensor]):
+class DeepSpeedCheckpoint(LazyCheckpoint):
     """A DeepSpeed checkpoint opened lazily: ``checkpoint[name]`` is a ``LazyTensor``.
 
     ``strict=False`` (for ``inspect``) records problems such as missing ranks in ``info.problems`` instead of
@@ -79,9 +54,9 @@ class DeepSpeedCheckpoint(Mapping[str, LazyTensor]):
     """
 
     def __init__(self, paths: list[Path] | Path, tag: str | None = None, *, strict: bool = True) -> None:
+        super().__init__()
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
         self._archives: list[TorchArchive] = []
-        self._tensors: dict[str, LazyTensor] = {}
         self.files: RankFiles = locate(paths, tag)
         self.info = CheckpointInfo(format="deepspeed", paths=[str(p) for p in paths], tag=self.files.tag,
                                    tags=self.files.tags_available)
@@ -91,29 +66,15 @@ class DeepSpeedCheckpoint(Mapping[str, LazyTensor]):
             self.close()
             raise
 
-    # -- Mapping -------------------------------------------------------------------------------------------
-    def __getitem__(self, name: str) -> LazyTensor:
-        return self._tensors[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
     def bytes_read(self) -> dict[str, int]:
-        """Tensor bytes read so far from each file (for checking that only what is needed gets read)."""
         return {str(archive.path): archive.bytes_read for archive in self._archives}
+
+    def own_folders(self) -> list[Path]:
+        return list(self.files.tag_dirs)
 
     def close(self) -> None:
         for archive in self._archives:
             archive.close()
-
-    def __enter__(self) -> "DeepSpeedCheckpoint":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     # -- opening -------------------------------------------------------------------------------------------
     def _load(self, path: Path) -> Any:

@@ -127,6 +127,26 @@ def _choose_tag(places: list[_Place], tag: str | None) -> str:
     )
 
 
+def resolve_tag(paths: list[Path], tag: str | None = None) -> str:
+    """The tag ``locate`` would read for these paths."""
+    return _choose_tag([_classify(Path(p)) for p in paths], tag)
+
+
+def ema_source(paths: list[Path], tag: str | None) -> tuple[list[Path], str | None]:
+    """Point at the EMA copy SAT saves beside a checkpoint: tag '1000' -> '1000-ema'."""
+    places = [_classify(Path(p)) for p in paths]
+    if len(places) == 1 and places[0].tag_dir is not None:
+        sibling = places[0].tag_dir.with_name(places[0].tag_dir.name + "-ema")
+        if not sibling.is_dir():
+            raise CogExportError(f"no EMA copy of {places[0].tag_dir}: expected {sibling}")
+        return [sibling], None
+    chosen = _choose_tag(places, tag)
+    ema = chosen if chosen.endswith("-ema") else f"{chosen}-ema"
+    if not any((place.path / ema).is_dir() for place in places):
+        raise CogExportError(f"no EMA copy of tag {chosen}: expected {places[0].path / ema}")
+    return paths, ema
+
+
 def locate(paths: list[Path], tag: str | None = None) -> RankFiles:
     """Resolve the user's paths to one tag and every rank file of it."""
     places = [_classify(Path(p)) for p in paths]

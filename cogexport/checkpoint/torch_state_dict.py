@@ -1,0 +1,47 @@
+"""Read a plain ``torch.save`` state-dict file (e.g. SAT's ``vae/3d-vae.pt``) safely and lazily."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import CogExportError
+from ..lazy import LazyTensor
+from .base import CheckpointInfo, LazyCheckpoint
+from .torch_archive import StoredTensor, load_torch_file
+
+# Where training code puts the weights inside a saved dict, most specific first.
+_STATE_DICT_KEYS = ("state_dict", "module", "model", "model_state_dict")
+
+
+class TorchStateDictCheckpoint(LazyCheckpoint):
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        path = Path(path)
+        self._archive, tree = load_torch_file(path)
+        self.info = CheckpointInfo(format="torch", paths=[str(path)], files=[str(path)])
+        weights, where = tree, "the file"
+        if isinstance(tree, dict):
+            for key in _STATE_DICT_KEYS:
+                if isinstance(tree.get(key), dict):
+                    weights, where = tree[key], f"'{key}'"
+                    break
+        if not isinstance(weights, dict) or not any(isinstance(v, StoredTensor) for v in weights.values()):
+            self.close()
+            raise CogExportError(f"{path} holds no state dict (expected tensors at the top level or under "
+                                 f"{', '.join(repr(k) for k in _STATE_DICT_KEYS)})")
+        self.info.weights_source = f"state dict in {where}"
+        skipped = [k for k, v in weights.items() if not isinstance(v, StoredTensor)]
+        if skipped:
+            self.info.notes.append(f"ignored {len(skipped)} non-tensor entries: {', '.join(map(str, skipped[:5]))}")
+        if isinstance(tree, dict) and isinstance(tree.get("iteration"), int):
+            self.info.step = tree["iteration"]
+        for name, tensor in weights.items():
+            if isinstance(tensor, StoredTensor):
+                self._tensors[str(name)] = LazyTensor(tensor.shape, tensor.dtype, tensor.read, f"{name} in {path.name}")
+        self.info.trainable = list(self._tensors)
+
+    def bytes_read(self) -> dict[str, int]:
+        return {str(self._archive.path): self._archive.bytes_read}
+
+    def close(self) -> None:
+        self._archive.close()

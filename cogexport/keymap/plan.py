@@ -1,0 +1,141 @@
+"""Apply a key-map table to a checkpoint's lazy tensors and check the result against the target model.
+
+The plan is made from names and shapes only: every selected source key must match exactly one rule, every
+key of the target model must be produced exactly once with the right shape, and anything unknown, missing
+or the wrong size is named in the error. Only then does any tensor data get read, through the lazy tensors
+the plan hands out, in the target model's state_dict order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+from ..errors import CogExportError
+from ..lazy import LazyTensor
+from .rules import Drop, Regroup, RuleError
+from .table import KeyMapTable
+
+
+@dataclass
+class Plan:
+    """The target tensors in the target model's order, and what happened to every source key."""
+
+    tensors: dict[str, LazyTensor]
+    dropped: dict[str, str] = field(default_factory=dict)  # source key -> reason
+    ignored: list[str] = field(default_factory=list)  # source keys outside the table's prefix
+
+
+def _listing(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _match(table: KeyMapTable, name: str) -> list[tuple[Regroup | Drop, int, dict[str, str]]]:
+    found: list[tuple[Regroup | Drop, int, dict[str, str]]] = []
+    for rule in table.rules:
+        for index, pattern in enumerate(rule.sources):
+            values = pattern.match(name)
+            if values is not None:
+                found.append((rule, index, values))
+    found += [(drop, 0, {}) for drop in table.drops if drop.matches(name)]
+    return found
+
+
+def translate_shapes(table: KeyMapTable, shapes: Mapping[str, torch.Size],
+                     counts: Mapping[str, int] | None = None) -> dict[str, torch.Size]:
+    """Target names and shapes for these source shapes, without a target model (for detecting the variant).
+
+    Unknown keys are skipped here; the full plan reports them. Re-indexing needs counts, so rules that need a
+    count that is not given keep the source index.
+    """
+    lazy = {name: LazyTensor(torch.Size(shape), torch.float32, _no_data) for name, shape in shapes.items()}
+    plan = plan_translation(table, lazy, None, counts or {}, strict=False)
+    return {name: tensor.shape for name, tensor in plan.tensors.items()}
+
+
+def _no_data() -> torch.Tensor:
+    raise RuntimeError("shape-only tensor")
+
+
+def plan_translation(table: KeyMapTable, source: Mapping[str, LazyTensor],
+                     schema: Mapping[str, torch.Size] | None, counts: Mapping[str, int], *,
+                     strict: bool = True, what: str = "the checkpoint") -> Plan:
+    """Translate ``source`` with ``table`` into the keys of ``schema`` (the target model's state_dict shapes)."""
+    selected, ignored = table.select(source)
+    plan = Plan(tensors={}, ignored=ignored)
+    groups: dict[tuple, dict[int, str]] = {}
+    unknown, ambiguous = [], []
+    for name in selected:
+        matches = _match(table, name)
+        if len(matches) > 1:
+            ambiguous.append(f"{name} ({' / '.join(m[0].describe() for m in matches)})")
+            continue
+        if not matches:
+            unknown.append(name)
+            continue
+        rule, index, values = matches[0]
+        if isinstance(rule, Drop):
+            plan.dropped[selected[name]] = rule.reason
+            continue
+        groups.setdefault((id(rule), tuple(sorted(values.items()))), {})[index] = name
+    if ambiguous:
+        raise CogExportError(f"{what}: keys matching several rules of key map {table.name}: {_listing(ambiguous)}")
+    if unknown and strict:
+        raise CogExportError(f"{what} has {len(unknown)} key(s) that key map {table.name} does not know: "
+                             f"{_listing(unknown)}; is it the right model (or a LoRA/other checkpoint)?")
+
+    rules = {id(rule): rule for rule in table.rules}
+    produced: dict[str, LazyTensor] = {}
+    errors: list[str] = []
+    for (rule_id, values), found in groups.items():
+        rule, values = rules[rule_id], dict(values)
+        missing = [rule.sources[i].format(values) for i in range(len(rule.sources)) if i not in found]
+        if missing:
+            errors.append(f"{found[min(found)]} needs {', '.join(missing)}, which {what} lacks")
+            continue
+        names = [found[i] for i in range(len(rule.sources))]
+        try:
+            target_values = rule.target_values(values, counts)
+        except RuleError as error:
+            if strict:
+                errors.append(str(error))
+                continue
+            target_values = values
+        targets = [pattern.format(target_values) for pattern in rule.targets]
+        wanted = []
+        for index, target in enumerate(targets):
+            if schema is not None and target not in schema:
+                if rule.optional_reason:
+                    plan.dropped.update({selected[n]: rule.optional_reason for n in names})
+                else:
+                    errors.append(f"{', '.join(names)} becomes {target}, which the target model does not have")
+                continue
+            if target in produced:
+                errors.append(f"{target} is produced twice (again from {', '.join(names)})")
+                continue
+            wanted.append(index)
+        try:
+            built = rule.build([source[selected[n]] for n in names], names, wanted)
+        except RuleError as error:
+            errors.append(str(error))
+            continue
+        for index, tensor in built.items():
+            produced[targets[index]] = tensor
+    if errors:
+        raise CogExportError(f"{what} does not fit key map {table.name}: {_listing(errors, 3)}")
+    if schema is None:
+        plan.tensors = produced
+        return plan
+
+    missing = [name for name in schema if name not in produced]
+    if missing:
+        raise CogExportError(f"{what} lacks {len(missing)} tensor(s) the target model needs: {_listing(missing)}")
+    wrong = [f"{name} is {tuple(produced[name].shape)}, the model expects {tuple(shape)}"
+             for name, shape in schema.items() if produced[name].shape != torch.Size(shape)]
+    if wrong:
+        raise CogExportError(f"{what} does not match the target model's shapes: {_listing(wrong, 3)}")
+    plan.tensors = {name: produced[name] for name in schema}
+    return plan

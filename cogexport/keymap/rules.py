@@ -1,0 +1,143 @@
+"""The operations a key-map table is made of, each with an exact inverse.
+
+One general operation covers every renaming: split each source tensor into equal chunks along ``dim``, then
+build each target by concatenating chosen chunks. A rename is one source in one chunk to one target; a chunk
+(qkv into q, k, v) is one source in k chunks to k targets; its inverse concatenates; a regroup (the 12-chunk
+adaLN into norm1/norm2) is any arrangement in between. Every chunk is used exactly once, so the inverse is
+always defined. A re-index maps a placeholder value v to count-1-v (its own inverse); a drop discards a
+source key for a stated reason.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from ..lazy import LazyTensor
+from .pattern import KeyPattern
+
+
+class RuleError(ValueError):
+    """A rule cannot be applied to these tensors (wrong sizes, out-of-range index)."""
+
+
+@dataclass(frozen=True)
+class Regroup:
+    kind: str  # how the table wrote it: rename, chunk, regroup or reindex (for messages)
+    sources: tuple[KeyPattern, ...]
+    source_chunks: tuple[int, ...]
+    targets: tuple[KeyPattern, ...]
+    target_chunks: tuple[tuple[int, ...], ...]  # indices into the concatenated chunks of all sources
+    dim: int = 0
+    reverse_index: tuple[tuple[str, str], ...] = ()  # (placeholder, count name): value -> count - 1 - value
+    optional_reason: str | None = None  # produce only if the target model has the key, else drop for this reason
+
+    def __post_init__(self) -> None:
+        total = sum(self.source_chunks)
+        used = sorted(i for chunk_list in self.target_chunks for i in chunk_list)
+        if used != list(range(total)):
+            raise ValueError(f"{self.describe()}: every source chunk must be used exactly once")
+        names = {frozenset(p.names) for p in self.sources} | {frozenset(p.names) for p in self.targets}
+        if len(names) != 1:
+            raise ValueError(f"{self.describe()}: all its keys must use the same placeholders")
+        for placeholder, _ in self.reverse_index:
+            if placeholder not in self.sources[0].names:
+                raise ValueError(f"{self.describe()}: re-indexed placeholder {{{placeholder}}} is not in its keys")
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.sources[0].text!r}"
+
+    # -- direction ------------------------------------------------------------------------------------------
+    def inverse(self) -> "Regroup":
+        order = [i for chunk_list in self.target_chunks for i in chunk_list]
+        position = {chunk: index for index, chunk in enumerate(order)}
+        offsets = [sum(self.source_chunks[:j]) for j in range(len(self.sources))]
+        back = tuple(tuple(position[offsets[j] + m] for m in range(count)) for j, count in enumerate(self.source_chunks))
+        return Regroup(self.kind, self.targets, tuple(len(c) for c in self.target_chunks), self.sources, back, self.dim,
+                       self.reverse_index, self.optional_reason)
+
+    # -- application ----------------------------------------------------------------------------------------
+    def target_values(self, values: Mapping[str, str], counts: Mapping[str, int]) -> dict[str, str]:
+        mapped = dict(values)
+        for placeholder, count_name in self.reverse_index:
+            if count_name not in counts:
+                raise RuleError(f"{self.describe()} needs '{count_name}', which the target model does not define")
+            index, count = int(values[placeholder]), counts[count_name]
+            if not 0 <= index < count:
+                raise RuleError(f"{self.sources[0].format(values)}: index {index} is out of range for "
+                                f"{count_name}={count}")
+            mapped[placeholder] = str(count - 1 - index)
+        return mapped
+
+    def output_shapes(self, shapes: list[torch.Size], keys: list[str]) -> list[torch.Size]:
+        pieces: list[torch.Size] = []
+        for shape, count, key in zip(shapes, self.source_chunks, keys):
+            if len(shape) <= self.dim or shape[self.dim] % count:
+                raise RuleError(f"{key} {tuple(shape)} cannot be split into {count} equal parts along dim {self.dim}")
+            pieces += [torch.Size((*shape[:self.dim], shape[self.dim] // count, *shape[self.dim + 1:]))] * count
+        outputs = []
+        for chunk_list in self.target_chunks:
+            first = pieces[chunk_list[0]]
+            if any(len(pieces[i]) != len(first) or any(a != b for d, (a, b) in enumerate(zip(pieces[i], first))
+                                                           if d != self.dim) for i in chunk_list):
+                raise RuleError(f"{self.describe()}: the parts of {', '.join(keys)} do not fit together")
+            size = sum(pieces[i][self.dim] for i in chunk_list)
+            outputs.append(torch.Size((*first[:self.dim], size, *first[self.dim + 1:])))
+        return outputs
+
+    def build(self, inputs: list[LazyTensor], keys: list[str], wanted: list[int]) -> dict[int, LazyTensor]:
+        """Lazy outputs (by target index) for these lazy inputs; outputs share one load of the inputs."""
+        dtypes = {tensor.dtype for tensor in inputs}
+        if len(dtypes) != 1:
+            raise RuleError(f"{', '.join(keys)} have different dtypes; they cannot be combined")
+        shapes = self.output_shapes([t.shape for t in inputs], keys)
+        if len(inputs) == 1 and self.source_chunks == (1,):  # a plain rename: hand the input through untouched
+            return {index: inputs[0] for index in wanted}
+        shared = _SharedChunks(inputs, self.source_chunks, self.dim, len(wanted))
+        origin = f"{self.kind} of {', '.join(keys)}"
+        dtype = dtypes.pop()
+        return {index: LazyTensor(shapes[index], dtype, lambda index=index: shared.take(self.target_chunks[index]),
+                                  origin) for index in wanted}
+
+
+class _SharedChunks:
+    """Loads a rule's inputs once for all its outputs, and lets them go when the last output has been made."""
+
+    def __init__(self, inputs: list[LazyTensor], chunks: tuple[int, ...], dim: int, consumers: int) -> None:
+        self._inputs, self._chunks, self._dim, self._consumers = inputs, chunks, dim, consumers
+        self._parts: list[torch.Tensor] | None = None
+        self._served = 0
+        self._lock = threading.Lock()
+
+    def take(self, chunk_list: tuple[int, ...]) -> torch.Tensor:
+        with self._lock:
+            if self._parts is None:
+                self._parts = [part for tensor, count in zip(self._inputs, self._chunks)
+                               for part in torch.chunk(tensor.load(), count, dim=self._dim)]
+            selected = [self._parts[i] for i in chunk_list]
+            result = selected[0].contiguous() if len(selected) == 1 else torch.cat(selected, dim=self._dim)
+            self._served += 1
+            if self._served >= self._consumers:
+                self._parts, self._served = None, 0
+            return result
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Source keys that are deliberately not exported, with the reason shown to the user."""
+
+    reason: str
+    pattern: KeyPattern | None = None
+    glob: str | None = None
+
+    def matches(self, key: str) -> bool:
+        if self.pattern is not None:
+            return self.pattern.match(key) is not None
+        return fnmatch.fnmatchcase(key, self.glob)
+
+    def describe(self) -> str:
+        return f"drop {(self.pattern.text if self.pattern else self.glob)!r}"

@@ -1,0 +1,173 @@
+"""Read ``key_maps/*.toml`` into validated tables of rules.
+
+A table is data: which source keys it applies to (a prefix to select, prefixes to strip, signature globs),
+placeholder kinds, rules (rename, chunk, regroup, reindex, drop) and the model's default fp32 allowlist.
+Mistakes in a table (unknown fields, undeclared placeholders, two rules that match the same key) are errors
+when it is loaded, never a silent first-match-wins.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from typing import Any, Iterable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .pattern import KeyPattern, PatternError
+from .rules import Drop, Regroup
+
+_TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "strip_prefixes", "signature"}
+_RULE_FIELDS = {
+    "rename": {"from", "to", "optional"},
+    "chunk": {"from", "to", "dim", "optional"},
+    "regroup": {"from", "chunks", "dim", "to", "optional"},
+    "reindex": {"from", "to", "reverse", "optional"},
+    "drop": {"from", "glob", "reason"},
+}
+
+
+class TableError(ValueError):
+    """A key-map table is malformed (a bug in the table, not in the user's input)."""
+
+
+@dataclass(frozen=True)
+class KeyMapTable:
+    name: str
+    description: str = ""
+    source: str = ""
+    target: str = ""
+    select_prefix: str | None = None
+    strip_prefixes: tuple[str, ...] = ()
+    signature: tuple[str, ...] = ()
+    rules: tuple[Regroup, ...] = ()
+    drops: tuple[Drop, ...] = ()
+    keep_fp32: tuple[str, ...] = ()
+    placeholders: dict = field(default_factory=dict, compare=False)
+
+    def recognises(self, keys: Iterable[str]) -> bool:
+        """Whether these (selected) keys look like this table's source format."""
+        return any(fnmatch.fnmatchcase(key, glob) for key in keys for glob in self.signature)
+
+    def select(self, keys: Iterable[str]) -> tuple[dict[str, str], list[str]]:
+        """Keys this table applies to, as {name without prefixes: original name}, and the keys it ignores.
+
+        With ``select_prefix``, keys outside it (a SAT engine's T5 and VAE) are ignored, never renamed; a file
+        with no key under the prefix is taken as already unprefixed. ``strip_prefixes`` go when every key has them.
+        """
+        keys = list(keys)
+        ignored: list[str] = []
+        selected = {key: key for key in keys}
+        prefix = self.select_prefix
+        if prefix and any(key.startswith(prefix) for key in keys):
+            selected = {key[len(prefix):]: key for key in keys if key.startswith(prefix)}
+            ignored = [key for key in keys if not key.startswith(prefix)]
+        for strip in self.strip_prefixes:
+            if selected and all(name.startswith(strip) for name in selected):
+                selected = {name[len(strip):]: original for name, original in selected.items()}
+        return selected, ignored
+
+    def inverted(self) -> "KeyMapTable":
+        """The same table run backwards (e.g. Diffusers to SAT); drops produce nothing in this direction."""
+        return replace(self, name=f"{self.name} (inverted)", select_prefix=None, strip_prefixes=(), signature=(),
+                       rules=tuple(rule.inverse() for rule in self.rules), drops=(), keep_fp32=())
+
+
+def _require(condition: bool, table: str, message: str) -> None:
+    if not condition:
+        raise TableError(f"key map {table}: {message}")
+
+
+def _patterns(value: Any, kinds: dict, table: str, what: str) -> list[KeyPattern]:
+    items = value if isinstance(value, list) else [value]
+    _require(all(isinstance(v, str) for v in items) and items, table, f"{what} must be a key pattern or a list of them")
+    try:
+        return [KeyPattern(text, kinds) for text in items]
+    except PatternError as error:
+        raise TableError(f"key map {table}: {error}") from None
+
+
+def _rule(kind: str, spec: dict, kinds: dict, table: str) -> Regroup | Drop:
+    unknown = set(spec) - _RULE_FIELDS[kind]
+    _require(not unknown, table, f"{kind} rule has unknown field(s) {', '.join(sorted(unknown))}")
+    if kind == "drop":
+        _require(bool(spec.get("reason")), table, f"drop rule {spec} needs a reason")
+        _require(("from" in spec) != ("glob" in spec), table, f"drop rule {spec} needs exactly one of from / glob")
+        pattern = _patterns(spec["from"], kinds, table, "from")[0] if "from" in spec else None
+        return Drop(spec["reason"], pattern, spec.get("glob"))
+    _require("from" in spec and "to" in spec, table, f"{kind} rule {spec} needs from and to")
+    source = _patterns(spec["from"], kinds, table, "from")
+    _require(len(source) == 1, table, f"{kind} rule {spec['from']} must have one source pattern")
+    dim = spec.get("dim", 0)
+    if kind in ("rename", "reindex"):
+        targets, chunks, groups = _patterns(spec["to"], kinds, table, "to"), (1,), ((0,),)
+        _require(len(targets) == 1, table, f"{kind} rule {spec['from']} must have one target")
+    elif kind == "chunk":
+        targets = _patterns(spec["to"], kinds, table, "to")
+        chunks, groups = (len(targets),), tuple((i,) for i in range(len(targets)))
+    else:
+        entries = spec["to"]
+        _require(isinstance(entries, list) and all(isinstance(e, dict) and set(e) == {"key", "chunks"} for e in entries),
+                 table, f"regroup {spec['from']}: 'to' must be a list of {{key, chunks}} tables")
+        targets = [_patterns(e["key"], kinds, table, "to")[0] for e in entries]
+        chunks, groups = (int(spec["chunks"]),), tuple(tuple(e["chunks"]) for e in entries)
+    reverse = spec.get("reverse", {})
+    _require(kind == "reindex" or not reverse, table, f"only reindex rules can reverse an index ({spec['from']})")
+    _require(kind != "reindex" or (isinstance(reverse, dict) and reverse), table,
+             f"reindex {spec['from']} needs reverse = {{placeholder = \"count name\"}}")
+    try:
+        return Regroup(kind, tuple(source), chunks, tuple(targets), groups, dim, tuple(reverse.items()),
+                       spec.get("optional"))
+    except ValueError as error:
+        raise TableError(f"key map {table}: {error}") from None
+
+
+def parse_table(text: str, name: str) -> KeyMapTable:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise TableError(f"key map {name}: not valid TOML ({error})") from None
+    unknown = set(data) - {"table", "precision", "placeholders", *_RULE_FIELDS}
+    _require(not unknown, name, f"unknown section(s) {', '.join(sorted(unknown))}")
+    header = data.get("table", {})
+    _require(not set(header) - _TABLE_FIELDS, name, f"unknown [table] field(s) {set(header) - _TABLE_FIELDS}")
+    kinds = data.get("placeholders", {})
+    rules: list[Regroup] = []
+    drops: list[Drop] = []
+    for kind in _RULE_FIELDS:
+        for spec in data.get(kind, []):
+            made = _rule(kind, spec, kinds, name)
+            (drops if isinstance(made, Drop) else rules).append(made)
+    table = KeyMapTable(
+        name=header.get("name", name), description=header.get("description", ""), source=header.get("source", ""),
+        target=header.get("target", ""), select_prefix=header.get("select_prefix"),
+        strip_prefixes=tuple(header.get("strip_prefixes", ())), signature=tuple(header.get("signature", ())),
+        rules=tuple(rules), drops=tuple(drops), keep_fp32=tuple(data.get("precision", {}).get("keep_fp32", ())),
+        placeholders=kinds,
+    )
+    _check_no_overlaps(table)
+    _check_no_overlaps(table.inverted())
+    return table
+
+
+def _check_no_overlaps(table: KeyMapTable) -> None:
+    """Each rule's example keys must match that rule alone: two rules for one key is a table bug."""
+    patterns = [(rule.describe(), p) for rule in table.rules for p in rule.sources]
+    matchers = patterns + [(drop.describe(), drop) for drop in table.drops]
+    for owner, pattern in patterns:
+        example = pattern.example()
+        claims = {who for who, other in matchers if (other.matches(example) if isinstance(other, Drop)
+                                                      else other.match(example) is not None)}
+        if len(claims) > 1:
+            raise TableError(f"key map {table.name}: key {example!r} matches several rules: {', '.join(sorted(claims))}")
+
+
+def load_table(name: str) -> KeyMapTable:
+    """A table shipped in key_maps/ (e.g. 'sat_transformer')."""
+    path = resources.files("cogexport.key_maps").joinpath(f"{name}.toml")
+    return parse_table(path.read_text(encoding="utf-8"), name)

@@ -1,0 +1,58 @@
+"""The dtype policy: one output dtype, except an allowlist of tensors kept in fp32.
+
+Allowlist entries are globs matched on dotted name components: ``norm_q`` keeps every tensor with a
+``norm_q`` component (``transformer_blocks.3.attn1.norm_q.weight``), ``norm_out.norm`` needs the two
+components in a row, ``*`` keeps everything. Tensors that are not floating point are never cast.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import torch
+
+from .errors import CogExportError
+from .lazy import LazyTensor
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def dtype_named(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise CogExportError(f"--dtype {name!r} is not one of {', '.join(DTYPES)}") from None
+
+
+def _matches(pattern: str, name: str) -> bool:
+    wanted, parts = pattern.split("."), name.split(".")
+    return any(all(fnmatch.fnmatchcase(part, glob) for part, glob in zip(parts[start:], wanted))
+               for start in range(len(parts) - len(wanted) + 1))
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    dtype: torch.dtype
+    keep_fp32: tuple[str, ...] = ()
+
+    @classmethod
+    def build(cls, dtype: str, defaults: Iterable[str], extra: Iterable[str]) -> "PrecisionPolicy":
+        return cls(dtype_named(dtype), tuple(dict.fromkeys([*defaults, *extra])))
+
+    def target_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
+        if not dtype.is_floating_point:
+            return dtype
+        if self.dtype != torch.float32 and any(_matches(p, name) for p in self.keep_fp32):
+            return torch.float32
+        return self.dtype
+
+    def apply(self, tensors: Mapping[str, LazyTensor]) -> dict[str, LazyTensor]:
+        return {name: tensor.to(self.target_dtype(name, tensor.dtype)) for name, tensor in tensors.items()}
+
+    def describe(self) -> str:
+        name = {v: k for k, v in DTYPES.items()}[self.dtype]
+        if self.dtype == torch.float32 or not self.keep_fp32:
+            return f"every floating tensor in {name}"
+        return f"{name}, except tensors matching {', '.join(self.keep_fp32)} kept in fp32"

@@ -1,0 +1,74 @@
+"""Diffusers folders: a model folder exactly as ``save_pretrained`` writes it, and a pipeline folder around it.
+
+A model folder is ``config.json`` (from the Diffusers class itself, built on the meta device) plus
+``diffusion_pytorch_model[.variant].safetensors`` or its shards and index, cut as ``save_pretrained`` cuts them.
+A pipeline folder adds ``model_index.json``, a scheduler config, and the text encoder and tokenizer taken
+from the base pipeline (hard links where the filesystem allows, else copies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Mapping
+
+import torch
+
+from ..lazy import LazyTensor
+from .shards import ShardPlan, plan_shards, write_shards
+
+WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+
+
+def weights_name(variant: str | None) -> str:
+    """diffusion_pytorch_model.safetensors, or with a variant diffusion_pytorch_model.<variant>.safetensors."""
+    return WEIGHTS_NAME if not variant else WEIGHTS_NAME.replace(".safetensors", f".{variant}.safetensors")
+
+
+def plan_model_folder(tensors: Mapping[str, LazyTensor], max_shard_size: str | int, variant: str | None) -> ShardPlan:
+    return plan_shards(tensors, weights_name(variant), max_shard_size)
+
+
+def write_model_folder(folder: Path, model: torch.nn.Module, tensors: Mapping[str, LazyTensor], plan: ShardPlan,
+                       on_tensor: Callable[[str, int], None] | None = None) -> list[str]:
+    """config.json and the weights; ``model`` is the meta-device Diffusers model whose config is written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_config(folder)
+    return ["config.json", *write_shards(folder, tensors, plan, on_tensor)]
+
+
+def write_config_json(path: Path, config: Mapping[str, object]) -> None:
+    """A JSON config in Diffusers' own layout (sorted keys, two-space indent, final newline)."""
+    path.write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def write_model_index(folder: Path, pipeline_class: str, components: Mapping[str, list]) -> None:
+    import diffusers
+
+    write_config_json(folder / "model_index.json",
+                      {"_class_name": pipeline_class, "_diffusers_version": diffusers.__version__, **components})
+
+
+def write_scheduler(folder: Path, config: Mapping[str, object]) -> None:
+    from diffusers import CogVideoXDDIMScheduler
+
+    CogVideoXDDIMScheduler(**config).save_pretrained(folder)
+
+
+def link_or_copy_tree(source: Path, destination: Path) -> str:
+    """Mirror ``source`` into ``destination`` with hard links, falling back to copies; says which it used."""
+    how = "linked"
+    for path in sorted(source.rglob("*")):
+        target = destination / path.relative_to(source)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+            how = "copied"
+    return how

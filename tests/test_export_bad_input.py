@@ -1,0 +1,111 @@
+"""Bad input to the export: one clear line, exit 2, nothing written, the input untouched."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from conftest import leftovers, snapshot
+from cogvideox_fixtures import build_tiny_transformer, config_folder, write_sat_run
+from diffusers import CogVideoXTransformer3DModel
+
+
+@pytest.fixture
+def sat_run(tmp_path):
+    original = build_tiny_transformer("5b-i2v", num_layers=2, seed=1)
+    run = write_sat_run(tmp_path / "run", original.state_dict())
+    return run, config_folder(tmp_path / "base", original)
+
+
+def assert_refused(cli, tmp_path, args, *phrases):
+    watched = snapshot(tmp_path / "run") if (tmp_path / "run").exists() else None
+    result = cli(*args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert len(result.error_lines) == 1, result.stderr
+    for phrase in phrases:
+        assert phrase in result.error_lines[0], result.error_lines[0]
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+    if watched is not None:
+        assert snapshot(tmp_path / "run") == watched
+
+
+def edit_module(run, change) -> None:
+    """Rewrite the run's SAT file with ``change`` applied to its module dict."""
+    states = torch.load(run.model_states, weights_only=False)  # our own test file
+    change(states["module"])
+    torch.save(states, run.model_states)
+
+
+def test_wrong_model_type(cli, tmp_path, sat_run):
+    run, base = sat_run
+    assert_refused(cli, tmp_path, ["--model-type", "t2v", run.run_dir, tmp_path / "out", "--base", base],
+                   "in_channels 8", "--model-type t2v")
+
+
+def test_unknown_keys(cli, tmp_path, sat_run):
+    run, base = sat_run
+    edit_module(run, lambda module: module.update({"model.diffusion_model.mixins.mystery.weight": torch.ones(2)}))
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base],
+                   "does not know", "mixins.mystery.weight")
+
+
+def test_missing_keys(cli, tmp_path, sat_run):
+    run, base = sat_run
+    edit_module(run, lambda module: module.pop("model.diffusion_model.transformer.layers.1.mlp.dense_4h_to_h.bias"))
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base],
+                   "lacks 1 tensor", "transformer_blocks.1.ff.net.2.bias")
+
+
+def test_shape_mismatch_against_base(cli, tmp_path, sat_run):
+    run, _ = sat_run
+    config = build_tiny_transformer("5b-i2v", num_layers=2).config
+    wider = config_folder(tmp_path / "wider", CogVideoXTransformer3DModel.from_config({**config, "num_attention_heads": 3}))
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", wider],
+                   "does not match the target model's shapes", "the model expects")
+
+
+def test_layer_count_mismatch_against_base(cli, tmp_path, sat_run):
+    run, _ = sat_run
+    deeper = config_folder(tmp_path / "deeper", build_tiny_transformer("5b-i2v", num_layers=3))
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", deeper], "lacks", "transformer_blocks.2.")
+
+
+def test_lora_checkpoint_given_to_a_full_export(cli, tmp_path):
+    original = build_tiny_transformer("2b", num_layers=2)
+    run = write_sat_run(tmp_path / "run", original.state_dict(), lora_rank=4)
+    base = config_folder(tmp_path / "base", original)
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base],
+                   "is a LoRA checkpoint", "--lora adapter", "--lora fuse")
+
+
+def test_unreadable_file(cli, tmp_path, sat_run):
+    run, base = sat_run
+    os.truncate(run.model_states, run.model_states.stat().st_size - 100)
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base],
+                   "mp_rank_00_model_states.pt", "truncated")
+
+
+def test_unpublished_size_without_base(cli, tmp_path, sat_run):
+    run, _ = sat_run
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out"], "not a published CogVideoX size", "--base")
+
+
+def test_pipeline_without_base(cli, tmp_path, sat_run):
+    run, _ = sat_run
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--component", "pipeline"], "needs --base")
+
+
+def test_vae_alone_without_a_model_name(cli, tmp_path):
+    from cogvideox_fixtures import build_tiny_vae, num_vae_up_blocks, write_sat_vae
+
+    vae = build_tiny_vae().state_dict()
+    (tmp_path / "run").mkdir()
+    write_sat_vae(tmp_path / "run" / "3d-vae.pt", vae, num_vae_up_blocks(vae))
+    assert_refused(cli, tmp_path, [tmp_path / "run" / "3d-vae.pt", tmp_path / "out", "--component", "vae"],
+                   "latent scaling", "--model-name")
+
+
+def test_missing_ema(cli, tmp_path, sat_run):
+    run, base = sat_run
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base, "--ema"], "no EMA copy", "1000-ema")
