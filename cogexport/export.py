@@ -19,9 +19,10 @@ from .checkpoint import LazyCheckpoint, as_paths, open_checkpoint
 from .checkpoint.locate import ema_source
 from .errors import CogExportError
 from .keymap.plan import Plan, plan_translation, translate_shapes
-from .keymap.table import KeyMapTable, load_table
+from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
 from .models.base_folder import TRANSFORMER_CLASS, VAE_CLASS, BaseFolder, open_base
+from .models.recognize import TRANSFORMER_TABLES, VAE_TABLES, choose_table, lora_key
 from .models.cogvideox import (CogVideoXVariant, TargetModel, build_target, published_variant,
                                read_transformer_shape, scheduler_config, transformer_config, vae_config,
                                variant_like, variant_named)
@@ -34,11 +35,6 @@ from .write.shards import ShardPlan
 from .write.staging import check_destination, staged_folder
 
 COMPONENTS = ("transformer", "vae", "pipeline")
-TRANSFORMER_TABLES = ("sat_transformer", "diffusers_transformer")
-VAE_TABLES = ("sat_vae", "diffusers_vae")
-# Name fragments only LoRA checkpoints have (SAT's LoRA mixin, PEFT, kohya-style files).
-LORA_MARKERS = (".original.", ".matrix_A.", ".matrix_B.", ".lora_A.", ".lora_B.", ".base_layer.", ".lora_down.",
-                ".lora_up.")
 
 
 @dataclass
@@ -72,6 +68,8 @@ class ModelExport:
     tensors: dict[str, LazyTensor]
     policy: PrecisionPolicy
     table: KeyMapTable
+    label: str = ""  # what the model is, for the user: a published name, or a custom size in a variant's layout
+    published: bool = False
     shards: ShardPlan | None = None
 
 
@@ -93,23 +91,6 @@ class ExportResult:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def _lora_key(keys: Sequence[str]) -> str | None:
-    return next((key for key in keys if any(marker in key for marker in LORA_MARKERS)), None)
-
-
-def choose_table(source: LazyCheckpoint, candidates: Sequence[str], what: str, where: str) -> KeyMapTable:
-    """The one table whose signature the checkpoint's names carry."""
-    tables = [load_table(name) for name in candidates]
-    fitting = [t for t in tables if t.recognises(t.select(source)[0])]
-    if len(fitting) == 1:
-        return fitting[0]
-    sample = ", ".join(list(source)[:3]) or "no tensors at all"
-    if not fitting:
-        raise CogExportError(f"{where} holds no {what} weights cogexport recognises (tried {', '.join(candidates)}); "
-                             f"its first keys are {sample}")
-    raise CogExportError(f"{where} matches several layouts ({', '.join(t.name for t in fitting)}); its keys are mixed")
 
 
 def _policy(table: KeyMapTable, options: ExportOptions) -> PrecisionPolicy:
@@ -137,7 +118,10 @@ def plan_transformer(source: LazyCheckpoint, base: BaseFolder | None, options: E
     target = build_target(TRANSFORMER_CLASS, config)
     plan = plan_translation(table, source, target.schema, target.counts, what=where)
     policy = _policy(table, options)
-    return ModelExport("transformer", target, plan, policy.apply(plan.tensors), policy, table), variant
+    published = published_variant(shape) == variant
+    label = variant.name if published else f"custom-size CogVideoX ({variant.name} layout)"
+    return ModelExport("transformer", target, plan, policy.apply(plan.tensors), policy, table, label, published), \
+        variant
 
 
 def plan_vae(source: LazyCheckpoint, base: BaseFolder | None, variant: CogVideoXVariant | None,
@@ -160,7 +144,7 @@ def open_source(paths: list[Path], options: ExportOptions) -> LazyCheckpoint:
     if options.ema:
         paths, tag = ema_source(paths, tag)
     source = open_checkpoint(paths, tag)
-    lora = _lora_key(list(source))
+    lora = lora_key(list(source))
     if lora is not None:
         source.close()
         raise CogExportError(f"{paths[0]} is a LoRA checkpoint ({lora}); export the adapter with --lora adapter, or "
@@ -199,7 +183,8 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
         inputs = [*paths, *source.info.files, *([options.vae] if options.vae else []), *([base.path] if base else [])]
         check_destination(output, source.own_folders(), inputs, options.overwrite)
 
-        result = ExportResult(str(output), component, variant.name if variant else "CogVideoX", [],
+        label = parts[0].label or (variant.name if variant else "CogVideoX VAE")
+        result = ExportResult(str(output), component, label, [],
                               sum(len(p.tensors) for p in parts), sum(p.shards.total_bytes for p in parts),
                               parts[0].policy.describe(), source=asdict(source.info), notes=list(source.info.notes))
         for part in parts:
@@ -247,9 +232,10 @@ def _card(variant: CogVideoXVariant, options: ExportOptions, source: LazyCheckpo
     if info.step is not None:
         where += f", step {info.step}"
     precision = "; ".join(f"{name}: {part.policy.describe()}" for name, part in exported.items())
+    transformer = exported["transformer"]
     return model_card(CardFacts(
-        title=f"{variant.name} fine-tune",
-        base_model=options.base_model or variant.hub_id,
+        title=f"{transformer.label} fine-tune",
+        base_model=options.base_model or (variant.hub_id if transformer.published else None),
         relation="finetune",
         pipeline_tag=variant.pipeline_tag,
         pipeline_class=variant.pipeline_class,

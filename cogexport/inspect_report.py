@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .checkpoint import open_checkpoint
 from .checkpoint.deepspeed_zero import DTYPE_NAMES
+from .models.recognize import recognise
 
 
 def inspect_checkpoint(paths: list[Path], tag: str | None = None) -> dict:
@@ -26,6 +27,7 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None) -> dict:
         report["parameter_count"] = sum(t.numel for t in parameters) if len(checkpoint) else None
         report["fp32_bytes"] = sum(t.numel * 4 if t.dtype.is_floating_point else t.nbytes for t in unique) \
             if len(checkpoint) else None
+        report["models"] = recognise(checkpoint) if len(checkpoint) else {}
     return report
 
 
@@ -36,17 +38,39 @@ def _names(names: list[str], limit: int = 6) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def render_inspect_text(report: dict) -> str:
+def _format_row(report: dict) -> str:
+    if report["format"] != "deepspeed":
+        return {"safetensors": "safetensors", "torch": "torch.save state dict"}[report["format"]]
     stage = report["stage"]
     kind = {None: "model states only", 0: "ZeRO stage 0 (no partitioning)"}.get(stage, f"ZeRO-{stage}")
+    return (f"DeepSpeed {kind}, {report['training_dtype'] or '?'} training, world size {report['world_size']}"
+            + (f", saved by DeepSpeed {report['ds_version']}" if report["ds_version"] else ""))
+
+
+def _model_rows(models: dict) -> list[tuple[str, str]]:
+    rows = []
+    for component in ("transformer", "vae"):
+        entry = models.get(component)
+        if entry:
+            what = entry.get("model", "") + (f" ({entry['model_type']}, {entry['layers']} layers, hidden "
+                                             f"{entry['hidden_size']})" if "layers" in entry else "")
+            rows.append((component, f"{what + ', ' if what else ''}{entry['description']}: {entry['keys']} keys"
+                                    + (f", {entry['other_keys']} other keys ignored" if entry["other_keys"] else "")))
+    if "lora" in models:
+        rows.append(("lora", f"LoRA run (e.g. {models['lora']['marker']})"))
+    return rows
+
+
+def render_inspect_text(report: dict) -> str:
     tags = report["tags"]
     rows = [
         ("checkpoint", ", ".join(report["paths"])),
-        ("tag", f"{report['tag']}" + (f" (tags here: {', '.join(tags)})" if len(tags) > 1 else "")),
-        ("format", f"DeepSpeed {kind}, {report['training_dtype'] or '?'} training, world size {report['world_size']}"
-                   + (f", saved by DeepSpeed {report['ds_version']}" if report["ds_version"] else "")),
+        *([("tag", f"{report['tag']}" + (f" (tags here: {', '.join(tags)})" if len(tags) > 1 else ""))]
+          if report["tag"] else []),
+        ("format", _format_row(report)),
         ("step", str(report["step"])),
         ("weights", report["weights_source"] or "cannot be assembled (see problems)"),
+        *_model_rows(report.get("models", {})),
     ]
     if report["parameter_count"] is not None:
         rows.append(("parameters", f"{report['parameter_count']:,} elements in {len(report['tensors'])} tensors, "

@@ -16,7 +16,8 @@ import torch
 from .checkpoint import as_paths
 from .checkpoint.safetensors_files import SafetensorsCheckpoint
 from .errors import CogExportError
-from .export import TRANSFORMER_TABLES, VAE_TABLES, ExportOptions, open_source, choose_table
+from .export import ExportOptions, open_source
+from .models.recognize import TRANSFORMER_TABLES, VAE_TABLES, choose_table
 from .keymap.plan import plan_translation
 from .models.base_folder import TRANSFORMER_CLASS, VAE_CLASS, read_json
 from .models.cogvideox import build_target

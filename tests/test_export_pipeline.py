@@ -54,16 +54,18 @@ def test_model_card_says_what_was_done(tmp_path):
     write_sat_run(tmp_path / "run", finetuned_weights(base, seed=3), iteration=750)
     from cogexport.export import export
 
-    export(tmp_path / "run", tmp_path / "out", base=base, command="cogexport run out --base base")
+    export(tmp_path / "run", tmp_path / "out", base=base, command="cogexport run out --base base",
+           base_model="someone/tiny-cogvideox-i2v")
     card = ModelCard.load(tmp_path / "out" / "README.md")
     assert card.data.library_name == "diffusers"
-    assert card.data.base_model == "THUDM/CogVideoX-5b-I2V"
+    assert card.data.base_model == "someone/tiny-cogvideox-i2v"
     assert card.data.to_dict()["base_model_relation"] == "finetune"
     assert card.data.pipeline_tag == "image-to-video"
     assert "cogexport run out --base base" in card.text
     assert "step 750" in card.text and "tag 750" in card.text
     assert "bf16, except tensors matching norm1.norm" in card.text
     assert "CogVideoXImageToVideoPipeline.from_pretrained" in card.text
+    assert card.text.lstrip().startswith("# custom-size CogVideoX (CogVideoX-5b-I2V layout) fine-tune")
 
 
 def test_pipeline_with_a_sat_vae_file(tmp_path):

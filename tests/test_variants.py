@@ -42,6 +42,7 @@ def test_published_variant_is_read_off_the_shapes(short):
     name, layers, hidden, model_type, shift, scaling, invert, sample = EXPECTED[short]
     transformer, variant = plan_transformer(meta_checkpoint(short), None, ExportOptions(), "meta")
     assert variant.name == name and variant.model_type == model_type
+    assert transformer.published and transformer.label == name
     config = transformer.target.model.config
     assert (config.num_layers, config.num_attention_heads * config.attention_head_dim) == (layers, hidden)
     assert (config.sample_height, config.sample_width, config.sample_frames) == sample

@@ -286,7 +286,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         dtype = info.training_dtype or "the stored dtype"
         info.weights_source = f"module state_dict ({why}: weights are the {dtype} copy)"
         if info.training_dtype not in (None, "fp32"):
-            info.notes.append(f"{why}: the weights are the {dtype} module copy, not fp32 masters")
+            info.notes.append(f"{why}: the weights are the module's {dtype} copy")
         info.tied = dict(states.get("shared_params") or {}) or _aliases(module, info.buffers)
         info.trainable = [n for n in module if n not in info.buffers and n not in info.tied]
         self._assemble(module, lambda name: _stored(module[name], name), lambda name: _stored(module[name], name))
