@@ -127,6 +127,9 @@ def inspect(checkpoint, tag, as_json) -> None:
 @click.option("--variant", help="File-name variant, as save_pretrained(variant=...) (e.g. bf16).")
 @tag_option
 @click.option("--ema", is_flag=True, help="Export SAT's EMA copy (the TAG-ema folder).")
+@click.option("--lora", type=click.Choice(["adapter", "fuse"]),
+              help="A LoRA run: write the adapter (the default for LoRA runs) or fuse it into the model.")
+@click.option("--lora-alpha", type=float, help="The run's lora_alpha, when the checkpoint does not record it.")
 @click.option("--model-name", help="The published model this is (e.g. CogVideoX-5b); needed for a VAE alone.")
 @click.option("--base-model", help="Hub id the model card names as the base model [default: the published one].")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
@@ -135,13 +138,14 @@ def inspect(checkpoint, tag, as_json) -> None:
 @json_option
 @_user_errors_exit_2
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
-           tag, ema, model_name, base_model, overwrite, push_to_hub, private, as_json) -> None:
+           tag, ema, lora, lora_alpha, model_name, base_model, overwrite, push_to_hub, private, as_json) -> None:
     """Export a CogVideoX checkpoint (SAT, DeepSpeed, Diffusers fine-tune) to a Diffusers folder."""
     from .export import ExportOptions, command_line, export as run_export
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
                             keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,
-                            ema=ema, model_name=model_name, base_model=base_model, overwrite=overwrite,
+                            ema=ema, lora=lora, lora_alpha=lora_alpha, model_name=model_name,
+                            base_model=base_model, overwrite=overwrite,
                             push_to_hub=push_to_hub, private=private, command=command_line())
     result = run_export(list(checkpoint), output, options)
     for note in result.notes:
@@ -151,6 +155,10 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
         return
     click.echo(f"wrote {result.output}: {result.model} {result.component}, {result.tensors} tensors, "
                f"{_human_bytes(result.total_bytes)} ({result.precision})")
+    if result.lora:
+        lora = result.lora
+        click.echo(f"  LoRA rank {lora['rank']}, alpha {lora['alpha']:g} ({lora['alpha_source']}), scale "
+                   f"{lora['scale']:g}, {lora['modules']} modules in {lora['layers']} layers")
     if result.dropped:
         reasons = sorted(set(result.dropped.values()))
         click.echo(f"  dropped {len(result.dropped)} source key(s): {'; '.join(reasons)}")

@@ -27,7 +27,9 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None) -> dict:
         report["parameter_count"] = sum(t.numel for t in parameters) if len(checkpoint) else None
         report["fp32_bytes"] = sum(t.numel * 4 if t.dtype.is_floating_point else t.nbytes for t in unique) \
             if len(checkpoint) else None
-        report["models"] = recognise(checkpoint) if len(checkpoint) else {}
+        folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
+        folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
+        report["models"] = recognise(checkpoint, info.metadata, folders) if len(checkpoint) else {}
     return report
 
 
@@ -56,8 +58,15 @@ def _model_rows(models: dict) -> list[tuple[str, str]]:
                                              f"{entry['hidden_size']})" if "layers" in entry else "")
             rows.append((component, f"{what + ', ' if what else ''}{entry['description']}: {entry['keys']} keys"
                                     + (f", {entry['other_keys']} other keys ignored" if entry["other_keys"] else "")))
-    if "lora" in models:
-        rows.append(("lora", f"LoRA run (e.g. {models['lora']['marker']})"))
+    lora = models.get("lora")
+    if lora and "problem" in lora:
+        rows.append(("lora", f"LoRA run ({lora['marker']}), but: {lora['problem']}"))
+    elif lora:
+        alpha = f"alpha {lora['alpha']:g} ({lora['alpha_source']})" if lora["alpha"] is not None else \
+            f"alpha not recorded ({lora['alpha_source']} would be assumed: pass --lora-alpha)"
+        rows.append(("lora", f"{lora['description']}: rank {lora['rank']}, {alpha}, targets "
+                             f"{', '.join(lora['target_modules'])}, {lora['modules']} modules in {lora['layers']} layers"
+                             + ("" if lora["base_weights"] else ", adapter only (no base weights)")))
     return rows
 
 

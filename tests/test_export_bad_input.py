@@ -75,7 +75,7 @@ def test_lora_checkpoint_given_to_a_full_export(cli, tmp_path):
     original = build_tiny_transformer("2b", num_layers=2)
     run = write_sat_run(tmp_path / "run", original.state_dict(), lora_rank=4)
     base = config_folder(tmp_path / "base", original)
-    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base],
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base, "--component", "transformer"],
                    "is a LoRA checkpoint", "--lora adapter", "--lora fuse")
 
 

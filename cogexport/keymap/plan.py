@@ -41,7 +41,13 @@ def _match(table: KeyMapTable, name: str) -> list[tuple[Regroup | Drop, int, dic
             if values is not None:
                 found.append((rule, index, values))
     found += [(drop, 0, {}) for drop in table.drops if drop.matches(name)]
+    if not found and table.fallback is not None:
+        return _match(table.fallback, name)
     return found
+
+
+def _all_rules(table: KeyMapTable | None) -> list[Regroup]:
+    return [] if table is None else [*table.rules, *_all_rules(table.fallback)]
 
 
 def translate_shapes(table: KeyMapTable, shapes: Mapping[str, torch.Size],
@@ -87,7 +93,7 @@ def plan_translation(table: KeyMapTable, source: Mapping[str, LazyTensor],
         raise CogExportError(f"{what} has {len(unknown)} key(s) that key map {table.name} does not know: "
                              f"{_listing(unknown)}; is it the right model (or a LoRA/other checkpoint)?")
 
-    rules = {id(rule): rule for rule in table.rules}
+    rules = {id(rule): rule for rule in _all_rules(table)}
     produced: dict[str, LazyTensor] = {}
     errors: list[str] = []
     for (rule_id, values), found in groups.items():

@@ -22,7 +22,9 @@ else:  # pragma: no cover
 from .pattern import KeyPattern, PatternError
 from .rules import Drop, Regroup
 
-_TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "strip_prefixes", "signature"}
+_TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "strip_prefixes", "signature", "include",
+                 "fallback"}
+_LORA_FIELDS = {"default_alpha", "default_alpha_reason", "alpha_recorded"}
 _RULE_FIELDS = {
     "rename": {"from", "to", "optional"},
     "chunk": {"from", "to", "dim", "optional"},
@@ -49,6 +51,8 @@ class KeyMapTable:
     drops: tuple[Drop, ...] = ()
     keep_fp32: tuple[str, ...] = ()
     placeholders: dict = field(default_factory=dict, compare=False)
+    fallback: "KeyMapTable | None" = None  # names the keys no rule here matches (e.g. plain Diffusers names)
+    lora: dict = field(default_factory=dict, compare=False)  # a LoRA table's alpha default and where it comes from
 
     def recognises(self, keys: Iterable[str]) -> bool:
         """Whether these (selected) keys look like this table's source format."""
@@ -75,7 +79,8 @@ class KeyMapTable:
     def inverted(self) -> "KeyMapTable":
         """The same table run backwards (e.g. Diffusers to SAT); drops produce nothing in this direction."""
         return replace(self, name=f"{self.name} (inverted)", select_prefix=None, strip_prefixes=(), signature=(),
-                       rules=tuple(rule.inverse() for rule in self.rules), drops=(), keep_fp32=())
+                       rules=tuple(rule.inverse() for rule in self.rules), drops=(), keep_fp32=(),
+                       fallback=self.fallback.inverted() if self.fallback else None)
 
 
 def _require(condition: bool, table: str, message: str) -> None:
@@ -132,23 +137,33 @@ def parse_table(text: str, name: str) -> KeyMapTable:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise TableError(f"key map {name}: not valid TOML ({error})") from None
-    unknown = set(data) - {"table", "precision", "placeholders", *_RULE_FIELDS}
+    unknown = set(data) - {"table", "precision", "placeholders", "lora", *_RULE_FIELDS}
     _require(not unknown, name, f"unknown section(s) {', '.join(sorted(unknown))}")
     header = data.get("table", {})
     _require(not set(header) - _TABLE_FIELDS, name, f"unknown [table] field(s) {set(header) - _TABLE_FIELDS}")
-    kinds = data.get("placeholders", {})
-    rules: list[Regroup] = []
-    drops: list[Drop] = []
+    lora = data.get("lora", {})
+    _require(not set(lora) - _LORA_FIELDS, name, f"unknown [lora] field(s) {set(lora) - _LORA_FIELDS}")
+    # An included table's rules become this table's own (and are checked with them for overlaps).
+    included = load_table(header["include"]) if "include" in header else KeyMapTable(name="")
+    kinds = dict(included.placeholders)
+    for placeholder, kind in data.get("placeholders", {}).items():
+        _require(kinds.get(placeholder, kind) == kind, name,
+                 f"placeholder {placeholder} is declared differently in {header.get('include')}")
+        kinds[placeholder] = kind
+    rules: list[Regroup] = list(included.rules)
+    drops: list[Drop] = list(included.drops)
     for kind in _RULE_FIELDS:
         for spec in data.get(kind, []):
             made = _rule(kind, spec, kinds, name)
             (drops if isinstance(made, Drop) else rules).append(made)
     table = KeyMapTable(
-        name=header.get("name", name), description=header.get("description", ""), source=header.get("source", ""),
-        target=header.get("target", ""), select_prefix=header.get("select_prefix"),
-        strip_prefixes=tuple(header.get("strip_prefixes", ())), signature=tuple(header.get("signature", ())),
-        rules=tuple(rules), drops=tuple(drops), keep_fp32=tuple(data.get("precision", {}).get("keep_fp32", ())),
-        placeholders=kinds,
+        name=header.get("name", name), description=header.get("description", included.description),
+        source=header.get("source", included.source), target=header.get("target", included.target),
+        select_prefix=header.get("select_prefix", included.select_prefix),
+        strip_prefixes=tuple(header.get("strip_prefixes", included.strip_prefixes)),
+        signature=tuple(header.get("signature", included.signature)), rules=tuple(rules), drops=tuple(drops),
+        keep_fp32=tuple(dict.fromkeys([*included.keep_fp32, *data.get("precision", {}).get("keep_fp32", ())])),
+        placeholders=kinds, fallback=load_table(header["fallback"]) if "fallback" in header else None, lora=lora,
     )
     _check_no_overlaps(table)
     _check_no_overlaps(table.inverted())
@@ -157,14 +172,15 @@ def parse_table(text: str, name: str) -> KeyMapTable:
 
 def _check_no_overlaps(table: KeyMapTable) -> None:
     """Each rule's example keys must match that rule alone: two rules for one key is a table bug."""
-    patterns = [(rule.describe(), p) for rule in table.rules for p in rule.sources]
-    matchers = patterns + [(drop.describe(), drop) for drop in table.drops]
-    for owner, pattern in patterns:
+    patterns = [(rule, p) for rule in table.rules for p in rule.sources]
+    matchers = patterns + [(drop, drop) for drop in table.drops]
+    for _, pattern in patterns:
         example = pattern.example()
-        claims = {who for who, other in matchers if (other.matches(example) if isinstance(other, Drop)
-                                                      else other.match(example) is not None)}
+        claims = {id(who): who for who, other in matchers
+                  if (other.matches(example) if isinstance(other, Drop) else other.match(example) is not None)}
         if len(claims) > 1:
-            raise TableError(f"key map {table.name}: key {example!r} matches several rules: {', '.join(sorted(claims))}")
+            owners = ", ".join(sorted(who.describe() for who in claims.values()))
+            raise TableError(f"key map {table.name}: key {example!r} matches several rules: {owners}")
 
 
 def load_table(name: str) -> KeyMapTable:

@@ -13,6 +13,7 @@ from .cogvideox import published_variant, read_transformer_shape
 
 TRANSFORMER_TABLES = ("sat_transformer", "diffusers_transformer")
 VAE_TABLES = ("sat_vae", "diffusers_vae")
+LORA_TABLES = ("sat_lora", "peft_lora", "diffusers_lora")
 # Name fragments only LoRA checkpoints have (SAT's LoRA mixin, PEFT, kohya-style files).
 LORA_MARKERS = (".original.", ".matrix_A.", ".matrix_B.", ".lora_A.", ".lora_B.", ".base_layer.", ".lora_down.",
                 ".lora_up.")
@@ -40,18 +41,31 @@ def choose_table(source: Mapping[str, LazyTensor], candidates: Sequence[str], wh
     raise CogExportError(f"{where} matches several layouts ({', '.join(t.name for t in fitting)}); its keys are mixed")
 
 
-def recognise(source: Mapping[str, LazyTensor]) -> dict:
+def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None = None,
+              folders: Sequence = ()) -> dict:
     """A description of the models in a checkpoint, for ``inspect`` (never raises for unknown content)."""
+    from ..lora import read_adapter
+
     keys = list(source)
     found: dict = {}
     marker = lora_key(keys)
     if marker is not None:
-        found["lora"] = {"marker": marker}
+        try:
+            adapter = read_adapter(source, "the checkpoint", folders=folders, metadata=metadata)
+        except CogExportError as error:
+            found["lora"] = {"marker": marker, "problem": str(error)}
+        else:
+            found["lora"] = {"layout": adapter.table.name, "description": adapter.table.source, "rank": adapter.rank,
+                             "alpha": adapter.alpha if adapter.alpha_recorded else None,
+                             "alpha_source": adapter.alpha_source, "target_modules": adapter.target_modules,
+                             "modules": len(adapter.ranks), "layers": adapter.layers,
+                             "base_weights": adapter.has_base_weights}
+        return found
     for component, candidates in (("transformer", TRANSFORMER_TABLES), ("vae", VAE_TABLES)):
         for table in fitting_tables(keys, candidates):
             selected, ignored = table.select(keys)
             entry = {"layout": table.name, "description": table.source, "keys": len(selected), "other_keys": len(ignored)}
-            if component == "transformer" and marker is None:
+            if component == "transformer":
                 try:
                     shape = read_transformer_shape(translate_shapes(table, {k: source[k].shape for k in keys}))
                 except CogExportError as error:
