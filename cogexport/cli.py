@@ -140,7 +140,7 @@ def inspect(checkpoint, tag, as_json) -> None:
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
            tag, ema, lora, lora_alpha, model_name, base_model, overwrite, push_to_hub, private, as_json) -> None:
     """Export a CogVideoX checkpoint (SAT, DeepSpeed, Diffusers fine-tune) to a Diffusers folder."""
-    from .export import ExportOptions, command_line, export as run_export
+    from .to_diffusers import ExportOptions, command_line, export as run_export
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
                             keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,

@@ -16,7 +16,7 @@ import torch
 from .checkpoint import as_paths
 from .checkpoint.safetensors_files import SafetensorsCheckpoint
 from .errors import CogExportError
-from .export import ExportOptions, open_source
+from .to_diffusers import ExportOptions, open_source
 from .models.recognize import TRANSFORMER_TABLES, VAE_TABLES, choose_table
 from .keymap.plan import plan_translation
 from .models.base_folder import TRANSFORMER_CLASS, VAE_CLASS, read_json

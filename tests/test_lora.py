@@ -12,7 +12,7 @@ from diffusers import CogVideoXPipeline, CogVideoXTransformer3DModel
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from cogexport.export import export
+from cogexport.to_diffusers import export
 
 
 def diffusers_fuse(folder, config, weights) -> dict[str, torch.Tensor]:

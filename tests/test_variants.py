@@ -11,7 +11,7 @@ from cogvideox_fixtures import SCRIPTS  # noqa: F401  (puts scripts/ on sys.path
 from make_sat_checkpoint import full_size_sat_meta
 
 from cogexport.errors import CogExportError
-from cogexport.export import ExportOptions, plan_transformer
+from cogexport.to_diffusers import ExportOptions, plan_transformer
 from cogexport.lazy import LazyTensor
 from cogexport.models.cogvideox import (build_target, read_transformer_shape, scheduler_config, vae_config,
                                         variant_named)

@@ -8,7 +8,7 @@ import torch
 from cogvideox_fixtures import build_tiny_transformer, config_folder, tiny_pipeline, write_sat_run
 from safetensors.torch import load_file, save_file
 
-from cogexport.export import export
+from cogexport.to_diffusers import export
 
 
 def exported(tmp_path, seed=1):
