@@ -8,8 +8,23 @@ from typing import Callable
 import torch
 
 
+class SizedTensor:
+    """numel and nbytes for anything with a ``shape`` and a ``dtype``."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
 @dataclass(frozen=True)
-class LazyTensor:
+class LazyTensor(SizedTensor):
     """A tensor whose shape and dtype are known up front and whose data is made only by ``load()``.
 
     ``origin`` says in a few words where the data comes from (for reports and error messages).
@@ -19,14 +34,6 @@ class LazyTensor:
     dtype: torch.dtype
     loader: Callable[[], torch.Tensor]
     origin: str = ""
-
-    @property
-    def numel(self) -> int:
-        return self.shape.numel()
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
 
     def load(self) -> torch.Tensor:
         tensor = self.loader()

@@ -3,14 +3,11 @@ folders, and fine-tunes trained under real DeepSpeed (cached like the other Deep
 
 from __future__ import annotations
 
-import json
 import sys
-from functools import cached_property
 from pathlib import Path
 
 import torch
-from fixtures import SCRIPTS, cached_fixture
-from safetensors.torch import load_file
+from fixtures import SCRIPTS, GroundTruth, cached_fixture
 
 sys.path.insert(0, str(SCRIPTS))
 from cogvideox_tiny_configs import (VARIANTS, build_tiny_transformer, build_tiny_vae,  # noqa: E402,F401
@@ -35,23 +32,16 @@ def tiny_pipeline(model_type: str) -> Path:
                           [str(SCRIPTS / "make_tiny_cogvideox.py"), "--variant", model_type])
 
 
-class FinetuneFixture:
+class FinetuneFixture(GroundTruth):
     """A tiny CogVideoX transformer fine-tuned under real DeepSpeed, in CogVideo finetune/'s layout."""
 
     def __init__(self, root: Path, base: Path) -> None:
-        self.root, self.base = root, base
+        super().__init__(root)
+        self.base = base
 
     @property
     def checkpoint(self) -> Path:
         return next(self.root.glob("checkpoint-*"))
-
-    @cached_property
-    def truth(self) -> dict:
-        return json.loads((self.root / "truth.json").read_text())
-
-    @cached_property
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return load_file(self.root / "truth.safetensors")
 
 
 def finetune(model_type: str, stage: int, world_size: int, dtype: str = "bf16", lora_rank: int | None = None,

@@ -97,15 +97,11 @@ class DeepSpeedVariant:
         return args
 
 
-@dataclass(frozen=True)
-class DeepSpeedFixture:
-    """A cached real DeepSpeed checkpoint and the ground truth taken inside its training process."""
+class GroundTruth:
+    """A fixture folder with truth.json and truth.safetensors, written inside the training process."""
 
-    root: Path
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.root / "checkpoint"
+    def __init__(self, root: Path) -> None:
+        self.root = root
 
     @cached_property
     def truth(self) -> dict:
@@ -114,6 +110,14 @@ class DeepSpeedFixture:
     @cached_property
     def tensors(self) -> dict[str, torch.Tensor]:
         return load_file(self.root / "truth.safetensors")
+
+
+class DeepSpeedFixture(GroundTruth):
+    """A cached real DeepSpeed checkpoint and the ground truth taken inside its training process."""
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "checkpoint"
 
     def expected_state_dict(self) -> dict[str, torch.Tensor]:
         """The module's state_dict as a consolidation must give it, in its order (aliases = their source)."""

@@ -87,19 +87,22 @@ def test_stale_extra_rank(cli, tmp_path):
     assert_refused(cli, checkpoint, tmp_path, "stale rank file", stale, "world size 2")
 
 
-def test_mixed_world_sizes(cli, tmp_path):
+def zero3_with_rank_1_from(other: DeepSpeedVariant, tmp_path: Path) -> Path:
+    """A ZeRO-3 world-size-2 checkpoint whose rank-1 files come from another run."""
     checkpoint = copy_checkpoint(ZERO3, tmp_path / "ckpt")
-    other = deepspeed_checkpoint(ZERO3_WS3).checkpoint / "global_step2"
+    source = next(p for p in deepspeed_checkpoint(other).checkpoint.iterdir() if p.is_dir())
     for name in ("zero_pp_rank_1_mp_rank_00_model_states.pt", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"):
-        shutil.copy(other / name, checkpoint / "global_step2" / name)
+        shutil.copy(source / name, checkpoint / "global_step2" / name)
+    return checkpoint
+
+
+def test_mixed_world_sizes(cli, tmp_path):
+    checkpoint = zero3_with_rank_1_from(ZERO3_WS3, tmp_path)
     assert_refused(cli, checkpoint, tmp_path, "mixed world sizes", "zero_pp_rank_1_mp_rank_00_model_states.pt")
 
 
 def test_mixed_steps_in_one_tag(cli, tmp_path):
-    checkpoint = copy_checkpoint(ZERO3, tmp_path / "ckpt")
-    later = deepspeed_checkpoint(ZERO3_LATER).checkpoint / "global_step3"
-    for name in ("zero_pp_rank_1_mp_rank_00_model_states.pt", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"):
-        shutil.copy(later / name, checkpoint / "global_step2" / name)
+    checkpoint = zero3_with_rank_1_from(ZERO3_LATER, tmp_path)
     assert_refused(cli, checkpoint, tmp_path, "mixed tags", "step 3")
 
 

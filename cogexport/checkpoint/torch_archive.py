@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import CogExportError, UnsafeCheckpointError
+from ..lazy import SizedTensor
 from ..tensor_bytes import pread_into, tensor_buffer
 
 # torch.save's legacy (non-zip) format starts with a pickled magic number.
@@ -187,7 +188,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 
 @dataclass(frozen=True, eq=False)
-class StoredTensor:
+class StoredTensor(SizedTensor):
     """A tensor inside a torch.save archive: its dtype, shape and where its bytes are. Reads nothing by itself."""
 
     archive: "TorchArchive"
@@ -196,14 +197,6 @@ class StoredTensor:
     storage_offset: int
     shape: torch.Size
     stride: tuple[int, ...]
-
-    @property
-    def numel(self) -> int:
-        return self.shape.numel()
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
 
     @property
     def is_contiguous(self) -> bool:
