@@ -44,7 +44,8 @@ def _format_row(report: dict) -> str:
     if report["format"] != "deepspeed":
         return {"safetensors": "safetensors", "torch": "torch.save state dict"}[report["format"]]
     stage = report["stage"]
-    kind = {None: "model states only", 0: "ZeRO stage 0 (no partitioning)"}.get(stage, f"ZeRO-{stage}")
+    kind = {None: "model states only (as SAT saves them)", 0: "ZeRO stage 0 (no partitioning)"}.get(
+        stage, f"ZeRO-{stage}")
     return (f"DeepSpeed {kind}, {report['training_dtype'] or '?'} training, world size {report['world_size']}"
             + (f", saved by DeepSpeed {report['ds_version']}" if report["ds_version"] else ""))
 

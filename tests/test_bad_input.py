@@ -58,7 +58,7 @@ def test_wrong_dir(cli, tmp_path):
     wrong = tmp_path / "photos"
     wrong.mkdir()
     (wrong / "cat.jpg").write_bytes(b"\xff\xd8 not a checkpoint")
-    assert_refused(cli, wrong, tmp_path, "photos", "holds no DeepSpeed checkpoint")
+    assert_refused(cli, wrong, tmp_path, "photos", "holds no checkpoint cogexport can read")
 
 
 def test_truncated_file(cli, tmp_path):

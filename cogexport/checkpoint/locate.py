@@ -98,10 +98,10 @@ def _classify(path: Path) -> _Place:
     tags = list_tags(path)
     latest = _read_latest(path)
     if not tags and latest is None:
-        emptiness = "is empty" if not any(path.iterdir()) else "holds no DeepSpeed checkpoint"
+        emptiness = "is empty" if not any(path.iterdir()) else "holds no checkpoint cogexport can read"
         raise CogExportError(
-            f"{path} {emptiness}: expected a 'latest' file or a tag folder with *_model_states.pt "
-            "(point at the save dir, a tag folder such as global_step100, or a checkpoint-N folder)"
+            f"{path} {emptiness}: expected a DeepSpeed or SAT save dir ('latest', tag folders with *_model_states.pt), "
+            "a tag folder such as global_step100, a checkpoint-N folder, or safetensors weights"
         )
     return _Place(path, None, latest, tags)
 
