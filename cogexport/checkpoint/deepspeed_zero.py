@@ -10,6 +10,7 @@ time when loaded. ``deepspeed`` is never imported.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,39 @@ def _summary(value: Any) -> str:
     return type(value).__name__
 
 
+@dataclass
+class PartitionedGroup:
+    """One optimizer parameter group as every rank saved it: where each parameter sits (the layout), each rank's
+    fp32 partition, and each rank's optimizer state for the group (per-element states are partitioned the same way;
+    scalars such as Adam's step are not)."""
+
+    index: int
+    layout: FlatGroupLayout | Zero3SubGroupLayout
+    masters: list[StoredTensor]
+    states: list[dict]
+
+    def master(self, name: str) -> torch.Tensor:
+        return self.layout.gather(name, self.masters)
+
+    def state_names(self) -> list[str]:
+        first = self.states[0]
+        return [key for key, value in first.items() if isinstance(value, StoredTensor) and value.numel > 1]
+
+    def scalars(self) -> dict[str, Any]:
+        """States that are one value for the whole group (Adam's step), as rank 0 saved them."""
+        return {key: value for key, value in self.states[0].items() if key not in self.state_names()}
+
+    def state(self, name: str, key: str) -> torch.Tensor:
+        partitions = [states[key] for states in self.states]
+        return self.layout.gather(name, partitions, partitions[0].dtype)
+
+    def where(self, name: str) -> str:
+        if isinstance(self.layout, Zero3SubGroupLayout):
+            return "ZeRO-3, all ranks"
+        ranks = self.layout.ranks_holding(name)
+        return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+
+
 class DeepSpeedCheckpoint(LazyCheckpoint):
     """A DeepSpeed checkpoint opened lazily: ``checkpoint[name]`` is a ``LazyTensor``.
 
@@ -57,6 +91,8 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         super().__init__()
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
         self._archives: list[TorchArchive] = []
+        self.groups: list[PartitionedGroup] = []  # ZeRO-1/2/3: the optimizer's partitioned parameter groups
+        self._group_of: dict[str, PartitionedGroup] = {}
         self.files: RankFiles = locate(paths, tag)
         self.info = CheckpointInfo(format="deepspeed", paths=[str(p) for p in paths], tag=self.files.tag,
                                    tags=self.files.tags_available)
@@ -142,79 +178,93 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             return False
         return True
 
+    # ZeRO-1/2/3 shared ---------------------------------------------------------------------------------
+    def _read_optimizer_files(self, strict: bool) -> dict[int, dict] | None:
+        """Every rank's optimizer state dict (small pickles only), once the set of rank files is complete."""
+        files, world_size = self.files, self.info.world_size
+        bf16_prefix = True in files.bf16_prefixed
+        if not (self._expect_ranks(strict, files.optim_states, lambda r: optim_file_name(r, bf16_prefix))
+                and self._check_prefix(strict)):
+            return None
+        optim = {rank: self._load(files.optim_states[rank])["optimizer_state_dict"] for rank in range(world_size)}
+        for rank, state in optim.items():
+            counts = state.get("partition_count")
+            for count in counts if isinstance(counts, list) else [counts]:
+                if count is not None and int(count) != world_size:
+                    self._problem(True, f"mixed world sizes: {files.optim_states[rank]} was saved with {count} ranks, "
+                                        f"the model states say {world_size}")
+        return optim
+
+    def _add_group(self, index: int, layout, masters: list[StoredTensor], states: list[dict], saved_length) -> None:
+        """Check each rank's partitions against the layout and index the group's parameters."""
+        for rank, master in enumerate(masters):
+            expected = saved_length(rank)
+            if master.numel != expected:
+                self._problem(True, f"{self.files.optim_states[rank]} does not match this checkpoint's layout (group "
+                                    f"{index}: {master.numel} elements, expected {expected}); is it from another tag "
+                                    "or run?")
+        group = PartitionedGroup(index, layout, masters, states)
+        self.groups.append(group)
+        for name in layout.slots:
+            self._group_of[name] = group
+
+    def _master(self, name: str) -> LazyTensor:
+        group = self._group_of[name]
+        return LazyTensor(group.layout.slots[name].shape, torch.float32, lambda: group.master(name),
+                          f"fp32 master of {name} ({group.where(name)})")
+
+    def optimizer_states(self, name: str) -> dict[str, LazyTensor]:
+        """The optimizer's per-element states of trainable parameter ``name`` (exp_avg, ...), full shape, lazily."""
+        group = self._group_of[name]
+        shape = group.layout.slots[name].shape
+        return {key: LazyTensor(shape, group.states[0][key].dtype, lambda key=key: group.state(name, key),
+                                f"{key} of {name}") for key in group.state_names()}
+
     # ZeRO-1/2 ---------------------------------------------------------------------------------------------
     def _open_zero12(self, states: dict, module: dict, strict: bool) -> None:
-        info, files = self.info, self.files
-        bf16_prefix = True in files.bf16_prefixed
-        complete = self._expect_ranks(strict, files.optim_states, lambda r: optim_file_name(r, bf16_prefix)) \
-            and self._check_prefix(strict)
+        info = self.info
         shapes: list[dict] = states.get("param_shapes") or []
         info.trainable = [n for group in shapes for n in group]
         info.tied = dict(states.get("shared_params") or {})
-        frozen_fragments = states.get("frozen_param_fragments") or {}
         known = set(info.trainable) | set(info.tied) | set(info.buffers)
         info.frozen = [n for n in module if n not in known]
-        if not complete:
+        frozen_fragments = states.get("frozen_param_fragments") or {}
+        optim = self._read_optimizer_files(strict)
+        if optim is None:
             return
-        optim = {rank: self._load(files.optim_states[rank])["optimizer_state_dict"]
-                 for rank in range(info.world_size)}
-        first = optim[0]
-        padding_stripped = "zero_stage" in first  # BF16_Optimizer keeps each rank's tail padding
-        info.weights_source = ("fp32 masters (ZeRO-%d partitions)" % info.stage) if padding_stripped else \
+        padding_stripped = "zero_stage" in optim[0]  # BF16_Optimizer keeps each rank's tail padding
+        info.weights_source = f"fp32 masters (ZeRO-{info.stage} partitions)" if padding_stripped else \
             "fp32 masters (BF16_Optimizer partitions)"
-        gaps_by_group = first.get("param_alignment_paddings") or [None] * len(shapes)
-        master_of: dict[str, tuple[FlatGroupLayout, list[StoredTensor]]] = {}
+        gaps_by_group = optim[0].get("param_alignment_paddings") or [None] * len(shapes)
         for index, group_shapes in enumerate(shapes):
             layout = FlatGroupLayout.build(group_shapes, info.world_size, gaps_by_group[index])
-            partitions = []
-            for rank in range(info.world_size):
-                partition_counts = optim[rank].get("partition_count")
-                count = partition_counts[index] if isinstance(partition_counts, list) else partition_counts
-                if count is not None and int(count) != info.world_size:
-                    self._problem(True, f"mixed world sizes: {files.optim_states[rank]} was saved with {count} ranks, "
-                                        f"the model states say {info.world_size}")
-                stored = optim[rank]["single_partition_of_fp32_groups"][index]
-                expected = layout.saved_length(rank, padding_stripped)
-                if stored.numel != expected:
-                    self._problem(True, f"{files.optim_states[rank]} does not match this checkpoint's layout (group "
-                                        f"{index}: {stored.numel} elements, expected {expected}); is it from another "
-                                        "tag or run?")
-                partitions.append(stored)
-            for name in group_shapes:
-                master_of[name] = (layout, partitions)
-
-        def master(name: str) -> LazyTensor:
-            layout, partitions = master_of[name]
-            ranks = layout.ranks_holding(name)
-            origin = f"fp32 master of {name} (rank{'s' if len(ranks) > 1 else ''} {ranks[0]}" + \
-                     (f"-{ranks[-1]})" if len(ranks) > 1 else ")")
-            return LazyTensor(layout.slots[name].shape, torch.float32, lambda: layout.gather(name, partitions), origin)
+            self._add_group(index, layout,
+                            [optim[r]["single_partition_of_fp32_groups"][index] for r in range(info.world_size)],
+                            [optim[r]["base_optimizer_state"]["state"].get(index, {}) for r in range(info.world_size)],
+                            lambda rank, layout=layout: layout.saved_length(rank, padding_stripped))
 
         def frozen(name: str) -> LazyTensor:
             # Stage 2 saves frozen params as full tensors; stage 1 saves none, they live only in `module`.
             return _stored(frozen_fragments[name] if name in frozen_fragments else module[name], f"frozen {name}")
 
-        self._assemble(module, master, frozen)
+        self._assemble(module, self._master, frozen)
 
     # ZeRO-3 -----------------------------------------------------------------------------------------------
     def _open_zero3(self, states: dict, module: dict, strict: bool) -> None:
         info, files = self.info, self.files
         info.weights_source = "fp32 masters (ZeRO-3 partitions)"
-        models_ok = self._expect_ranks(strict, files.zero3_model_states, zero3_model_file_name)
-        bf16_prefix = True in files.bf16_prefixed
-        optims_ok = self._expect_ranks(strict, files.optim_states, lambda r: optim_file_name(r, bf16_prefix)) \
-            and self._check_prefix(strict)
         shapes: list[dict] = states.get("param_shapes") or []
         info.trainable = [n for group in shapes for n in group]
         info.tied = dict(states.get("shared_params") or {})
         frozen_shapes = dict(states.get("frozen_param_shapes") or {})
         info.frozen = list(frozen_shapes)
-        if not (models_ok and optims_ok):
+        models_ok = self._expect_ranks(strict, files.zero3_model_states, zero3_model_file_name)
+        optim = self._read_optimizer_files(strict)
+        if not models_ok or optim is None:
             return
         rank_states = {0: states}
         for rank in range(1, info.world_size):
             rank_states[rank] = self._load(files.zero3_model_states[rank])
-        optim = {rank: self._load(files.optim_states[rank])["optimizer_state_dict"] for rank in range(info.world_size)}
         for rank in range(info.world_size):
             claimed = rank_states[rank].get("dp_world_size")
             if claimed is not None and int(claimed) != info.world_size:
@@ -224,29 +274,18 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             if step != info.step:
                 self._problem(True, f"mixed tags: {files.zero3_model_states[rank]} is from step {step}, rank 0 from "
                                     f"step {info.step}; give one tag's files")
-            count = optim[rank].get("partition_count")
-            if count is not None and int(count) != info.world_size:
-                self._problem(True, f"mixed world sizes: {files.optim_states[rank]} was saved with {count} ranks, "
-                                    f"the model states say {info.world_size}")
-        master_of: dict[str, tuple[Zero3SubGroupLayout, list[StoredTensor]]] = {}
         for index, group_shapes in enumerate(shapes):
             layout = Zero3SubGroupLayout.build(group_shapes, info.world_size)
-            partitions = []
+            masters = []
             for rank in range(info.world_size):
                 groups = optim[rank]["fp32_flat_groups"]
-                if index >= len(groups) or groups[index].numel != layout.length:
-                    found = groups[index].numel if index < len(groups) else "no"
-                    self._problem(True, f"{files.optim_states[rank]} does not match this checkpoint's layout "
-                                        f"(sub-group {index}: {found} elements, expected {layout.length}); is it "
-                                        "from another tag or run?")
-                partitions.append(groups[index])
-            for name in group_shapes:
-                master_of[name] = (layout, partitions)
-
-        def master(name: str) -> LazyTensor:
-            layout, partitions = master_of[name]
-            return LazyTensor(layout.slots[name].shape, torch.float32, lambda: layout.gather(name, partitions),
-                              f"fp32 master of {name} (ZeRO-3, all ranks)")
+                if index >= len(groups):
+                    self._problem(True, f"{files.optim_states[rank]} has no sub-group {index}; is it from another "
+                                        "tag or run?")
+                masters.append(groups[index])
+            self._add_group(index, layout, masters,
+                            [optim[r]["optimizer_state_dict"]["state"].get(index, {}) for r in range(info.world_size)],
+                            lambda rank, layout=layout: layout.length)
 
         def frozen(name: str) -> LazyTensor:
             shape = torch.Size(frozen_shapes[name])
@@ -258,7 +297,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             return LazyTensor(shape, dtype, lambda: gather_zero3_pieces(pieces, 0, piece, shape, dtype),
                               f"frozen {name} (ZeRO-3 fragments)")
 
-        self._assemble(module, master, frozen)
+        self._assemble(module, self._master, frozen)
 
     # Stage 0 and model-states-only ----------------------------------------------------------------------
     def _open_stage0(self, states: dict, module: dict) -> None:
