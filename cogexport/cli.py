@@ -199,3 +199,45 @@ def verify(output, against, tag, ema, no_load, as_json) -> None:
                 click.echo(f"  {mismatch}")
     if not all(r.ok for r in reports):
         sys.exit(1)
+
+
+def _split_output(arguments: tuple[Path, ...]) -> tuple[list[Path], Path | None]:
+    """CHECKPOINT... [OUTPUT]: the last argument is OUTPUT when it is not a checkpoint folder itself."""
+    from .checkpoint import is_deepspeed_folder
+
+    if len(arguments) >= 2:
+        last = arguments[-1]
+        if not last.exists() or (last.is_dir() and (not any(last.iterdir()) or (last / "zero").is_dir()
+                                                     or not is_deepspeed_folder(last))):
+            return list(arguments[:-1]), last
+    return list(arguments), None
+
+
+@main.command()
+@click.argument("arguments", nargs=-1, required=True, type=click.Path(path_type=Path),
+                metavar="CHECKPOINT... [OUTPUT]")
+@tag_option
+@click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
+@json_option
+@_user_errors_exit_2
+def universal(arguments, tag, overwrite, as_json) -> None:
+    """Write DeepSpeed's universal checkpoint, to resume a ZeRO run on a different number of GPUs.
+
+    OUTPUT defaults to TAG_universal next to the tag, and SAVE_DIR/latest_universal points at it; resume with
+    {"checkpoint": {"load_universal": true}} and engine.load_checkpoint(SAVE_DIR).
+    """
+    from .universal import universal as run_universal
+
+    checkpoint, output = _split_output(arguments)
+    result = run_universal(checkpoint, output, tag=tag, overwrite=overwrite)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    source = result.source
+    click.echo(f"wrote {result.output}: {result.parameters} trainable parameters with their fp32 masters and "
+               f"{', '.join(result.optimizer_states) or 'no'} optimizer states, {result.frozen} frozen, "
+               f"{result.buffers} buffers ({_human_bytes(result.total_bytes)}), from ZeRO-{source['stage']} "
+               f"tag {source['tag']} at world size {source['world_size']}")
+    click.echo(f"  {result.latest_universal} -> {Path(result.output).name}")
+    click.echo(f"  DeepSpeed restores: {result.restored}")
+    click.echo(f"  DeepSpeed does not restore: {result.not_restored}")

@@ -42,7 +42,9 @@ def _names(names: list[str], limit: int = 6) -> str:
 
 def _format_row(report: dict) -> str:
     if report["format"] != "deepspeed":
-        return {"safetensors": "safetensors", "torch": "torch.save state dict"}[report["format"]]
+        return {"safetensors": "safetensors", "torch": "torch.save state dict",
+                "deepspeed-universal": f"DeepSpeed universal checkpoint (saved at world size {report['world_size']}; "
+                                       "load with {\"checkpoint\": {\"load_universal\": true}})"}[report["format"]]
     stage = report["stage"]
     kind = {None: "model states only (as SAT saves them)", 0: "ZeRO stage 0 (no partitioning)"}.get(
         stage, f"ZeRO-{stage}")

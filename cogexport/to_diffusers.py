@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-import torch
 
 from .checkpoint import LazyCheckpoint, as_paths, open_checkpoint
 from .checkpoint.locate import ema_source

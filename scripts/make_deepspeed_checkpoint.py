@@ -5,8 +5,10 @@
 OUT/checkpoint/ is the DeepSpeed save dir (``latest``, the tag dir). With ``--truth``, OUT/truth.safetensors
 holds what a consolidated checkpoint must equal: every trainable parameter's fp32 master (from
 ``safe_get_full_fp32_param``), every frozen parameter in its stored training dtype and every persistent
-buffer; OUT/truth.json lists the module's state_dict order, which names are trainable, frozen, tied
-aliases (alias -> source) and buffers, and the run's settings.
+buffer, and (under ``optimizer/<state>/<name>``) every per-parameter optimizer state
+(``safe_get_full_optimizer_state``); OUT/truth.json lists the module's state_dict order, which names are
+trainable, frozen, tied aliases (alias -> source) and buffers, the optimizer step, lr and global step, the loss
+on a fixed evaluation batch, and the run's settings. resume_universal.py records the same after a resume.
 
 Models: ``toy`` has odd sizes (so partitions are padded), a frozen layer, a tied weight, a float and an int
 buffer; ``bench`` is 28 x Linear(4096, 4096) plus an odd-sized head (about 1.9 GB in fp32), for the benchmark.
@@ -46,13 +48,14 @@ class ToyModel(nn.Module):
         self.register_buffer("step_count", torch.tensor([3, 1, 4], dtype=torch.int64))
         self.register_buffer("scratch", torch.zeros(2), persistent=False)
 
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: torch.Tensor, update_buffers: bool = True) -> torch.Tensor:
         hidden = self.norm(self.embed(batch) + self.block(self.embed(batch)))
         logits = self.head(hidden)
         side = self.side(self.frozen_proj(hidden))
-        with torch.no_grad():
-            self.step_count += 1
-            self.running_scale.mul_(0.75)
+        if update_buffers:
+            with torch.no_grad():
+                self.step_count += 1
+                self.running_scale.mul_(0.75)
         return logits.float().pow(2).mean() + side.float().pow(2).mean()
 
     @staticmethod
@@ -84,10 +87,13 @@ class BenchModel(nn.Module):
 
 
 MODELS = {"toy": ToyModel, "bench": BenchModel}
+# The per-parameter state each optimizer keeps (what a universal checkpoint must carry).
+OPTIMIZER_STATES = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
+EVAL_STEP = 999  # the fixed evaluation batch
 
 
-def train_and_save(rank: int, world_size: int, port: int, spec: dict) -> None:
-    deepspeed = import_deepspeed()
+def build_engine(deepspeed, spec: dict, **config_extra):
+    """The model (seeded, so frozen parameters start equal in every run) under DeepSpeed as ``spec`` asks."""
     torch.manual_seed(0)
     model = MODELS[spec["model"]]()
     config = deepspeed_config(
@@ -97,21 +103,56 @@ def train_and_save(rank: int, world_size: int, port: int, spec: dict) -> None:
         parameter_alignment=spec["parameter_alignment"],
         bf16_optimizer=spec["bf16_optimizer"],
     )
+    config.update(config_extra)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=config)
-    for step in range(spec["steps"]):
+    optimizer = None
+    if spec.get("optimizer", "adam") == "sgd":  # a client optimizer whose state is not Adam's
+        del config["optimizer"]
+        config["zero_allow_untested_optimizer"] = True
+        optimizer = torch.optim.SGD(trainable, lr=1e-2, momentum=0.9)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, optimizer=optimizer, config=config)
+    return engine
+
+
+def train(engine, spec: dict, rank: int, steps: range) -> list[float]:
+    losses = []
+    for step in steps:
         loss = engine(MODELS[spec["model"]].batch(step, rank))
         engine.backward(loss)
         engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def eval_loss(engine, spec: dict) -> float:
+    """The loss on a fixed batch, without touching the buffers (every rank takes part under ZeRO-3)."""
+    with torch.no_grad():
+        return engine(MODELS[spec["model"]].batch(EVAL_STEP, 0), update_buffers=False).item()
+
+
+def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
+    deepspeed = import_deepspeed()
+    engine = build_engine(deepspeed, spec)
+    train(engine, spec, rank, range(spec["steps"]))
     engine.save_checkpoint(spec["save_dir"], tag=spec["tag"], client_state={"epoch": 3, "run_note": "cogexport test"})
     if spec["truth"]:
-        truth = collect_truth(deepspeed, engine, spec["stage"])
+        truth = collect_truth(deepspeed, engine, spec["stage"], OPTIMIZER_STATES[spec["optimizer"]])
+        truth["eval_loss"] = eval_loss(engine, spec)
         if rank == 0:
-            write_truth(truth, spec)
+            write_truth(truth, spec, Path(spec["out"]))
     deepspeed.comm.barrier()
 
 
-def collect_truth(deepspeed, engine, stage: int) -> dict:
+def optimizer_step(engine) -> float | None:
+    """The step count the torch optimizer keeps (Adam), or None."""
+    torch_optimizer = getattr(engine.optimizer, "optimizer", engine.optimizer)  # stage 0 fp32 has no wrapper
+    for state in torch_optimizer.state.values():
+        if "step" in state:
+            return float(state["step"])
+    return None
+
+
+def collect_truth(deepspeed, engine, stage: int, optimizer_states: tuple[str, ...] = ()) -> dict:
     """What the consolidated state dict must hold, read from the live engine (a collective call at stage 3)."""
     module = engine.module
     first_name_of: dict[int, str] = {}
@@ -135,6 +176,12 @@ def collect_truth(deepspeed, engine, stage: int) -> dict:
     persistent = dict(module.named_buffers())
     for name in buffers:
         tensors[name] = persistent[name].detach().clone().cpu()
+    if stage > 0:
+        parameters = dict(module.named_parameters())
+        for key in optimizer_states:
+            for name in trainable:
+                state = deepspeed.utils.safe_get_full_optimizer_state(parameters[name], key)
+                tensors[f"optimizer/{key}/{name}"] = state.detach().clone().cpu()
     return {
         "tensors": tensors,
         "order": list(module.state_dict().keys()),
@@ -143,6 +190,8 @@ def collect_truth(deepspeed, engine, stage: int) -> dict:
         "tied": tied,
         "buffers": buffers,
         "global_steps": engine.global_steps,
+        "optimizer_step": optimizer_step(engine),
+        "lr": engine.get_lr()[0],
     }
 
 
@@ -162,14 +211,13 @@ def fp32_master(deepspeed, engine, param: nn.Parameter) -> torch.Tensor:
     return param
 
 
-def write_truth(truth: dict, spec: dict) -> None:
+def write_truth(truth: dict, spec: dict, out: Path, name: str = "truth") -> None:
     from safetensors.torch import save_file
 
-    out = Path(spec["out"])
-    save_file({k: v.contiguous() for k, v in truth.pop("tensors").items()}, out / "truth.safetensors")
-    settings = {k: spec[k] for k in ("model", "stage", "dtype", "world_size", "steps", "tag", "sub_group_size",
-                                     "parameter_alignment", "bf16_optimizer")}
-    (out / "truth.json").write_text(json.dumps({**truth, "settings": settings}, indent=1))
+    save_file({k: v.contiguous() for k, v in truth.pop("tensors").items()}, out / f"{name}.safetensors")
+    settings = {k: spec.get(k) for k in ("model", "stage", "dtype", "world_size", "steps", "tag", "sub_group_size",
+                                         "parameter_alignment", "bf16_optimizer", "optimizer")}
+    (out / f"{name}.json").write_text(json.dumps({**truth, "settings": settings}, indent=1))
 
 
 @click.command()
@@ -183,6 +231,8 @@ def write_truth(truth: dict, spec: dict) -> None:
 @click.option("--sub-group-size", type=int, default=None, help="ZeRO-3 sub-group size (300 gives several on toy).")
 @click.option("--parameter-alignment", is_flag=True, help="ZeRO-1/2 alignment gaps between parameters.")
 @click.option("--bf16-optimizer", is_flag=True, help="Stage 1 + bf16 + fp32 grad accumulation: BF16_Optimizer.")
+@click.option("--optimizer", type=click.Choice(sorted(OPTIMIZER_STATES)), default="adam", show_default=True,
+              help="sgd: a client torch SGD with momentum (per-parameter state momentum_buffer).")
 @click.option("--truth/--no-truth", default=True, show_default=True, help="Write truth.safetensors and truth.json.")
 def main(out: Path, **spec) -> None:
     """Train MODEL a few steps under real DeepSpeed on CPU and save a checkpoint to OUT/checkpoint."""

@@ -78,16 +78,19 @@ class DeepSpeedVariant:
     bf16_optimizer: bool = False
     model: str = "toy"
     steps: int = 2
+    optimizer: str = "adam"
 
     @property
     def id(self) -> str:
         extra = ("-subgroups" if self.sub_group_size else "") + ("-aligned" if self.parameter_alignment else "") \
-            + ("-bf16optimizer" if self.bf16_optimizer else "") + (f"-steps{self.steps}" if self.steps != 2 else "")
+            + ("-bf16optimizer" if self.bf16_optimizer else "") + (f"-steps{self.steps}" if self.steps != 2 else "") \
+            + (f"-{self.optimizer}" if self.optimizer != "adam" else "")
         return f"{self.model}-zero{self.stage}-{self.dtype}-ws{self.world_size}{extra}"
 
     def arguments(self) -> list[str]:
         args = [str(SCRIPTS / "make_deepspeed_checkpoint.py"), "--model", self.model, "--stage", str(self.stage),
-                "--dtype", self.dtype, "--world-size", str(self.world_size), "--steps", str(self.steps)]
+                "--dtype", self.dtype, "--world-size", str(self.world_size), "--steps", str(self.steps),
+                "--optimizer", self.optimizer]
         if self.sub_group_size:
             args += ["--sub-group-size", str(self.sub_group_size)]
         if self.parameter_alignment:
@@ -98,18 +101,18 @@ class DeepSpeedVariant:
 
 
 class GroundTruth:
-    """A fixture folder with truth.json and truth.safetensors, written inside the training process."""
+    """A fixture folder with NAME.json and NAME.safetensors, written inside the training process."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, name: str = "truth") -> None:
+        self.root, self.name = root, name
 
     @cached_property
     def truth(self) -> dict:
-        return json.loads((self.root / "truth.json").read_text())
+        return json.loads((self.root / f"{self.name}.json").read_text())
 
     @cached_property
     def tensors(self) -> dict[str, torch.Tensor]:
-        return load_file(self.root / "truth.safetensors")
+        return load_file(self.root / f"{self.name}.safetensors")
 
 
 class DeepSpeedFixture(GroundTruth):

@@ -27,7 +27,7 @@ def load_strict(model_class, folder):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_sat_run_exports_equal_tensors_and_the_same_forward_output(variant, tmp_path, cli):
     original = build_tiny_transformer(variant, num_layers=3, seed=11)
-    run = write_sat_run(tmp_path / "run", original.state_dict(), dtype=torch.float32)
+    write_sat_run(tmp_path / "run", original.state_dict(), dtype=torch.float32)
     base = config_folder(tmp_path / "base", original)
 
     result = cli("--model-type", MODEL_TYPE[variant], tmp_path / "run", tmp_path / "out", "--base", base,

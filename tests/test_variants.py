@@ -13,7 +13,7 @@ from make_sat_checkpoint import full_size_sat_meta
 from cogexport.errors import CogExportError
 from cogexport.to_diffusers import ExportOptions, plan_transformer
 from cogexport.lazy import LazyTensor
-from cogexport.models.cogvideox import (build_target, read_transformer_shape, scheduler_config, vae_config,
+from cogexport.models.cogvideox import (build_target, scheduler_config, vae_config,
                                         variant_named)
 from cogexport.keymap.plan import translate_shapes
 from cogexport.keymap.table import load_table

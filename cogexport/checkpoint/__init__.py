@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .base import CheckpointInfo, LazyCheckpoint
+from .deepspeed_universal import UniversalCheckpoint, is_universal_folder
 from .deepspeed_zero import DeepSpeedCheckpoint
 from .locate import MODEL_STATES, ZERO3_MODEL_STATES, list_tags
 from .safetensors_files import SafetensorsCheckpoint
@@ -19,7 +20,7 @@ def as_paths(checkpoint: str | Path | Sequence[str | Path]) -> list[Path]:
     return [Path(p) for p in checkpoint]
 
 
-def _is_deepspeed_folder(folder: Path) -> bool:
+def is_deepspeed_folder(folder: Path) -> bool:
     return (folder / "latest").is_file() or bool(list_tags(folder)) or any(
         MODEL_STATES.match(p.name) or ZERO3_MODEL_STATES.match(p.name) for p in folder.iterdir())
 
@@ -38,10 +39,12 @@ def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | No
             return SafetensorsCheckpoint(path)
         if path.is_file() and not (MODEL_STATES.match(path.name) or ZERO3_MODEL_STATES.match(path.name)):
             return TorchStateDictCheckpoint(path)
-        if path.is_dir() and not _is_deepspeed_folder(path) and any(path.glob("*.safetensors")):
+        if path.is_dir() and is_universal_folder(path):
+            return UniversalCheckpoint(path)
+        if path.is_dir() and not is_deepspeed_folder(path) and any(path.glob("*.safetensors")):
             return SafetensorsCheckpoint(path)
     return DeepSpeedCheckpoint(paths, tag, strict=strict)
 
 
 __all__ = ["CheckpointInfo", "DeepSpeedCheckpoint", "LazyCheckpoint", "SafetensorsCheckpoint",
-           "TorchStateDictCheckpoint", "as_paths", "open_checkpoint"]
+           "TorchStateDictCheckpoint", "UniversalCheckpoint", "as_paths", "is_deepspeed_folder", "open_checkpoint"]

@@ -93,6 +93,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         self._archives: list[TorchArchive] = []
         self.groups: list[PartitionedGroup] = []  # ZeRO-1/2/3: the optimizer's partitioned parameter groups
         self._group_of: dict[str, PartitionedGroup] = {}
+        self.optimizer_state: dict = {}  # ZeRO-1/2/3: rank 0's optimizer file, tensors as references
         self.files: RankFiles = locate(paths, tag)
         self.info = CheckpointInfo(format="deepspeed", paths=[str(p) for p in paths], tag=self.files.tag,
                                    tags=self.files.tags_available)
@@ -187,6 +188,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                 and self._check_prefix(strict)):
             return None
         optim = {rank: self._load(files.optim_states[rank])["optimizer_state_dict"] for rank in range(world_size)}
+        self.optimizer_state = optim[0]
         for rank, state in optim.items():
             counts = state.get("partition_count")
             for count in counts if isinstance(counts, list) else [counts]:

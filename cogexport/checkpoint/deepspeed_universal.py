@@ -1,0 +1,92 @@
+"""Read a DeepSpeed universal checkpoint folder (``cogexport universal``'s or ``ds_to_universal``'s output) lazily:
+the weights are the per-parameter ``zero/<name>/fp32.pt`` files, described by the folder's model-states file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import CogExportError
+from ..lazy import LazyTensor
+from .base import CheckpointInfo, LazyCheckpoint
+from .deepspeed_zero import ENGINE_KEYS, _summary
+from .torch_archive import StoredTensor, TorchArchive, load_torch_file
+
+MODEL_STATES_NAMES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+OPTIMIZER_STATE = Path("zero") / "optimizer_state.pt"
+# What DeepSpeed takes from a universal checkpoint, and what it leaves to the model being resumed.
+RESTORED = ("trainable parameters' fp32 masters, every per-parameter optimizer state, the optimizer step and "
+            "param_groups (lr, betas, ...), global_steps, the lr scheduler and client state")
+NOT_RESTORED = ("frozen parameters and buffers: they keep the resuming model's own initialisation (cogexport "
+                "stores them in zero/<name>/fp32.pt and the model-states file, but DeepSpeed does not read them)")
+
+
+def _read_and_close(tensor: StoredTensor, archive: TorchArchive):
+    # One file per parameter: keeping each open after its read would run out of descriptors on big models.
+    try:
+        return tensor.read()
+    finally:
+        archive.close()
+
+
+def is_universal_folder(folder: Path) -> bool:
+    return (folder / OPTIMIZER_STATE).is_file()
+
+
+class UniversalCheckpoint(LazyCheckpoint):
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        folder = Path(folder)
+        self._archives: list[TorchArchive] = []
+        self.info = CheckpointInfo(format="deepspeed-universal", paths=[str(folder)], tag=folder.name,
+                                   weights_source="fp32 masters (universal checkpoint)")
+        try:
+            self._open(folder)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, path: Path) -> Any:
+        archive, tree = load_torch_file(path)
+        self._archives.append(archive)
+        self.info.files.append(str(path))
+        return tree
+
+    def _open(self, folder: Path) -> None:
+        info = self.info
+        states_path = next((folder / n for n in MODEL_STATES_NAMES if (folder / n).is_file()), None)
+        if states_path is None:
+            raise CogExportError(f"{folder} has zero/optimizer_state.pt but no model-states file; not a complete "
+                                 "universal checkpoint")
+        states = self._load(states_path)
+        info.step = states.get("global_steps")
+        info.ds_version = states.get("ds_version")
+        info.world_size = states.get("dp_world_size")
+        info.client_state = {k: _summary(v) for k, v in states.items() if k not in ENGINE_KEYS}
+        info.buffers = list(states.get("buffer_names") or [])
+        module_order = list(states.get("module") or {})
+        saved = {}
+        for path in sorted((folder / "zero").iterdir()):
+            if path.is_dir() and (path / "fp32.pt").is_file():
+                saved[path.name] = path
+        for name in sorted(saved, key=lambda n: (module_order.index(n) if n in module_order else len(module_order), n)):
+            tree = self._load(saved[name] / "fp32.pt")
+            tensor = tree.get("param") if isinstance(tree, dict) else tree
+            if not isinstance(tensor, StoredTensor):
+                raise CogExportError(f"{saved[name] / 'fp32.pt'} holds no tensor")
+            self._tensors[name] = LazyTensor(tensor.shape, tensor.dtype, lambda t=tensor, a=self._archives[-1]:
+                                             _read_and_close(t, a), f"{name} (universal)")
+            states_here = {p.stem for p in saved[name].glob("*.pt")} - {"fp32", "step"}
+            if states_here:
+                info.trainable.append(name)
+            elif name not in info.buffers:
+                info.frozen.append(name)
+        info.buffers = [name for name in info.buffers if name in self._tensors]
+        info.notes += [f"DeepSpeed restores from it: {RESTORED}", f"DeepSpeed does not restore: {NOT_RESTORED}"]
+
+    def bytes_read(self) -> dict[str, int]:
+        return {str(archive.path): archive.bytes_read for archive in self._archives}
+
+    def close(self) -> None:
+        for archive in self._archives:
+            archive.close()

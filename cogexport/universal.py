@@ -1,0 +1,172 @@
+"""``cogexport universal``: DeepSpeed's universal checkpoint from a ZeRO-1/2/3 checkpoint, to resume a run on a
+different number of GPUs (``{"checkpoint": {"load_universal": true}}``).
+
+One layout that DeepSpeed loads at every ZeRO stage:
+
+    SAVE_DIR/latest_universal                       the folder's name
+    SAVE_DIR/<tag>_universal/mp_rank_00_model_states.pt               the source's rank-0 model states, verbatim
+    SAVE_DIR/<tag>_universal/zero_pp_rank_0_mp_rank_00_model_states.pt   the same file (stage 3 reads this name)
+    SAVE_DIR/<tag>_universal/zero/optimizer_state.pt  param_groups, step, ds_version, loss scaler, clip_grad
+    SAVE_DIR/<tag>_universal/zero/<param>/fp32.pt     {"param": the fp32 master, full shape, "cat_dim": 0}
+    SAVE_DIR/<tag>_universal/zero/<param>/<state>.pt  every per-element optimizer state (exp_avg, momentum_buffer...)
+    SAVE_DIR/<tag>_universal/zero/<param>/step.pt     the group's step (a 0-d tensor), when the optimizer keeps one
+
+Each parameter is gathered from the rank partitions that hold it and written before the next is read. Frozen
+parameters and buffers are written too (``zero/<name>/fp32.pt``; integer buffers keep their dtype) so that
+nothing of the run is lost, although DeepSpeed does not read them back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from .checkpoint import as_paths
+from .checkpoint.deepspeed_universal import MODEL_STATES_NAMES, NOT_RESTORED, RESTORED
+from .checkpoint.deepspeed_zero import DeepSpeedCheckpoint
+from .checkpoint.torch_archive import StoredTensor
+from .errors import CogExportError
+from .lazy import LazyTensor
+from .progress import byte_progress
+from .write.staging import check_destination, staged_folder
+from .write.torch_file import save_torch_file
+
+UNIVERSAL_SUFFIX = "_universal"
+LATEST_UNIVERSAL = "latest_universal"
+# Keys of a ZeRO-1/2 optimizer file that the universal loader reads besides param_groups.
+_GLOBAL_KEYS = ("loss_scaler", "dynamic_loss_scale", "overflow", "clip_grad")
+
+
+@dataclass
+class UniversalResult:
+    output: str
+    latest_universal: str
+    parameters: int
+    optimizer_states: list[str]
+    frozen: int
+    buffers: int
+    files: int
+    total_bytes: int
+    restored: str = RESTORED
+    not_restored: str = NOT_RESTORED
+    source: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _File:
+    """One file of the output, written from lazily loaded data."""
+
+    path: str
+    tensor: LazyTensor
+    as_dict: bool = True  # {"param": t, "cat_dim": 0}; step.pt is the bare tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel * (4 if self.tensor.dtype.is_floating_point else self.tensor.dtype.itemsize)
+
+
+def _fp32(tensor: LazyTensor) -> LazyTensor:
+    return tensor.to(torch.float32) if tensor.dtype.is_floating_point else tensor
+
+
+def _compact(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor that owns exactly its bytes (torch.save writes a view's whole storage)."""
+    tensor = tensor.contiguous()
+    return tensor if tensor.untyped_storage().nbytes() == tensor.nbytes else tensor.clone()
+
+
+def _step_tensor(value: object) -> torch.Tensor | None:
+    """The optimizer's step as DeepSpeed must get it back: a 0-d tensor (a Python number breaks torch's Adam)."""
+    if isinstance(value, StoredTensor):
+        return value.read()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return torch.tensor(float(value))
+    return None
+
+
+def _plan(source: DeepSpeedCheckpoint) -> tuple[list[_File], list[str], torch.Tensor | None]:
+    files: list[_File] = []
+    state_names: list[str] = []
+    step = None
+    for group in source.groups:
+        group_step = _step_tensor(group.scalars().get("step"))
+        step = step if step is not None else group_step
+        for name in group.layout.slots:
+            files.append(_File(f"zero/{name}/fp32.pt", source[name]))
+            for state, tensor in source.optimizer_states(name).items():
+                files.append(_File(f"zero/{name}/{state}.pt", _fp32(tensor)))
+                state_names += [state] if state not in state_names else []
+            if group_step is not None:
+                files.append(_File(f"zero/{name}/step.pt", LazyTensor(torch.Size([]), group_step.dtype,
+                                                                      lambda value=group_step: value), False))
+    for name in [*source.info.frozen, *source.info.buffers]:
+        files.append(_File(f"zero/{name}/fp32.pt", _fp32(source[name])))
+    return files, state_names, step
+
+
+def _optimizer_state(source: DeepSpeedCheckpoint, step: torch.Tensor | None) -> dict:
+    """zero/optimizer_state.pt with the keys every stage's loader reads, and nothing it does not."""
+    saved = source.optimizer_state
+    if source.info.stage == 3:
+        param_groups = saved["optimizer_state_dict"]["param_groups"]
+    else:
+        param_groups = saved["base_optimizer_state"]["param_groups"]
+    state = {"param_groups": param_groups, "ds_version": source.info.ds_version or saved.get("ds_version", "0.0.0"),
+             "optimizer_state_dict": {"state": {0: {"step": step}} if step is not None else {0: {}},
+                                      "param_groups": param_groups}}
+    state.update({key: saved[key] for key in _GLOBAL_KEYS if key in saved})
+    return state
+
+
+def _write(staging: Path, plan: list[_File], on_bytes: Callable[[int], None]) -> None:
+    for item in plan:
+        path = staging / item.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensor = _compact(item.tensor.load())
+        torch.save({"param": tensor, "cat_dim": 0} if item.as_dict else tensor, path)
+        on_bytes(tensor.nbytes)
+        del tensor
+
+
+def _point_latest(folder: Path) -> Path:
+    """Write SAVE_DIR/latest_universal = folder's name, replacing it in one step."""
+    latest = folder.parent / LATEST_UNIVERSAL
+    partial = folder.parent / f".{LATEST_UNIVERSAL}.cogexport-partial"
+    partial.write_text(folder.name)
+    os.replace(partial, latest)
+    return latest
+
+
+def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path | None = None, *,
+              tag: str | None = None, overwrite: bool = False, progress: bool | None = None) -> UniversalResult:
+    """Write the universal checkpoint of ``checkpoint`` (default: next to its tag, as ``<tag>_universal``)."""
+    paths = as_paths(checkpoint)
+    with DeepSpeedCheckpoint(paths, tag) as source:
+        info = source.info
+        if info.stage not in (1, 2, 3) or not source.groups:
+            raise CogExportError(f"{source.files.where} is not a ZeRO-1/2/3 checkpoint with optimizer files (stage "
+                                 f"{info.stage}); a universal checkpoint is made from the optimizer's partitions, and "
+                                 "DeepSpeed cannot resume stage 0 from one")
+        model_states = source.files.model_states or source.files.zero3_model_states[0]
+        destination = Path(output) if output else model_states.parent.parent / f"{info.tag}{UNIVERSAL_SUFFIX}"
+        plan, state_names, step = _plan(source)
+        optimizer_state = _optimizer_state(source, step)
+        check_destination(destination, source.own_folders(), [*paths, *map(Path, info.files)], overwrite)
+        total = sum(item.nbytes for item in plan)
+        with staged_folder(destination) as staging, byte_progress(total, "universal", progress) as bar:
+            (staging / "zero").mkdir()
+            for name in MODEL_STATES_NAMES:
+                shutil.copyfile(model_states, staging / name)
+            save_torch_file(optimizer_state, staging / "zero" / "optimizer_state.pt")
+            _write(staging, plan, bar.update)
+        latest = _point_latest(destination)
+        return UniversalResult(str(destination), str(latest), len(info.trainable), state_names, len(info.frozen),
+                               len(info.buffers), len(plan) + 3, total, source=asdict(info))
