@@ -9,38 +9,35 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def spawn_ranks(rank_main: Callable[..., None], world_size: int, *args: Any) -> None:
-    """Run ``rank_main(rank, world_size, port, *args)`` in ``world_size`` fresh processes."""
-    port = free_port()
-    mp.spawn(_enter_rank, args=(rank_main, world_size, port, args), nprocs=world_size, join=True)
+    """Run ``rank_main(rank, world_size, rendezvous, *args)`` in ``world_size`` fresh processes."""
+    # The ranks meet through a file, not a TCP port: a port picked as free can be taken by a parallel test run
+    # before the ranks bind it.
+    with tempfile.TemporaryDirectory(prefix="cogexport-ranks-") as folder:
+        rendezvous = f"file://{Path(folder) / 'rendezvous'}"
+        mp.spawn(_enter_rank, args=(rank_main, world_size, rendezvous, args), nprocs=world_size, join=True)
 
 
-def _enter_rank(rank: int, rank_main: Callable[..., None], world_size: int, port: int, args: tuple) -> None:
+def _enter_rank(rank: int, rank_main: Callable[..., None], world_size: int, rendezvous: str, args: tuple) -> None:
     os.environ.update(
         DS_ACCELERATOR="cpu",
+        COGEXPORT_RENDEZVOUS=rendezvous,
         OMP_NUM_THREADS="1",
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
-    rank_main(rank, world_size, port, *args)
+    rank_main(rank, world_size, rendezvous, *args)
 
 
 def import_deepspeed():
@@ -49,6 +46,9 @@ def import_deepspeed():
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     import deepspeed
 
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", init_method=os.environ["COGEXPORT_RENDEZVOUS"],
+                                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     deepspeed.init_distributed(dist_backend="gloo")
     return deepspeed
 

@@ -164,7 +164,7 @@ def save_lora_file(deepspeed, module, stage: int, out_dir: Path, rank: int) -> N
         CogVideoXPipeline.save_lora_weights(out_dir, transformer_lora_layers=layers)
 
 
-def train_and_save(rank: int, world_size: int, port: int, spec: dict) -> None:
+def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     deepspeed = import_deepspeed()  # initialises gloo through deepspeed.comm; accelerate then reuses it
     from accelerate import Accelerator, DeepSpeedPlugin
     from accelerate.utils import DummyOptim, InitProcessGroupKwargs
