@@ -136,6 +136,18 @@ def _write(staging: Path, plan: list[_File], on_bytes: Callable[[int], None]) ->
         del tensor
 
 
+def _copy_model_states(model_states: Path, staging: Path) -> None:
+    """The source's model states under both names; the second is a hard link (a ZeRO-1/2 file holds the whole
+    module), or a copy where the filesystem has no links."""
+    first, *others = (staging / name for name in MODEL_STATES_NAMES)
+    shutil.copyfile(model_states, first)
+    for other in others:
+        try:
+            os.link(first, other)
+        except OSError:
+            shutil.copyfile(first, other)
+
+
 def _point_latest(folder: Path) -> Path:
     """Write SAVE_DIR/latest_universal = folder's name, replacing it in one step."""
     latest = folder.parent / LATEST_UNIVERSAL
@@ -163,8 +175,7 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
         total = sum(item.nbytes for item in plan)
         with staged_folder(destination) as staging, byte_progress(total, "universal", progress) as bar:
             (staging / "zero").mkdir()
-            for name in MODEL_STATES_NAMES:
-                shutil.copyfile(model_states, staging / name)
+            _copy_model_states(model_states, staging)
             save_torch_file(optimizer_state, staging / "zero" / "optimizer_state.pt")
             _write(staging, plan, bar.update)
         latest = _point_latest(destination)

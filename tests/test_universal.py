@@ -20,17 +20,20 @@ from cogexport.checkpoint import open_checkpoint
 from cogexport.universal import universal
 
 RESUMES = [
-    *(pytest.param(DeepSpeedVariant(stage, dtype, saved), resumed, id=f"zero{stage}-{dtype}-ws{saved}to{resumed}")
+    *(pytest.param(DeepSpeedVariant(stage, dtype, saved), resumed, stage, id=f"zero{stage}-{dtype}-ws{saved}to{resumed}")
       for stage in (1, 2, 3) for dtype in ("bf16", "fp32") for saved, resumed in ((2, 3), (3, 2))),
-    pytest.param(DeepSpeedVariant(1, "bf16", 2, bf16_optimizer=True), 3, id="bf16optimizer-ws2to3"),
-    pytest.param(DeepSpeedVariant(2, "bf16", 2, optimizer="sgd"), 3, id="zero2-sgd-momentum-ws2to3"),
+    pytest.param(DeepSpeedVariant(1, "bf16", 2, bf16_optimizer=True), 3, 1, id="bf16optimizer-ws2to3"),
+    pytest.param(DeepSpeedVariant(2, "bf16", 2, optimizer="sgd"), 3, 2, id="zero2-sgd-momentum-ws2to3"),
+    # One layout for every stage, so a run can also change stage (fp32: a bf16 forward differs between stages):
+    pytest.param(DeepSpeedVariant(2, "fp32", 2), 3, 3, id="zero2-fp32-ws2-to-zero3-ws3"),
+    pytest.param(DeepSpeedVariant(3, "fp32", 3), 2, 1, id="zero3-fp32-ws3-to-zero1-ws2"),
 ]
 
 
-def resume(load_dir: Path, variant: DeepSpeedVariant, world_size: int, out: Path) -> GroundTruth:
-    """Load the universal checkpoint in ``load_dir`` under real DeepSpeed at ``world_size`` ranks."""
+def resume(load_dir: Path, variant: DeepSpeedVariant, world_size: int, stage: int, out: Path) -> GroundTruth:
+    """Load the universal checkpoint in ``load_dir`` under real DeepSpeed at ``world_size`` ranks and ``stage``."""
     command = [sys.executable, str(SCRIPTS / "resume_universal.py"), str(load_dir), str(out), "--stage",
-               str(variant.stage), "--dtype", variant.dtype, "--world-size", str(world_size), "--optimizer",
+               str(stage), "--dtype", variant.dtype, "--world-size", str(world_size), "--optimizer",
                variant.optimizer] + (["--bf16-optimizer"] if variant.bf16_optimizer else [])
     done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore"})
@@ -38,12 +41,12 @@ def resume(load_dir: Path, variant: DeepSpeedVariant, world_size: int, out: Path
     return GroundTruth(out, "resumed")
 
 
-@pytest.mark.parametrize("variant, resumed_world_size", RESUMES)
-def test_deepspeed_resumes_at_another_world_size(variant, resumed_world_size, tmp_path):
+@pytest.mark.parametrize("variant, resumed_world_size, resumed_stage", RESUMES)
+def test_deepspeed_resumes_at_another_world_size(variant, resumed_world_size, resumed_stage, tmp_path):
     original = deepspeed_checkpoint(variant)
     result = universal(original.checkpoint, tmp_path / "resume" / "global_step2_universal")
     assert (tmp_path / "resume" / "latest_universal").read_text() == "global_step2_universal"
-    resumed = resume(tmp_path / "resume", variant, resumed_world_size, tmp_path / "resumed")
+    resumed = resume(tmp_path / "resume", variant, resumed_world_size, resumed_stage, tmp_path / "resumed")
 
     truth = original.truth
     saved_states = [k for k in original.tensors if k.startswith("optimizer/")]
@@ -132,6 +135,24 @@ def test_default_location_next_to_the_tag_and_the_input_untouched(tmp_path, cli)
     assert leftovers(save_dir) == []
     inspected = cli("inspect", save_dir / "global_step2_universal").stdout
     assert "DeepSpeed universal checkpoint" in inspected and "DeepSpeed does not restore: frozen parameters" in inspected
+
+
+@pytest.mark.parametrize("variant", [DeepSpeedVariant(2, "bf16", 2), DeepSpeedVariant(3, "fp16", 3)], ids=lambda v: v.id)
+def test_the_universal_folder_reads_back_as_the_whole_run(variant, tmp_path):
+    """Every state_dict name, with the masters, frozen bits, tied aliases and buffers: nothing of the run is lost."""
+    fixture = deepspeed_checkpoint(variant)
+    truth = fixture.truth
+    universal(fixture.checkpoint, tmp_path / "uc")
+    with open_checkpoint(tmp_path / "uc") as written:
+        assert written.info.format == "deepspeed-universal" and written.info.tied == truth["tied"]
+        assert sorted(written) == sorted(truth["order"])
+        for name in truth["trainable"] + truth["frozen"] + truth["buffers"]:
+            tensor = written[name].load()
+            expected = fixture.tensors[name]
+            assert torch.equal(tensor, expected.to(tensor.dtype)) and tensor.dtype == (
+                torch.float32 if expected.is_floating_point() else expected.dtype), name
+        for alias, source in truth["tied"].items():
+            assert torch.equal(written[alias].load(), fixture.tensors[source])
 
 
 def test_memory_is_one_parameter_at_a_time(tmp_path):

@@ -82,6 +82,14 @@ class UniversalCheckpoint(LazyCheckpoint):
             elif name not in info.buffers:
                 info.frozen.append(name)
         info.buffers = [name for name in info.buffers if name in self._tensors]
+        # A tied alias has no folder of its own (cogexport) or a copy DeepSpeed never reads: it is its source.
+        info.tied = {alias: source for alias, source in (states.get("shared_params") or {}).items()
+                     if source in saved}
+        info.trainable = [name for name in info.trainable if name not in info.tied]
+        info.frozen = [name for name in info.frozen if name not in info.tied]
+        names = sorted({*saved, *info.tied}, key=lambda n: (module_order.index(n) if n in module_order
+                                                            else len(module_order), n))
+        self._tensors = {name: self._tensors[info.tied.get(name, name)] for name in names}
         info.notes += [f"DeepSpeed restores from it: {RESTORED}", f"DeepSpeed does not restore: {NOT_RESTORED}"]
 
     def bytes_read(self) -> dict[str, int]:
