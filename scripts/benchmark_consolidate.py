@@ -15,45 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def measure(command: list[str], env: dict | None = None) -> tuple[float, int]:
-    """Run ``command``; return (wall seconds, peak RSS bytes of the process and its waited-for children)."""
-    start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    _, status, usage = os.wait4(process.pid, 0)
-    elapsed = time.perf_counter() - start
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{process.stderr.read().decode()[-3000:]}")
-    process.stderr.close()
-    return elapsed, usage.ru_maxrss * 1024
-
-
-def make_checkpoint(work: Path, stage: int) -> Path:
-    folder = work / f"bench-zero{stage}-bf16-ws2"
-    if not (folder / "truth.json").exists():
-        shutil.rmtree(folder, ignore_errors=True)
-        click.echo(f"making the ZeRO-{stage} benchmark checkpoint (a few minutes)...", err=True)
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_deepspeed_checkpoint.py"), str(folder),
-                        "--model", "bench", "--stage", str(stage), "--dtype", "bf16", "--world-size", "2",
-                        "--steps", "1", "--no-truth"], check=True, stdout=subprocess.DEVNULL)
-        (folder / "truth.json").write_text("{}")  # marks the checkpoint complete
-    return folder / "checkpoint"
-
-
-def fp32_model_bytes() -> int:
-    width, layers, head = 4096, 28, 1013
-    return 4 * (layers * width * width + head * width + head)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarking import ROOT, bench_checkpoint, bench_model_bytes, measure, print_table, summarize  # noqa: E402
 
 
 def tools(checkpoint: Path, output: Path) -> dict[str, list[str]]:
@@ -74,10 +42,10 @@ def tools(checkpoint: Path, output: Path) -> dict[str, list[str]]:
 @click.option("--json", "as_json", is_flag=True)
 def main(work_dir: Path, runs: int, stages: tuple[int, ...], as_json: bool) -> None:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    model_bytes = fp32_model_bytes()
+    model_bytes = bench_model_bytes()
     results = []
     for stage in stages:
-        checkpoint = make_checkpoint(work_dir, stage)
+        checkpoint = bench_checkpoint(work_dir, stage)
         output = work_dir / "output"
         samples: dict[str, list[tuple[float, int]]] = {}
         for _ in range(runs):
@@ -85,24 +53,12 @@ def main(work_dir: Path, runs: int, stages: tuple[int, ...], as_json: bool) -> N
                 shutil.rmtree(output, ignore_errors=True)
                 samples.setdefault(name, []).append(measure(command, env))
         shutil.rmtree(output, ignore_errors=True)
-        for name, values in samples.items():
-            seconds = statistics.median(v[0] for v in values)
-            rss = statistics.median(v[1] for v in values)
-            results.append({"stage": stage, "tool": name, "seconds": round(seconds, 2), "peak_rss_bytes": rss,
-                            "peak_rss_x_model": round(rss / model_bytes, 3), "runs": len(values)})
-    ours = {r["stage"]: r for r in results if r["tool"] == "cogexport consolidate"}
-    for row in results:
-        base = ours[row["stage"]]
-        row["time_ratio_vs_cogexport"] = round(row["seconds"] / base["seconds"], 2)
-        row["rss_ratio_vs_cogexport"] = round(row["peak_rss_bytes"] / base["peak_rss_bytes"], 2)
+        results += summarize(samples, model_bytes, stage=stage)
     if as_json:
         click.echo(json.dumps({"fp32_model_bytes": model_bytes, "results": results}, indent=2))
         return
     click.echo(f"fp32 model: {model_bytes / 1e9:.2f} GB; bf16 training, world size 2; median of {runs} runs\n")
-    click.echo(f"{'stage':<6} {'tool':<36} {'wall s':>7} {'peak RSS':>9} {'x model':>8} {'time / ours':>12} {'RSS / ours':>11}")
-    for row in results:
-        click.echo(f"ZeRO-{row['stage']:<1} {row['tool']:<36} {row['seconds']:>7.1f} {row['peak_rss_bytes'] / 1e9:>7.2f}GB "
-                   f"{row['peak_rss_x_model']:>7.2f}x {row['time_ratio_vs_cogexport']:>11.2f}x {row['rss_ratio_vs_cogexport']:>10.2f}x")
+    print_table(results, "stage tool", 42, lambda row: f"ZeRO-{row['stage']} {row['tool']}")
 
 
 if __name__ == "__main__":

@@ -22,21 +22,18 @@ Timing is not a test: these machines are noisy, so only medians of several runs 
 from __future__ import annotations
 
 import json
-import os
 import re
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import click
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ROOT / "scripts"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarking import ROOT, SCRIPTS, measure, print_table, summarize  # noqa: E402
+
 VARIANT = "2b"
 SAT_PREFIX = "model.diffusion_model."
 MODEL_STATES = "mp_rank_00_model_states.pt"
@@ -190,26 +187,9 @@ def compare_outputs(ours: Path, reference: Path) -> dict:
 # The benchmark
 
 
-def measure(command: list[str]) -> tuple[float, int]:
-    """Run ``command``; return (wall seconds, peak RSS bytes of the process and its waited-for children)."""
-    os.sync()  # start each run with no dirty pages from the previous run's output being written back
-    with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: a chatty child cannot block on a full pipe
-        start = time.perf_counter()
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
-        _, status, usage = os.wait4(process.pid, 0)
-        elapsed = time.perf_counter() - start
-        if os.waitstatus_to_exitcode(status) != 0:
-            stderr.seek(0)
-            raise click.ClickException(f"{' '.join(command)} failed:\n{stderr.read().decode()[-3000:]}")
-    return elapsed, usage.ru_maxrss * 1024
-
-
 def helper(*args: str) -> dict:
-    """Run this script's hidden helper mode in a child process and return the JSON it prints.
-
-    The harness itself never imports torch or touches tensors: Linux hands a parent's RSS high-water mark to a
-    child's ru_maxrss at exec (vfork shares the parent's mm), so a big parent would inflate every measurement.
-    """
+    """Run this script's hidden helper mode in a child process (the harness never imports torch) and return the
+    JSON it prints."""
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise click.ClickException(f"{' '.join(args)} failed (its error is above)")
@@ -289,16 +269,7 @@ def main(work_dir: Path, runs: int, as_json: bool, reference_path: tuple[Path, P
         shutil.rmtree(output, ignore_errors=True)
     harness_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # a floor under every measurement
 
-    results = []
-    for name, values in samples.items():
-        seconds, rss = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
-        results.append({"tool": name, "seconds": round(seconds, 2), "peak_rss_bytes": rss,
-                        "peak_rss_x_model": round(rss / model_bytes, 3), "runs": len(values),
-                        "samples": [{"seconds": round(s, 2), "peak_rss_bytes": r} for s, r in values]})
-    ours = results[0]
-    for row in results:
-        row["time_ratio_vs_cogexport"] = round(row["seconds"] / ours["seconds"], 2)
-        row["rss_ratio_vs_cogexport"] = round(row["peak_rss_bytes"] / ours["peak_rss_bytes"], 2)
+    results = summarize(samples, model_bytes)
     if as_json:
         click.echo(json.dumps({"variant": VARIANT, "parameters": params, "fp32_model_bytes": model_bytes,
                                "sat_file_bytes": setup["sat_file_bytes"], "harness_peak_rss_bytes": harness_rss,
@@ -308,14 +279,7 @@ def main(work_dir: Path, runs: int, as_json: bool, reference_path: tuple[Path, P
                f"({setup['sat_file_bytes'] / 1e9:.2f} GB file) -> Diffusers bf16, 5GB shards; median of {runs} runs")
     click.echo(f"outputs equal: {check['tensors']} tensors ({check['kept_fp32']} kept fp32 by cogexport); "
                f"harness peak RSS {harness_rss / 1e6:.0f} MB\n")
-    click.echo(f"{'tool':<16} {'wall s':>7} {'peak RSS':>9} {'x fp32 model':>13} {'time / ours':>12} {'RSS / ours':>11}"
-               "   per run: s / GB")
-    for row in results:
-        per_run = ", ".join(f"{s['seconds']:.1f}/{s['peak_rss_bytes'] / 1e9:.2f}" for s in row["samples"])
-        click.echo(f"{row['tool']:<16} {row['seconds']:>7.1f} {row['peak_rss_bytes'] / 1e9:>7.2f}GB "
-                   f"{row['peak_rss_x_model']:>12.2f}x {row['time_ratio_vs_cogexport']:>11.2f}x "
-                   f"{row['rss_ratio_vs_cogexport']:>10.2f}x   {per_run}")
-
+    print_table(results, "tool", 16, lambda row: row["tool"])
 
 if __name__ == "__main__":
     main()
