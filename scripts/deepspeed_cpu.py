@@ -45,6 +45,11 @@ def import_deepspeed():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    # DeepSpeed's CPU accelerator allows fp16 training only where oneDNN has fp16 kernels (recent Intel CPUs);
+    # torch runs these tiny fp16 models on any CPU, and fp16 checkpoints are a layout the reader must handle.
+    get_accelerator().is_fp16_supported = lambda: True
 
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("gloo", init_method=os.environ["COGEXPORT_RENDEZVOUS"],

@@ -18,9 +18,16 @@ MODEL_TYPE = {"2b": "t2v", "5b": "t2v", "5b-i2v": "i2v", "1.5-5b": "t2v", "1.5-5
 
 
 def load_strict(model_class, folder):
-    """from_pretrained, failing on any missing or unexpected key."""
+    """from_pretrained, failing on any missing or unexpected key, with every tensor in freshly allocated memory.
+
+    from_pretrained leaves tensors in the memory-mapped file at whatever alignment the header gives them, and on
+    some CPUs the vector kernels then round differently in the last bit: Diffusers' own save_pretrained round
+    trip changes the forward output that way. Fresh copies compare the weights, not where they sit.
+    """
     model, info = model_class.from_pretrained(folder, output_loading_info=True)
     assert not any(info.values()), info
+    for tensor in (*model.parameters(), *model.buffers()):
+        tensor.data = tensor.data.clone()
     return model.eval()
 
 
