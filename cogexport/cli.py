@@ -20,12 +20,17 @@ def _user_errors_exit_2(command):
 
     @wraps(command)
     def run(*args, **kwargs):
-        # A killed run must clean up its staging folder like Ctrl-C does.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        # A killed run (or a closed terminal) must clean up its staging folder like Ctrl-C does.
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, lambda number, _frame: sys.exit(128 + number))
         try:
             return command(*args, **kwargs)
         except CogExportError as error:
             click.echo(f"cogexport: error: {error}", err=True)
+            sys.exit(2)
+        except OSError as error:  # the machine's answer about a path (permissions, disk full): not a bug of ours
+            where = f": {error.filename}" if error.filename else ""
+            click.echo(f"cogexport: error: {error.strerror or error}{where}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
             click.echo("cogexport: interrupted; nothing was written", err=True)

@@ -86,7 +86,43 @@ class BenchModel(nn.Module):
         return torch.randn(1, BenchModel.width, generator=generator) * 1e-3
 
 
-MODELS = {"toy": ToyModel, "bench": BenchModel}
+class FrozenNormModel(nn.Module):
+    """A frozen LayerNorm and a trainable one whose bf16 copy still equals it after gentle training.
+
+    Stage 0 saves the fp32 masters of the trainable parameters without names, so a reader must place them by
+    order, shape and value; here the frozen norm comes first, and only the order says the master is not its.
+    ``ambiguous`` puts the frozen norm between, where nothing in the checkpoint can tell the two apart.
+    """
+
+    lr = 1e-5  # small enough that the trainable norm's weight still rounds to 1.0 in bf16
+    ambiguous = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        frozen_norm, proj, norm = nn.LayerNorm(8), nn.Linear(8, 8), nn.LayerNorm(8)
+        frozen_norm.requires_grad_(False)
+        # Registration order is state_dict order, which stage 0 keeps its masters in.
+        order = [("proj", proj), ("frozen_norm", frozen_norm)] if self.ambiguous else \
+            [("frozen_norm", frozen_norm), ("proj", proj)]
+        for name, module in [*order, ("norm", norm)]:
+            self.add_module(name, module)
+
+    def forward(self, batch: torch.Tensor, update_buffers: bool = True) -> torch.Tensor:
+        batch = batch.to(self.proj.weight.dtype)
+        return self.norm(self.proj(self.frozen_norm(batch))).float().pow(2).mean()
+
+    @staticmethod
+    def batch(step: int, rank: int) -> torch.Tensor:
+        return torch.randn(2, 8, generator=torch.Generator().manual_seed(1000 * step + rank))
+
+
+class AmbiguousFrozenNormModel(FrozenNormModel):
+    ambiguous = True
+
+
+MODELS = {"toy": ToyModel, "bench": BenchModel, "frozen-norm": FrozenNormModel,
+          "ambiguous-frozen-norm": AmbiguousFrozenNormModel}
 # The per-parameter state each optimizer keeps (what a universal checkpoint must carry).
 OPTIMIZER_STATES = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
 EVAL_STEP = 999  # the fixed evaluation batch
@@ -102,6 +138,7 @@ def build_engine(deepspeed, spec: dict, **config_extra):
         sub_group_size=spec["sub_group_size"],
         parameter_alignment=spec["parameter_alignment"],
         bf16_optimizer=spec["bf16_optimizer"],
+        lr=getattr(model, "lr", 1e-2),
     )
     config.update(config_extra)
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -142,4 +142,7 @@ ALL_VARIANTS = [
     DeepSpeedVariant(1, "bf16", 2, bf16_optimizer=True),
     DeepSpeedVariant(1, "bf16", 3, bf16_optimizer=True),
     DeepSpeedVariant(2, "bf16", 11),  # ranks 10 and 11 sort after 9; parameters straddle several ranks
+    # stage 0 names no masters: a frozen norm with the same bits as a trained one must not take its master
+    DeepSpeedVariant(0, "bf16", 1, model="frozen-norm"),
+    DeepSpeedVariant(0, "fp16", 2, model="frozen-norm"),
 ]

@@ -106,6 +106,59 @@ def test_mixed_steps_in_one_tag(cli, tmp_path):
     assert_refused(cli, checkpoint, tmp_path, "mixed tags", "step 3")
 
 
+def test_mixed_steps_in_a_zero2_tag(cli, tmp_path):
+    # accelerate names every checkpoint-N's tag pytorch_model, so only the optimizer step tells two saves apart
+    checkpoint = copy_checkpoint(ZERO2, tmp_path / "ckpt")
+    name = "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    later = deepspeed_checkpoint(DeepSpeedVariant(2, "bf16", 2, steps=3)).checkpoint / "global_step3" / name
+    shutil.copy(later, checkpoint / "global_step2" / name)
+    assert_refused(cli, checkpoint, tmp_path, "mixed steps", name, "step 3")
+
+
+def test_optimizer_files_of_another_run(cli, tmp_path):
+    checkpoint = copy_checkpoint(ZERO2, tmp_path / "ckpt")
+    fp32_run = deepspeed_checkpoint(DeepSpeedVariant(2, "fp32", 2)).checkpoint / "global_step2"
+    for rank in (0, 1):
+        (checkpoint / "global_step2" / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").unlink()
+        shutil.copy(fp32_run / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt", checkpoint / "global_step2")
+    assert_refused(cli, checkpoint, tmp_path, "mixed runs", "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+
+
+def test_optimizer_files_of_another_stage(cli, tmp_path):
+    checkpoint = copy_checkpoint(ZERO2, tmp_path / "ckpt")
+    for optimizer_file in (deepspeed_checkpoint(ZERO3).checkpoint / "global_step2").glob("*optim_states.pt"):
+        shutil.copy(optimizer_file, checkpoint / "global_step2")
+    assert_refused(cli, checkpoint, tmp_path, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                   "not a ZeRO-2 optimizer file")
+
+
+def test_stage0_masters_that_cannot_be_placed(cli, tmp_path):
+    # Stage 0 saves fp32 masters without names; a frozen norm between two trained layers, stored with the same
+    # bits as the trained norm, could own either master: refuse rather than guess.
+    checkpoint = copy_checkpoint(DeepSpeedVariant(0, "bf16", 1, model="ambiguous-frozen-norm"), tmp_path / "ckpt")
+    assert_refused(cli, checkpoint, tmp_path, "cannot tell which parameter", "frozen_norm.weight", "norm.weight")
+    report = cli("inspect", checkpoint)
+    assert report.exit_code == 0 and "cannot tell which parameter" in report.stdout
+
+
+# Fields of the first central-directory entry (data.pkl's): zipfile reports each kind of damage differently.
+@pytest.mark.parametrize("field_offset", [6, 10, 45, 47], ids=["version", "method", "header-offset", "name"])
+def test_damaged_zip_directory(cli, tmp_path, field_offset):
+    checkpoint = copy_checkpoint(ZERO2, tmp_path / "ckpt")
+    victim = checkpoint / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    data = bytearray(victim.read_bytes())
+    data[data.find(b"PK\x01\x02") + field_offset] ^= 0x9A
+    victim.write_bytes(bytes(data))
+    assert_refused(cli, checkpoint, tmp_path, victim.name)
+
+
+def test_output_below_a_file(cli, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    result = cli("consolidate", deepspeed_checkpoint(ZERO2).checkpoint, tmp_path / "a-file" / "exported")
+    assert result.exit_code == 2 and len(result.error_lines) == 1 and "a-file is a file" in result.stderr
+    assert (tmp_path / "a-file").read_text() == "not a folder" and leftovers(tmp_path) == []
+
+
 def test_mixed_tags_across_node_folders(cli, tmp_path):
     node0 = copy_checkpoint(ZERO2, tmp_path / "node0")
     node1 = tmp_path / "node1" / "global_step7"
@@ -195,8 +248,28 @@ def test_overwrite_replaces_an_old_export(cli, tmp_path):
     assert leftovers(tmp_path) == []
 
 
-def test_bad_shard_size(cli, tmp_path):
+@pytest.mark.parametrize("size", ["lots", "0GB", "-5"])
+def test_bad_shard_size(cli, tmp_path, size):
     checkpoint = deepspeed_checkpoint(ZERO2).checkpoint
-    result = cli("consolidate", checkpoint, tmp_path / "out", "--max-shard-size", "lots")
+    result = cli("consolidate", checkpoint, tmp_path / "out", "--max-shard-size", size)
     assert result.exit_code == 2 and len(result.error_lines) == 1 and "--max-shard-size" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_shard_size_in_plain_bytes(cli, tmp_path):
+    checkpoint = deepspeed_checkpoint(ZERO2).checkpoint
+    assert cli("consolidate", checkpoint, tmp_path / "bytes", "--max-shard-size", "1000").exit_code == 0
+    assert cli("consolidate", checkpoint, tmp_path / "units", "--max-shard-size", "1kB").exit_code == 0
+    assert snapshot(tmp_path / "bytes").keys() == snapshot(tmp_path / "units").keys()
+    assert len(list((tmp_path / "bytes").glob("model-*-of-*.safetensors"))) > 1
+
+
+def test_overwrite_through_a_symlink_keeps_the_link(cli, tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "old.safetensors").write_bytes(b"old")
+    (tmp_path / "link").symlink_to(real)
+    result = cli("consolidate", deepspeed_checkpoint(ZERO2).checkpoint, tmp_path / "link", "--overwrite")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "link").is_symlink() and sorted(p.name for p in real.iterdir()) == ["model.safetensors"]
+    assert leftovers(tmp_path) == []

@@ -88,7 +88,9 @@ def test_sharded_output_matches_huggingface_hub_byte_for_byte(tmp_path):
 def test_only_fp32_masters_are_read_never_the_optimizer_moments(variant):
     fixture = deepspeed_checkpoint(variant)
     with open_checkpoint(fixture.checkpoint) as checkpoint:
-        assert sum(checkpoint.bytes_read().values()) == 0, "opening reads no tensor data"
+        # Opening reads the optimizer's step counters (0-d, to catch ranks of different saves), nothing else.
+        steps = 8 * variant.world_size * len(checkpoint.groups)
+        assert sum(checkpoint.bytes_read().values()) <= steps, "opening reads no parameter data"
         shapes = {name: (tuple(t.shape), t.dtype) for name, t in checkpoint.items()}
         for name in checkpoint:
             if name not in fixture.truth["tied"]:  # an alias would read its source a second time

@@ -27,6 +27,8 @@ RESUMES = [
     # One layout for every stage, so a run can also change stage (fp32: a bf16 forward differs between stages):
     pytest.param(DeepSpeedVariant(2, "fp32", 2), 3, 3, id="zero2-fp32-ws2-to-zero3-ws3"),
     pytest.param(DeepSpeedVariant(3, "fp32", 3), 2, 1, id="zero3-fp32-ws3-to-zero1-ws2"),
+    # A sub-group per parameter: side.bias (3 elements) leaves each of 3 ranks a one-element partition.
+    pytest.param(DeepSpeedVariant(3, "bf16", 3, sub_group_size=1), 2, 3, id="zero3-one-element-partitions-ws3to2"),
 ]
 
 
@@ -135,6 +137,24 @@ def test_default_location_next_to_the_tag_and_the_input_untouched(tmp_path, cli)
     assert leftovers(save_dir) == []
     inspected = cli("inspect", save_dir / "global_step2_universal").stdout
     assert "DeepSpeed universal checkpoint" in inspected and "DeepSpeed does not restore: frozen parameters" in inspected
+    # The save dir still reads as the run (the universal folder is not one of its ZeRO tags), and --tag picks it.
+    (save_dir / "latest").unlink()
+    assert json.loads(cli("inspect", save_dir, "--json").stdout)["tags"] == ["global_step2"]
+    assert cli("inspect", save_dir, "--tag", "global_step2_universal").stdout.count("universal checkpoint") == 1
+
+
+def test_default_location_is_where_the_user_sees_the_tag(tmp_path, cli):
+    # A save dir whose tag folder is a link to shared storage: the output goes into the save dir given, not the
+    # link's target.
+    shared = tmp_path / "shared"
+    shutil.copytree(deepspeed_checkpoint(DeepSpeedVariant(2, "bf16", 2)).checkpoint, shared)
+    save_dir = tmp_path / "run"
+    save_dir.mkdir()
+    (save_dir / "global_step2").symlink_to(shared / "global_step2")
+    (save_dir / "latest").write_text("global_step2")
+    assert cli("universal", save_dir).exit_code == 0
+    assert (save_dir / "global_step2_universal" / "zero").is_dir() and (save_dir / "latest_universal").exists()
+    assert not (shared / "global_step2_universal").exists() and not (shared / "latest_universal").exists()
 
 
 @pytest.mark.parametrize("variant", [DeepSpeedVariant(2, "bf16", 2), DeepSpeedVariant(3, "fp16", 3)], ids=lambda v: v.id)

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Sequence
 
 from .base import CheckpointInfo, LazyCheckpoint
-from .deepspeed_universal import UniversalCheckpoint, is_universal_folder
+from .deepspeed_universal import UniversalCheckpoint
 from .deepspeed_zero import DeepSpeedCheckpoint
-from .locate import MODEL_STATES, ZERO3_MODEL_STATES, list_tags
+from .locate import MODEL_STATES, ZERO3_MODEL_STATES, is_universal_folder, list_tags
 from .safetensors_files import SafetensorsCheckpoint
 from .torch_state_dict import TorchStateDictCheckpoint
 
@@ -41,6 +41,8 @@ def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | No
             return TorchStateDictCheckpoint(path)
         if path.is_dir() and is_universal_folder(path):
             return UniversalCheckpoint(path)
+        if path.is_dir() and tag is not None and is_universal_folder(path / tag):  # --tag global_step9_universal
+            return UniversalCheckpoint(path / tag)
         if path.is_dir() and not is_deepspeed_folder(path) and any(path.glob("*.safetensors")):
             return SafetensorsCheckpoint(path)
     return DeepSpeedCheckpoint(paths, tag, strict=strict)

@@ -13,7 +13,6 @@ from .deepspeed_zero import ENGINE_KEYS, _summary
 from .torch_archive import StoredTensor, TorchArchive, load_torch_file
 
 MODEL_STATES_NAMES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
-OPTIMIZER_STATE = Path("zero") / "optimizer_state.pt"
 # What DeepSpeed takes from a universal checkpoint, and what it leaves to the model being resumed.
 RESTORED = ("trainable parameters' fp32 masters, every per-parameter optimizer state, the optimizer step and "
             "param_groups (lr, betas, ...), global_steps, the lr scheduler and client state")
@@ -27,10 +26,6 @@ def _read_and_close(tensor: StoredTensor, archive: TorchArchive):
         return tensor.read()
     finally:
         archive.close()
-
-
-def is_universal_folder(folder: Path) -> bool:
-    return (folder / OPTIMIZER_STATE).is_file()
 
 
 class UniversalCheckpoint(LazyCheckpoint):

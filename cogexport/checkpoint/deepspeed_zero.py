@@ -62,8 +62,9 @@ class PartitionedGroup:
         return self.layout.gather(name, self.masters)
 
     def state_names(self) -> list[str]:
+        # Per-element states are partitions (1-D, one element for a one-element group); per-group ones are 0-d.
         first = self.states[0]
-        return [key for key, value in first.items() if isinstance(value, StoredTensor) and value.numel > 1]
+        return [key for key, value in first.items() if isinstance(value, StoredTensor) and len(value.shape) > 0]
 
     def scalars(self) -> dict[str, Any]:
         """States that are one value for the whole group (Adam's step), as rank 0 saved them."""
@@ -149,11 +150,11 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         info.buffers = [n for n in states.get("buffer_names") or [] if n in module]
 
         if info.stage == 3:
-            self._open_zero3(states, module, strict)
+            self._open_zero3(states, module, config, strict)
         elif info.stage in (1, 2) and files.optim_states:
-            self._open_zero12(states, module, strict)
+            self._open_zero12(states, module, config, strict)
         elif info.stage == 0 or info.stage is None:
-            self._open_stage0(states, module)
+            self._open_stage0(states, module, strict)
         else:
             self._open_module_only(states, module, "no optimizer files")
 
@@ -180,14 +181,29 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         return True
 
     # ZeRO-1/2/3 shared ---------------------------------------------------------------------------------
-    def _read_optimizer_files(self, strict: bool) -> dict[int, dict] | None:
-        """Every rank's optimizer state dict (small pickles only), once the set of rank files is complete."""
+    def _read_optimizer_files(self, strict: bool, config: dict, partitions_key: str) -> dict[int, dict] | None:
+        """Every rank's optimizer state dict (small pickles only), once the set of rank files is complete and
+        every file is this run's: its ZeRO stage, its DeepSpeed config, its world size."""
         files, world_size = self.files, self.info.world_size
         bf16_prefix = True in files.bf16_prefixed
         if not (self._expect_ranks(strict, files.optim_states, lambda r: optim_file_name(r, bf16_prefix))
                 and self._check_prefix(strict)):
             return None
-        optim = {rank: self._load(files.optim_states[rank])["optimizer_state_dict"] for rank in range(world_size)}
+        if self.info.training_dtype is not None and bf16_prefix != (self.info.training_dtype == "bf16"):
+            self._problem(True, f"mixed runs: {files.optim_states[0].name} in {files.where} is from a "
+                                f"{'bf16' if bf16_prefix else 'non-bf16'} run, the model states from a "
+                                f"{self.info.training_dtype} run; give one run's files")
+        optim = {}
+        for rank in range(world_size):
+            saved = self._load(files.optim_states[rank])
+            state = saved.get("optimizer_state_dict") if isinstance(saved, dict) else None
+            if not isinstance(state, dict) or partitions_key not in state:
+                self._problem(True, f"{files.optim_states[rank]} is not a ZeRO-{self.info.stage} optimizer file (no "
+                                    f"{partitions_key}); is it from another run?")
+            if config and isinstance(saved.get("ds_config"), dict) and saved["ds_config"] != config:
+                self._problem(True, f"mixed runs: {files.optim_states[rank]} was saved with another DeepSpeed config "
+                                    "than the model states; give one run's files")
+            optim[rank] = state
         self.optimizer_state = optim[0]
         for rank, state in optim.items():
             counts = state.get("partition_count")
@@ -205,6 +221,11 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                 self._problem(True, f"{self.files.optim_states[rank]} does not match this checkpoint's layout (group "
                                     f"{index}: {master.numel} elements, expected {expected}); is it from another tag "
                                     "or run?")
+        steps = [_scalar(rank_states.get("step")) for rank_states in states]
+        for rank, step in enumerate(steps):
+            if step != steps[0]:
+                self._problem(True, f"mixed steps: {self.files.optim_states[rank]} is at optimizer step {step}, "
+                                    f"{self.files.optim_states[0].name} at {steps[0]}; give one tag's files of one run")
         group = PartitionedGroup(index, layout, masters, states)
         self.groups.append(group)
         for name in layout.slots:
@@ -223,7 +244,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                                 f"{key} of {name}") for key in group.state_names()}
 
     # ZeRO-1/2 ---------------------------------------------------------------------------------------------
-    def _open_zero12(self, states: dict, module: dict, strict: bool) -> None:
+    def _open_zero12(self, states: dict, module: dict, config: dict, strict: bool) -> None:
         info = self.info
         shapes: list[dict] = states.get("param_shapes") or []
         info.trainable = [n for group in shapes for n in group]
@@ -231,7 +252,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         known = set(info.trainable) | set(info.tied) | set(info.buffers)
         info.frozen = [n for n in module if n not in known]
         frozen_fragments = states.get("frozen_param_fragments") or {}
-        optim = self._read_optimizer_files(strict)
+        optim = self._read_optimizer_files(strict, config, "single_partition_of_fp32_groups")
         if optim is None:
             return
         padding_stripped = "zero_stage" in optim[0]  # BF16_Optimizer keeps each rank's tail padding
@@ -252,18 +273,18 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         self._assemble(module, self._master, frozen)
 
     # ZeRO-3 -----------------------------------------------------------------------------------------------
-    def _open_zero3(self, states: dict, module: dict, strict: bool) -> None:
+    def _open_zero3(self, states: dict, module: dict, config: dict, strict: bool) -> None:
         info, files = self.info, self.files
-        info.weights_source = "fp32 masters (ZeRO-3 partitions)"
         shapes: list[dict] = states.get("param_shapes") or []
         info.trainable = [n for group in shapes for n in group]
         info.tied = dict(states.get("shared_params") or {})
         frozen_shapes = dict(states.get("frozen_param_shapes") or {})
         info.frozen = list(frozen_shapes)
         models_ok = self._expect_ranks(strict, files.zero3_model_states, zero3_model_file_name)
-        optim = self._read_optimizer_files(strict)
+        optim = self._read_optimizer_files(strict, config, "fp32_flat_groups")
         if not models_ok or optim is None:
             return
+        info.weights_source = "fp32 masters (ZeRO-3 partitions)"
         rank_states = {0: states}
         for rank in range(1, info.world_size):
             rank_states[rank] = self._load(files.zero3_model_states[rank])
@@ -302,7 +323,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         self._assemble(module, self._master, frozen)
 
     # Stage 0 and model-states-only ----------------------------------------------------------------------
-    def _open_stage0(self, states: dict, module: dict) -> None:
+    def _open_stage0(self, states: dict, module: dict, strict: bool) -> None:
         optimizer = states.get("optimizer")
         masters = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None
         if not masters:
@@ -313,7 +334,11 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         self.info.tied = _aliases(module, self.info.buffers)
         params = {n: t for n, t in module.items() if n not in self.info.buffers and n not in self.info.tied}
         flat_masters = [m for group in masters for m in group]
-        owner = _match_stage0_masters(params, flat_masters)
+        try:
+            owner = _match_stage0_masters(params, flat_masters)
+        except CogExportError as error:
+            self._problem(strict, str(error))
+            return
         self.info.trainable = [n for n in params if n in owner]
         self.info.frozen = [n for n in params if n not in owner]
 
@@ -352,6 +377,11 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                 raise CogExportError(f"tied parameter {alias} points at {source}, which the checkpoint does not hold")
         self._tensors = {name: self._tensors[name] if name not in info.tied else self._tensors[info.tied[name]]
                          for name in order if name in self._tensors or name in info.tied}
+
+
+def _scalar(value: Any) -> Any:
+    """A per-group optimizer value (Adam's step) as a plain number, whether saved as a tensor or not."""
+    return value.read().item() if isinstance(value, StoredTensor) and value.numel == 1 else value
 
 
 def _stored(tensor: Any, origin: str) -> LazyTensor:
@@ -399,9 +429,10 @@ def _aliases(module: dict, buffers: list[str]) -> dict[str, str]:
 def _match_stage0_masters(params: dict[str, StoredTensor], masters: list[StoredTensor]) -> dict[str, StoredTensor]:
     """Pair stage-0 fp32 masters (saved without names) with the module's parameters.
 
-    When every parameter trains, masters follow the parameters in order. Otherwise each master is matched to
-    the parameter whose stored low-precision bits equal the master cast down, which is how the optimizer
-    wrote them back after its last step.
+    The masters follow the trainable parameters in module order; frozen ones have none. When every parameter
+    trains, that is the whole answer. Otherwise a master can only belong to a later parameter than the one before
+    it, of its shape, whose stored low-precision bits equal the master cast down (the optimizer wrote them back
+    after its last step). If that still leaves two ways to pair them, the checkpoint cannot tell: say so.
     """
     names = list(params)
     if len(names) == len(masters) and all(params[n].shape == m.shape for n, m in zip(names, masters)):
@@ -410,15 +441,26 @@ def _match_stage0_masters(params: dict[str, StoredTensor], masters: list[StoredT
     def fingerprint(tensor: torch.Tensor) -> tuple:
         return tuple(tensor.shape), hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy().tobytes()).digest()
 
-    by_print: dict[tuple, list[str]] = {}
-    for name in names:
-        by_print.setdefault(fingerprint(params[name].read()), []).append(name)
+    low_dtype = params[names[0]].dtype if names else torch.float32
+    param_prints = [fingerprint(params[name].read()) for name in names]
+    master_prints = [fingerprint(master.read().to(low_dtype)) for master in masters]
+    count, size = len(masters), len(names)
+    # completions[i][j]: can masters i.. still pair, in order, with parameters j..?
+    completions = [[False] * (size + 1) for _ in range(count)] + [[True] * (size + 1)]
+    for i in range(count - 1, -1, -1):
+        for j in range(size - 1, -1, -1):
+            completions[i][j] = completions[i][j + 1] or (master_prints[i] == param_prints[j] and completions[i + 1][j + 1])
     owner: dict[str, StoredTensor] = {}
-    for index, stored in enumerate(masters):
-        low_dtype = params[names[0]].dtype if names else torch.float32
-        candidates = by_print.get(fingerprint(stored.read().to(low_dtype)), [])
-        if not candidates:
-            raise CogExportError(f"stage-0 fp32 master {index} {tuple(stored.shape)} matches no parameter of the "
-                                 "module; the checkpoint is inconsistent")
-        owner[candidates.pop(0)] = stored
+    position = 0
+    for i, master in enumerate(masters):
+        choices = [j for j in range(position, size) if master_prints[i] == param_prints[j] and completions[i + 1][j + 1]]
+        if not choices:
+            raise CogExportError(f"stage-0 fp32 master {i} {tuple(master.shape)} matches no parameter of the module; "
+                                 "the checkpoint is inconsistent")
+        if len(choices) > 1:
+            raise CogExportError(f"cannot tell which parameter stage-0 fp32 master {i} belongs to: {names[choices[0]]} "
+                                 f"and {names[choices[1]]} have its shape and stored values, and a stage-0 checkpoint does "
+                                 "not record which parameters were frozen (ZeRO stages 1-3 record parameter names)")
+        owner[names[choices[0]]] = master
+        position = choices[0] + 1
     return owner

@@ -17,6 +17,7 @@ MODEL_STATES = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 ZERO3_MODEL_STATES = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 OPTIM_STATES = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 PIPELINE_LAYER = re.compile(r"^layer_\d+-model_states\.pt$")
+UNIVERSAL_OPTIMIZER_STATE = Path("zero") / "optimizer_state.pt"
 
 
 def optim_file_name(rank: int, bf16: bool) -> str:
@@ -45,9 +46,14 @@ class RankFiles:
         return " or ".join(str(d) for d in self.tag_dirs)
 
 
+def is_universal_folder(folder: Path) -> bool:
+    """A DeepSpeed universal checkpoint (its own layout, though it holds a model-states file too)."""
+    return (folder / UNIVERSAL_OPTIMIZER_STATE).is_file()
+
+
 def _is_tag_dir(path: Path) -> bool:
     try:
-        return path.is_dir() and any(
+        return path.is_dir() and not is_universal_folder(path) and any(
             MODEL_STATES.match(p.name) or ZERO3_MODEL_STATES.match(p.name) or OPTIM_STATES.match(p.name)
             for p in path.iterdir()
         )
@@ -180,7 +186,6 @@ def locate(paths: list[Path], tag: str | None = None) -> RankFiles:
 def _collect(tag_dir: Path, files: RankFiles) -> None:
     for path in sorted(tag_dir.iterdir()):
         name = path.name
-        path = path.resolve()
         if PIPELINE_LAYER.match(name):
             raise CogExportError(f"{tag_dir} is a pipeline-parallel checkpoint ({name}); cogexport reads data-parallel ZeRO checkpoints")
         found = MODEL_STATES.match(name) or ZERO3_MODEL_STATES.match(name) or OPTIM_STATES.match(name)
@@ -198,12 +203,13 @@ def _collect(tag_dir: Path, files: RankFiles) -> None:
 
 
 def _add(files: RankFiles, kind: str, rank: int | None, path: Path) -> None:
+    # Paths stay as the user gave them (outputs go next to them); the same file reached twice is one file.
     if rank is None:
-        if files.model_states is not None and files.model_states != path:
+        if files.model_states is not None and files.model_states.resolve() != path.resolve():
             raise CogExportError(f"two copies of {path.name}: {files.model_states} and {path}; give each rank's folder once")
-        files.model_states = path
+        files.model_states = files.model_states or path
         return
     table: dict[int, Path] = getattr(files, kind)
-    if rank in table and table[rank] != path:
+    if rank in table and table[rank].resolve() != path.resolve():
         raise CogExportError(f"rank {rank} appears twice: {table[rank]} and {path}; give each rank's folder once")
-    table[rank] = path
+    table.setdefault(rank, path)

@@ -280,7 +280,9 @@ class TorchArchive:
                         if offset + length > size:
                             raise CogExportError(f"{self.path} looks truncated: member {name} ends past the file")
                     return archive.read(pickle_name)
-        except (zipfile.BadZipFile, struct.error, EOFError) as error:
+        except (zipfile.BadZipFile, struct.error, EOFError, UnicodeDecodeError, NotImplementedError, ValueError,
+                OverflowError) as error:
+            # zipfile reports a damaged directory in all of these ways (bad names, "versions", methods, offsets).
             raise CogExportError(f"{self.path} is corrupt or truncated ({error}); copy it again") from None
         except OSError as error:
             raise CogExportError(f"cannot read {self.path}: {error.strerror}") from None

@@ -36,13 +36,17 @@ class ShardPlan:
 
 
 def parse_size(size: str | int) -> int:
-    """'5GB' -> 5_000_000_000 (decimal units, as huggingface_hub reads them)."""
+    """'5GB' -> 5_000_000_000 (decimal units, as huggingface_hub reads them); a plain number is bytes."""
     from huggingface_hub.serialization._base import parse_size_to_int
 
+    text = str(size).strip()
     try:
-        return parse_size_to_int(size) if isinstance(size, str) else int(size)
+        value = int(text) if text.isdigit() else parse_size_to_int(text)
     except ValueError:
         raise CogExportError(f"--max-shard-size {size!r} is not a size; write it like 5GB, 500MB or 2000000000") from None
+    if value <= 0:
+        raise CogExportError(f"--max-shard-size {size!r} must be more than 0 bytes")
+    return value
 
 
 def plan_shards(tensors: Mapping[str, LazyTensor], weights_name: str, max_shard_size: str | int) -> ShardPlan:

@@ -34,6 +34,9 @@ def check_destination(destination: Path, checkpoint_folders: Iterable[Path], inp
             raise CogExportError(f"output {destination} contains the input {source}; choose another output folder")
     if destination.is_file():
         raise CogExportError(f"output {destination} is a file; give a folder path")
+    blocking = next((p for p in destination.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise CogExportError(f"output {destination} cannot be created: {blocking} is a file; give a folder path")
     if destination.is_dir() and any(destination.iterdir()) and not overwrite:
         raise CogExportError(f"output {destination} exists and is not empty; pass --overwrite to replace it")
 
@@ -42,21 +45,33 @@ def check_destination(destination: Path, checkpoint_folders: Iterable[Path], inp
 def staged_folder(destination: Path) -> Iterator[Path]:
     """Yield an empty folder to write into; on success it becomes ``destination`` (replacing it if present)."""
     destination = Path(destination)
+    if destination.is_symlink():  # replace what the link points at, and keep the link
+        destination = destination.resolve()
     created_parents = [p for p in reversed(destination.parents) if not p.exists()]
-    destination.parent.mkdir(parents=True, exist_ok=True)
     staging = destination.parent / f".{destination.name}.cogexport-{uuid.uuid4().hex[:8]}.partial"
-    staging.mkdir()
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+    except OSError as error:
+        _remove_created(created_parents)
+        raise CogExportError(f"cannot create output {destination}: {error.strerror} in {destination.parent}; choose "
+                             "an output folder you can write to") from None
     try:
         yield staging
         _move_into_place(staging, destination)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        for parent in reversed(created_parents):
-            try:
-                parent.rmdir()
-            except OSError:
-                break
+        _remove_created(created_parents)
         raise
+
+
+def _remove_created(created_parents: list[Path]) -> None:
+    """Remove the (empty) parent folders this run created for its output, deepest first."""
+    for parent in reversed(created_parents):
+        try:
+            parent.rmdir()
+        except OSError:
+            break
 
 
 def _move_into_place(staging: Path, destination: Path) -> None:
