@@ -66,8 +66,12 @@ def _model_rows(models: dict) -> list[tuple[str, str]]:
         rows.append(("lora", f"LoRA run ({lora['marker']}), but: {lora['problem']}"))
     elif lora:
         alpha = f"alpha {lora['alpha']:g} ({lora['alpha_source']})" if lora["alpha"] is not None else \
-            f"alpha not recorded ({lora['alpha_source']} would be assumed: pass --lora-alpha)"
-        rows.append(("lora", f"{lora['description']}: rank {lora['rank']}, {alpha}, targets "
+            f"alpha not recorded ({lora['alpha_source']}, {lora['assumed_alpha']:g}, would be assumed: pass --lora-alpha)"
+        alpha += (", other alphas for some modules" if lora["per_module_alphas"] else "") + \
+            (", rank-stabilised (alpha / sqrt(r))" if lora["use_rslora"] else "")
+        ranks = f"rank {lora['rank']}" if len(lora["ranks"]) == 1 else \
+            f"rank {lora['rank']} (others: {', '.join(str(r) for r in lora['ranks'] if r != lora['rank'])})"
+        rows.append(("lora", f"{lora['description']}: {ranks}, {alpha}, targets "
                              f"{', '.join(lora['target_modules'])}, {lora['modules']} modules in {lora['layers']} layers"
                              + ("" if lora["base_weights"] else ", adapter only (no base weights)")))
     return rows

@@ -12,6 +12,8 @@ peft's LoraConfig, so no scale has to be passed by hand. Fusing computes W + (al
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,11 +47,18 @@ class LoraAdapter:
     alpha_source: str
     alpha_recorded: bool  # False: the run saved no alpha and a default is assumed
     has_base_weights: bool
+    alpha_pattern: dict[str, float] = field(default_factory=dict)  # module path -> its alpha, where not ``alpha``
+    use_rslora: bool = False  # rank-stabilised LoRA: the strength is alpha / sqrt(r)
     warnings: list[str] = field(default_factory=list)
 
     @property
     def rank(self) -> int:
         return Counter(self.ranks.values()).most_common(1)[0][0]
+
+    @property
+    def layer_count(self) -> int:
+        """How many transformer blocks the adapted model has at least (the highest adapted block + 1)."""
+        return max((int(m.split(".")[1]) + 1 for m in self.ranks if m.startswith("transformer_blocks.")), default=0)
 
     @property
     def target_modules(self) -> list[str]:
@@ -65,19 +74,36 @@ class LoraAdapter:
     def layers(self) -> int:
         return len({m.split(".")[1] for m in self.ranks if m.startswith("transformer_blocks.")})
 
-    def scale(self, module: str) -> float:
-        return self.alpha / self.ranks[module]
+    def scale(self, module: str | None = None) -> float:
+        """The strength B A is applied at: one module's, or (no module) that of the usual rank and alpha."""
+        rank = self.ranks[module] if module else self.rank
+        alpha = self.alpha_pattern.get(module, self.alpha) if module else self.alpha
+        return alpha / (math.sqrt(rank) if self.use_rslora else rank)
 
-    def metadata(self) -> dict:
+    def targets_in(self, model_schema: Mapping[str, torch.Size]) -> list[str]:
+        """target_modules for a model with this schema: the short names when they pick out exactly the adapted
+        modules, else every adapted module's path (PEFT would otherwise add zero adapters to the others)."""
+        short = self.target_modules
+        linear = [name[: -len(".weight")] for name, shape in model_schema.items()
+                  if name.endswith(".weight") and len(shape) == 2]
+        picked = {module for module in linear if any(module == t or module.endswith("." + t) for t in short)}
+        return short if picked == set(self.ranks) else sorted(self.ranks)
+
+    def metadata(self, model_schema: Mapping[str, torch.Size]) -> dict:
         """Diffusers' lora_adapter_metadata: LoraConfig arguments, prefixed with the pipeline component."""
-        config: dict = {"r": self.rank, "lora_alpha": self.alpha, "target_modules": self.target_modules}
+        config: dict = {"r": self.rank, "lora_alpha": self.alpha, "target_modules": self.targets_in(model_schema)}
         pattern = {module: rank for module, rank in self.ranks.items() if rank != self.rank}
         if pattern:
             config["rank_pattern"] = pattern
+        if self.alpha_pattern:
+            config["alpha_pattern"] = dict(self.alpha_pattern)
+        if self.use_rslora:
+            config["use_rslora"] = True
         return {f"{PIPELINE_PREFIX}{key}": value for key, value in config.items()}
 
     def describe(self) -> str:
-        return (f"rank {self.rank}, lora_alpha {self.alpha:g} ({self.alpha_source}), scale {self.alpha / self.rank:g}, "
+        extras = (", per-module alphas" if self.alpha_pattern else "") + (", rank-stabilised" if self.use_rslora else "")
+        return (f"rank {self.rank}, lora_alpha {self.alpha:g} ({self.alpha_source}), scale {self.scale():g}{extras}, "
                 f"{len(self.ranks)} modules ({', '.join(self.target_modules)}) in {self.layers} layers")
 
 
@@ -85,6 +111,11 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
                  folders: Iterable[Path] = (), metadata: Mapping[str, str] | None = None) -> LoraAdapter:
     table = choose_table(source, LORA_TABLES, "LoRA", where)
     shapes = translate_shapes(table, {name: tensor.shape for name, tensor in source.items()})
+    unsupported = [name for name in shapes if ".lora_" in name and not is_lora_key(name)]
+    if unsupported:
+        raise CogExportError(f"{where}: {unsupported[0]} belongs to a LoRA variant that Diffusers' CogVideoX LoRA files "
+                             "cannot carry (DoRA magnitudes, LoRA biases, ...); cogexport exports plain lora_A/lora_B "
+                             "adapters")
     ranks: dict[str, int] = {}
     for name, shape in shapes.items():
         if not name.endswith(_A):
@@ -102,36 +133,77 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
         raise CogExportError(f"{where}: {orphans[0]} has a lora_B but no lora_A")
     if not ranks:
         raise CogExportError(f"{where} has LoRA names but no adapter pairs")
-    alpha, alpha_source, recorded = _resolve_alpha(table, alpha_override, folders, metadata)
-    adapter = LoraAdapter(table, ranks, alpha, alpha_source, recorded,
-                          has_base_weights=any(not is_lora_key(name) for name in shapes))
-    if not recorded:
+    if alpha_override is not None and not (math.isfinite(alpha_override) and alpha_override > 0):
+        raise CogExportError(f"--lora-alpha {alpha_override:g} is not a positive number")
+    recorded, recorded_where = _recorded_config(metadata, folders)
+    for option in ("use_dora", "lora_bias"):
+        if recorded.get(option):
+            raise CogExportError(f"{where} was trained with {option} ({recorded_where}), which Diffusers' CogVideoX LoRA "
+                                 "files cannot carry; cogexport exports plain lora_A/lora_B adapters")
+    if alpha_override is not None:
+        alpha, alpha_source, alpha_recorded = float(alpha_override), "--lora-alpha", True
+    elif recorded.get("lora_alpha") is not None:
+        alpha, alpha_source, alpha_recorded = float(recorded["lora_alpha"]), recorded_where, True
+    else:
+        defaults = table.lora
+        alpha, alpha_source = float(defaults["default_alpha"]), defaults["default_alpha_reason"]
+        alpha_recorded = bool(defaults.get("alpha_recorded"))
+    adapter = LoraAdapter(table, ranks, alpha, alpha_source, alpha_recorded,
+                          has_base_weights=any(not is_lora_key(name) for name in shapes),
+                          alpha_pattern=_per_module(recorded.get("alpha_pattern") or {}, ranks, alpha),
+                          use_rslora=bool(recorded.get("use_rslora")))
+    if not alpha_recorded:
         adapter.warnings.append(f"{where} does not record its LoRA alpha; using {alpha:g} ({alpha_source}); pass "
                                 "--lora-alpha if the run used another")
     return adapter
 
 
-def _resolve_alpha(table: KeyMapTable, override: float | None, folders: Iterable[Path],
-                   metadata: Mapping[str, str] | None) -> tuple[float, str, bool]:
-    if override is not None:
-        return float(override), "--lora-alpha", True
-    recorded = _alpha_in_metadata(metadata) or _alpha_in_saved_config(folders)
-    if recorded is not None:
-        return recorded[0], recorded[1], True
-    defaults = table.lora
-    return float(defaults["default_alpha"]), defaults["default_alpha_reason"], bool(defaults.get("alpha_recorded"))
+def _per_module(pattern: Mapping[str, float], modules: Iterable[str], alpha: float) -> dict[str, float]:
+    """PEFT's alpha_pattern resolved to module paths: the first pattern that matches a module's name, or a dotted
+    suffix of it, gives that module's alpha. Only modules whose alpha differs from ``alpha`` are listed."""
+    resolved = {}
+    for module in modules:
+        key = next((key for key in pattern if re.match(rf"(.*\.)?({key})$", module)), None)
+        if key is not None and float(pattern[key]) != alpha:
+            resolved[module] = float(pattern[key])
+    return resolved
 
 
-def _alpha_in_metadata(metadata: Mapping[str, str] | None) -> tuple[float, str] | None:
+def _recorded_config(metadata: Mapping[str, str] | None, folders: Iterable[Path]) -> tuple[dict, str | None]:
+    """The LoRA settings the run recorded (lora_alpha, alpha_pattern, use_rslora, ...), and where they were found:
+    the file's lora_adapter_metadata, else a PEFT adapter_config.json, a SAT model_config.json or a training YAML
+    next to the checkpoint."""
     raw = (metadata or {}).get(LORA_METADATA_KEY)
-    if not raw:
-        return None
-    try:
-        values = json.loads(raw)
-        return float(values[f"{PIPELINE_PREFIX}lora_alpha"]), "the file's lora_adapter_metadata"
-    except (ValueError, KeyError, TypeError):
-        raise CogExportError(f"the file's {LORA_METADATA_KEY} is not valid (expected JSON with "
-                             f"{PIPELINE_PREFIX}lora_alpha)") from None
+    if raw:
+        try:
+            values = json.loads(raw)
+            config = {key[len(PIPELINE_PREFIX):]: value for key, value in values.items() if key.startswith(PIPELINE_PREFIX)}
+            float(config["lora_alpha"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise CogExportError(f"the file's {LORA_METADATA_KEY} is not valid (expected JSON with "
+                                 f"{PIPELINE_PREFIX}lora_alpha)") from None
+        return config, "the file's lora_adapter_metadata"
+    for folder in dict.fromkeys(folders):
+        candidates = [folder / "adapter_config.json", folder / "model_config.json",
+                      *sorted(folder.glob("*.yaml")), *sorted(folder.glob("*.yml"))]
+        for path in candidates:
+            if not path.is_file():
+                continue
+            try:
+                if path.suffix == ".json":
+                    tree = json.loads(path.read_text(encoding="utf-8"))
+                else:
+                    import yaml
+
+                    tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except Exception:  # a side file we cannot parse is not the checkpoint; look at the next one
+                continue
+            if path.name == "adapter_config.json" and isinstance(tree, dict):  # PEFT's LoraConfig, as saved
+                return tree, f"recorded in {path}"
+            value = _find_key(tree, "lora_alpha")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return {"lora_alpha": value}, f"recorded in {path}"
+    return {}, None
 
 
 def _find_key(tree: object, key: str) -> object:
@@ -150,29 +222,6 @@ def _find_key(tree: object, key: str) -> object:
     return None
 
 
-def _alpha_in_saved_config(folders: Iterable[Path]) -> tuple[float, str] | None:
-    """lora_alpha from a config the run saved next to its weights (PEFT, SAT, training YAML)."""
-    for folder in dict.fromkeys(folders):
-        candidates = [folder / "adapter_config.json", folder / "model_config.json",
-                      *sorted(folder.glob("*.yaml")), *sorted(folder.glob("*.yml"))]
-        for path in candidates:
-            if not path.is_file():
-                continue
-            try:
-                if path.suffix == ".json":
-                    tree = json.loads(path.read_text(encoding="utf-8"))
-                else:
-                    import yaml
-
-                    tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except Exception:  # a side file we cannot parse is not the checkpoint; look at the next one
-                continue
-            value = _find_key(tree, "lora_alpha")
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value), f"recorded in {path}"
-    return None
-
-
 def lora_schema(adapter: LoraAdapter, model_schema: Mapping[str, torch.Size]) -> dict[str, torch.Size]:
     """The adapter's tensors as the model's linear layers make them: lora_A [r, in], lora_B [out, r]."""
     schema = {}
@@ -185,13 +234,14 @@ def lora_schema(adapter: LoraAdapter, model_schema: Mapping[str, torch.Size]) ->
     return schema
 
 
-def plan_adapter(source: Mapping[str, LazyTensor], adapter: LoraAdapter, model_schema: Mapping[str, torch.Size] | None,
-                 where: str) -> dict[str, LazyTensor]:
-    """The adapter's tensors under Diffusers LoRA names (checked against the model when its schema is known)."""
+def plan_adapter(source: Mapping[str, LazyTensor], adapter: LoraAdapter, model_schema: Mapping[str, torch.Size],
+                 where: str, *, check_shapes: bool = True) -> dict[str, LazyTensor]:
+    """The adapter's tensors under Diffusers LoRA names, each adapting a linear layer of the model (and fitting its
+    shape, unless the model's size is unknown and ``model_schema`` only stands for its layout)."""
     full = plan_translation(adapter.table, source, None, {}, what=where).tensors
     lora = {name: tensor for name, tensor in full.items() if is_lora_key(name)}
-    if model_schema is not None:
-        schema = lora_schema(adapter, model_schema)
+    schema = lora_schema(adapter, model_schema)
+    if check_shapes:
         wrong = [f"{name} is {tuple(lora[name].shape)}, the model needs {tuple(shape)}"
                  for name, shape in schema.items() if lora[name].shape != shape]
         if wrong:
@@ -231,6 +281,6 @@ def _fuser(weight: LazyTensor, down: LazyTensor, up: LazyTensor, scale: float):
     return fuse
 
 
-def adapter_file_metadata(adapter: LoraAdapter) -> dict[str, str]:
+def adapter_file_metadata(adapter: LoraAdapter, model_schema: Mapping[str, torch.Size]) -> dict[str, str]:
     """The safetensors header metadata Diffusers' save_lora_weights writes: format and the adapter config."""
-    return {"format": "pt", LORA_METADATA_KEY: json.dumps(adapter.metadata(), indent=2, sort_keys=True)}
+    return {"format": "pt", LORA_METADATA_KEY: json.dumps(adapter.metadata(model_schema), indent=2, sort_keys=True)}

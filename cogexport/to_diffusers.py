@@ -172,9 +172,12 @@ def _base_transformer_weights(base: BaseFolder | None, target: TargetModel, stac
     if base is None:
         return None
     folder = base.component_dir("transformer") if base.is_pipeline else base.path
-    if not any(folder.glob("*.safetensors")):
+    if any(folder.glob("*.safetensors")):
+        weights = stack.enter_context(open_checkpoint(folder))
+    elif (folder / "diffusion_pytorch_model.bin").is_file():  # older save_pretrained output (read safely)
+        weights = stack.enter_context(open_checkpoint(folder / "diffusion_pytorch_model.bin"))
+    else:
         return None
-    weights = stack.enter_context(open_checkpoint(folder))
     table = load_table("diffusers_transformer")
     return plan_translation(table, weights, target.schema, target.counts, what=f"--base {folder}").tensors
 
@@ -216,12 +219,16 @@ def _lora_mode(source: LazyCheckpoint, options: ExportOptions, where: str) -> st
         if marker is None:
             raise CogExportError(f"{where} holds no LoRA adapter (no lora_A or matrix_A weights); export it without "
                                  "--lora")
+        if options.lora == "adapter" and options.component is not None:
+            raise CogExportError(f"--lora adapter writes an adapter file, not a {options.component}; use --lora fuse "
+                                 f"--component {options.component} to merge the adapter into one")
         return options.lora
     if marker is not None and options.component is not None:
         raise CogExportError(f"{where} is a LoRA checkpoint ({marker}); export the adapter with --lora adapter, or "
                              "merge it into a full model with --lora fuse (giving --base when the checkpoint does not "
                              "hold the base weights)")
     return "adapter" if marker is not None else None
+
 
 
 def _search_folders(paths: list[Path], source: LazyCheckpoint) -> list[Path]:
@@ -297,7 +304,7 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
 
 def _lora_summary(adapter: LoraAdapter) -> dict:
     return {"table": adapter.table.name, "rank": adapter.rank, "alpha": adapter.alpha,
-            "alpha_source": adapter.alpha_source, "scale": adapter.alpha / adapter.rank,
+            "alpha_source": adapter.alpha_source, "scale": adapter.scale(),
             "target_modules": adapter.target_modules, "modules": len(adapter.ranks), "layers": adapter.layers}
 
 
@@ -308,7 +315,11 @@ def _export_adapter(source: LazyCheckpoint, adapter: LoraAdapter, base: BaseFold
     shape = _shape_through(adapter.table, source)
     if base is not None and base.config("transformer") or shape is not None or options.model_name:
         chosen = _transformer_target(shape, base, options, where)
-    tensors = plan_adapter(source, adapter, chosen.target.schema if chosen else None, where)
+        schema = chosen.target.schema
+    else:  # the size is unknown: check the adapted modules' names against the CogVideoX layout alone
+        layout = {**transformer_config(variant_named("CogVideoX1.5-5B-I2V")), "num_layers": max(adapter.layer_count, 1)}
+        schema = build_target(TRANSFORMER_CLASS, layout).schema
+    tensors = plan_adapter(source, adapter, schema, where, check_shapes=chosen is not None)
     policy = _policy(adapter.table.keep_fp32, options)
     tensors = {PIPELINE_PREFIX + name: tensor for name, tensor in policy.apply(tensors).items()}
     check_destination(output, source.own_folders(), inputs, options.overwrite)
@@ -317,7 +328,7 @@ def _export_adapter(source: LazyCheckpoint, adapter: LoraAdapter, base: BaseFold
                           total, policy.describe(), lora=_lora_summary(adapter), source=asdict(source.info),
                           notes=[*source.info.notes, *adapter.warnings])
     with staged_folder(output) as staging, byte_progress(total, "export", options.progress) as bar:
-        write_safetensors(staging / LORA_WEIGHTS_NAME, tensors, adapter_file_metadata(adapter),
+        write_safetensors(staging / LORA_WEIGHTS_NAME, tensors, adapter_file_metadata(adapter, schema),
                           lambda _name, nbytes: bar.update(nbytes))
         variant = chosen.variant if chosen else None
         (staging / "README.md").write_text(_adapter_card(adapter, variant, chosen, options, source), encoding="utf-8")

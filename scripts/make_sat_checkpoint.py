@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import click
 import numpy as np
@@ -143,9 +143,10 @@ def _sat_adaln_chunks(norm1: Tensor, norm2: Tensor) -> Tensor:
 
 
 def make_lora_pairs(
-    transformer_sd: StateDict, rank: int, *, seed: int = 0, dtype: torch.dtype = torch.float32
+    transformer_sd: StateDict, rank: int, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+    layers: Sequence[int] | None = None,
 ) -> dict[str, tuple[Tensor, Tensor]]:
-    """Random adapters for every attention q/k/v/out projection.
+    """Random adapters for every attention q/k/v/out projection (of ``layers`` only, as LoraMixin's layer_range).
 
     Keys are Diffusers module paths (``transformer_blocks.{i}.attn1.to_q``); values are (A [r, in], B [out, r]).
     B is nonzero (a trained adapter), and both are rounded to ``dtype`` so fp32 references match the stored values.
@@ -153,6 +154,8 @@ def make_lora_pairs(
     generator = torch.Generator().manual_seed(seed)
     pairs = {}
     for i in range(num_transformer_layers(transformer_sd)):
+        if layers is not None and i not in layers:
+            continue
         for target in LORA_TARGETS:
             module = f"transformer_blocks.{i}.attn1.{target}"
             out_features, in_features = transformer_sd[f"{module}.weight"].shape
@@ -167,14 +170,15 @@ def diffusers_to_sat_lora(
 ) -> OrderedDict[str, Tensor]:
     """SAT keys of a LoRA-wrapped model: base q/k/v and dense weights under ``.original``, plus the adapters.
 
-    ``query_key_value`` carries one adapter per partition (0=q, 1=k, 2=v), ``attention.dense`` one (0).
+    ``query_key_value`` carries one adapter per partition (0=q, 1=k, 2=v), ``attention.dense`` one (0). Layers
+    without adapters in ``lora_pairs`` stay plain, as LoraMixin leaves the layers outside its layer_range.
     """
     sat = diffusers_to_sat_transformer(transformer_sd)
     wrapped = re.compile(r"transformer\.layers\.(\d+)\.attention\.(query_key_value|dense)\.(weight|bias)")
     out: OrderedDict[str, Tensor] = OrderedDict()
     for key, tensor in sat.items():
         match = wrapped.fullmatch(key)
-        if match is None:
+        if match is None or f"transformer_blocks.{match.group(1)}.attn1.to_q" not in lora_pairs:
             out[key] = tensor
             continue
         layer, module, part = match.groups()
@@ -437,21 +441,22 @@ def write_sat_run(
     numpy_rng: bool = True,
     dtype: torch.dtype = torch.bfloat16,
     lora_rank: int | None = None,
+    lora_layers: Sequence[int] | None = None,
     seed: int = 0,
 ) -> WrittenRun:
     """Write ``run_dir/latest`` and ``run_dir/{iteration}[-ema]/mp_rank_00_model_states.pt``.
 
     The returned ``expected`` dicts are ``transformer_sd`` (and its EMA perturbation) rounded through ``dtype`` and
     held in fp32, so an exact comparison is fair. With ``lora_rank`` the file holds the LoRA-wrapped layout: the
-    base weights are ``expected`` and the adapters are ``lora_pairs`` (EMA: same base, ``lora_pairs_ema``).
-    ``extra_vae_sd``: None adds a token SAT-named VAE, a Diffusers VAE state dict adds that VAE, {} adds none.
+    base weights are ``expected`` and the adapters are ``lora_pairs`` (EMA: same base, ``lora_pairs_ema``), on
+    every layer or on ``lora_layers`` only. ``extra_vae_sd``: None adds a token SAT-named VAE, a Diffusers VAE state dict adds that VAE, {} adds none.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     expected = OrderedDict((key, _round_to(tensor, dtype)) for key, tensor in transformer_sd.items())
     run = WrittenRun(run_dir=run_dir, iteration=iteration, expected=expected, lora_rank=lora_rank)
     if lora_rank is not None:
-        run.lora_pairs = make_lora_pairs(expected, lora_rank, seed=seed + 2, dtype=dtype)
+        run.lora_pairs = make_lora_pairs(expected, lora_rank, seed=seed + 2, dtype=dtype, layers=lora_layers)
 
     def write(tag: str, weights: StateDict, pairs) -> None:
         module = sat_engine_state_dict(

@@ -10,7 +10,7 @@ import torch
 from cogvideox_fixtures import build_tiny_transformer, config_folder, finetune, write_sat_run
 from diffusers import CogVideoXPipeline, CogVideoXTransformer3DModel
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from cogexport.to_diffusers import export
 
@@ -125,10 +125,11 @@ def test_inspect_reports_the_adapter(cli, tmp_path):
     report = json.loads(cli("inspect", run.root / "pytorch_lora_weights.safetensors", "--json").stdout)
     assert report["models"]["lora"] == {
         "layout": "diffusers_lora", "description": "Diffusers LoRA weights (pytorch_lora_weights.safetensors)",
-        "rank": 4, "alpha": None, "alpha_source": "CogVideo finetune/'s default lora_alpha",
+        "rank": 4, "ranks": [4], "alpha": None, "assumed_alpha": 64.0,
+        "alpha_source": "CogVideo finetune/'s default lora_alpha", "per_module_alphas": False, "use_rslora": False,
         "target_modules": ["to_k", "to_out.0", "to_q", "to_v"], "modules": 8, "layers": 2, "base_weights": False}
     text = cli("inspect", run.checkpoint).stdout
-    assert "rank 4, alpha not recorded" in text and "8 modules in 2 layers" in text
+    assert "rank 4, alpha not recorded" in text and "64, would be assumed" in text and "8 modules in 2 layers" in text
 
 
 def assert_refused(result, *phrases):
@@ -147,4 +148,142 @@ def test_bad_lora_input(cli, tmp_path):
     assert_refused(cli(lora_file, tmp_path / "o2", "--lora", "fuse", "--base", base), "needs the base weights")
     other = config_folder(tmp_path / "other", build_tiny_transformer("5b", num_layers=2))
     assert_refused(cli(lora_file, tmp_path / "o3", "--base", other), "does not fit the base model")
+    assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3"))
+
+
+class PeftRun:
+    """A tiny CogVideoX transformer with adapters injected by PEFT itself; the truth is PEFT's own merge."""
+
+    def __init__(self, folder, variant="2b", layers=2, seed=0, **lora_config):
+        import copy
+
+        from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model
+
+        base = build_tiny_transformer(variant, num_layers=layers, seed=seed)
+        self.base_folder = folder / "base"
+        base.save_pretrained(self.base_folder)
+        self.config = dict(lora_config)
+        wrapped = inject_adapter_in_model(LoraConfig(**lora_config), copy.deepcopy(base), adapter_name="default")
+        generator = torch.Generator().manual_seed(seed + 7)
+        with torch.no_grad():
+            for name, parameter in wrapped.named_parameters():
+                if ".lora_" in name:  # a trained adapter: B is not zero
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+        self.wrapped = {name: tensor.clone() for name, tensor in wrapped.state_dict().items()}  # ...base_layer...
+        self.adapter = get_peft_model_state_dict(wrapped, adapter_name="default")  # ...to_q.lora_A.weight
+        for module in wrapped.modules():
+            if hasattr(module, "lora_A") and hasattr(module, "merge"):
+                module.merge(adapter_names=["default"])
+        self.merged = {name.replace(".base_layer", ""): tensor.clone() for name, tensor in wrapped.state_dict().items()
+                       if ".lora_" not in name}
+
+    def diffusers_file(self, folder, metadata=None):
+        CogVideoXPipeline.save_lora_weights(folder, transformer_lora_layers=self.adapter,
+                                            transformer_lora_adapter_metadata=metadata)
+        return folder / "pytorch_lora_weights.safetensors"
+
+
+def via_pipeline(adapter_folder, base_folder):
+    """The base transformer with the adapter loaded the way users do (pipe.load_lora_weights), fused at 1.0."""
+    transformer = CogVideoXTransformer3DModel.from_pretrained(base_folder)
+    pipe = CogVideoXPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=transformer, scheduler=None)
+    pipe.load_lora_weights(adapter_folder, adapter_name="trained")
+    pipe.fuse_lora(lora_scale=1.0)
+    pipe.unload_lora_weights()
+    return pipe.transformer.state_dict()
+
+
+@pytest.mark.parametrize("settings", [
+    {"alpha_pattern": {"to_k": 2}},
+    {"use_rslora": True},
+    {"rank_pattern": {"to_out.0": 2}, "alpha_pattern": {"to_out.0": 16}},
+], ids=["alpha-pattern", "rslora", "rank-and-alpha-patterns"])
+def test_every_recorded_lora_setting_reaches_diffusers(settings, tmp_path):
+    config = {"r": 4, "lora_alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"], **settings}
+    run = PeftRun(tmp_path, **config)
+    source = run.diffusers_file(tmp_path / "source", metadata=config)
+    export(source, tmp_path / "adapter", base=run.base_folder)
+    assert_all_equal(via_pipeline(tmp_path / "adapter", run.base_folder), run.merged)
+    export(source, tmp_path / "fused", base=run.base_folder, lora="fuse", dtype="fp32")
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), run.merged)
+
+
+def test_peft_checkpoint_with_its_adapter_config(tmp_path):
+    # A DDP run's model.safetensors (module. prefix) with PEFT's adapter_config.json beside it; adapters on the
+    # blocks' linear layers and on linear layers outside the blocks.
+    config = {"r": 4, "lora_alpha": 8, "use_rslora": True, "target_modules": ["to_q", "ff.net.2", "proj_out",
+                                                                               "time_embedding.linear_1"]}
+    run = PeftRun(tmp_path, **config)
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    save_file({f"module.{name}": tensor.contiguous() for name, tensor in run.wrapped.items()},
+              checkpoint / "model.safetensors")
+    (checkpoint / "adapter_config.json").write_text(json.dumps(config))
+    result = export(checkpoint / "model.safetensors", tmp_path / "adapter", base=run.base_folder)
+    assert result.lora["scale"] == 4.0 and not result.notes  # 8 / sqrt(4), recorded: no warning
+    assert_all_equal(via_pipeline(tmp_path / "adapter", run.base_folder), run.merged)
+    export(checkpoint / "model.safetensors", tmp_path / "fused", lora="fuse", dtype="fp32", base=run.base_folder)
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), run.merged)
+
+
+def test_peft_adapter_folder_without_a_base(tmp_path):
+    # PEFT's own save_pretrained layout: adapter_model.safetensors (base_model.model. names) + adapter_config.json
+    config = {"r": 4, "lora_alpha": 2, "target_modules": ["to_v", "norm1.linear"]}
+    run = PeftRun(tmp_path, **config)
+    folder = tmp_path / "peft-adapter"
+    folder.mkdir()
+    save_file({f"base_model.model.{name}": t.contiguous() for name, t in run.adapter.items()},
+              folder / "adapter_model.safetensors")
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    result = export(folder / "adapter_model.safetensors", tmp_path / "adapter")
+    assert result.lora["alpha"] == 2 and result.lora["layers"] == 2
+    assert_all_equal(via_pipeline(tmp_path / "adapter", run.base_folder), run.merged)
+
+
+def test_sat_lora_run_with_unwrapped_layers(tmp_path):
+    # LoraMixin's layer_range: layer 1 of 3 keeps its plain query_key_value and dense weights
+    original = build_tiny_transformer("5b", num_layers=3, seed=4)
+    run = write_sat_run(tmp_path / "run", original.state_dict(), lora_rank=4, lora_layers=[0, 2], dtype=torch.float32)
+    base = config_folder(tmp_path / "base", original)
+    result = export(run.run_dir, tmp_path / "adapter", base=base)
+    assert result.lora["layers"] == 2 and result.lora["modules"] == 8
+    with safe_open(tmp_path / "adapter" / "pytorch_lora_weights.safetensors", "pt") as handle:
+        targets = json.loads(handle.metadata()["lora_adapter_metadata"])["transformer.target_modules"]
+    assert targets == sorted(f"transformer_blocks.{i}.attn1.{t}" for i in (0, 2) for t in ("to_q", "to_k", "to_v",
+                                                                                         "to_out.0")), "not layer 1"
+    assert_all_equal(diffusers_fuse(tmp_path / "adapter", original.config, run.expected), run.expected_merged())
+    export(run.run_dir, tmp_path / "fused", base=base, lora="fuse", dtype="fp32")
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), run.expected_merged())
+
+
+def test_fuse_takes_the_plain_weights_of_a_base_that_also_holds_a_variant(tmp_path):
+    config = {"r": 4, "lora_alpha": 4, "target_modules": ["to_q"]}
+    run = PeftRun(tmp_path, **config)
+    CogVideoXTransformer3DModel.from_pretrained(run.base_folder).half().save_pretrained(run.base_folder, variant="fp16")
+    source = run.diffusers_file(tmp_path / "source", metadata=config)
+    export(source, tmp_path / "fused", base=run.base_folder, lora="fuse", dtype="fp32")
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), run.merged)
+
+
+def test_lora_variants_diffusers_cannot_carry_are_refused(tmp_path, cli):
+    for option in ("use_dora", "lora_bias"):
+        run = PeftRun(tmp_path / option, r=4, lora_alpha=4, target_modules=["to_q"], **{option: True})
+        save_file({f"module.{n}": t.contiguous() for n, t in run.wrapped.items()}, tmp_path / option / "model.safetensors")
+        result = cli(tmp_path / option / "model.safetensors", tmp_path / f"{option}-out", "--base", run.base_folder,
+                     "--lora-alpha", "4")
+        assert_refused(result, "lora_", "cannot carry")
+        assert not (tmp_path / f"{option}-out").exists()
+
+
+def test_bad_lora_options(cli, tmp_path):
+    config = {"r": 4, "lora_alpha": 4, "target_modules": ["to_q"]}
+    run = PeftRun(tmp_path, **config)
+    source = run.diffusers_file(tmp_path / "source", metadata=config)
+    assert_refused(cli(source, tmp_path / "o1", "--base", run.base_folder, "--lora", "adapter", "--component", "vae"),
+                   "--lora adapter writes an adapter file")
+    for alpha in ("nan", "0", "-4"):
+        assert_refused(cli(source, tmp_path / "o2", "--base", run.base_folder, "--lora-alpha", alpha), "--lora-alpha")
+    renamed = {f"transformer.encoder.{n.split('.', 1)[1]}": t for n, t in load_file(source).items()}
+    save_file(renamed, tmp_path / "foreign.safetensors")
+    assert_refused(cli(tmp_path / "foreign.safetensors", tmp_path / "o3"), "not a linear layer of the model")
     assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3"))

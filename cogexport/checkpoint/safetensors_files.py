@@ -24,22 +24,36 @@ _DTYPES = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()}
 _MAX_HEADER = 100_000_000
 
 
+# The weights from_pretrained reads when no variant is asked for; a folder may hold variants beside them.
+_PLAIN_STEMS = ("diffusion_pytorch_model", "model")
+
+
 def safetensors_files(folder: Path) -> list[Path]:
-    """The weight files of a folder: the ones its index names, else its single *.safetensors file."""
+    """The weight files of a folder: the ones its index names, else its single *.safetensors file (the plain,
+    non-variant weights when the folder also holds variants such as diffusion_pytorch_model.fp16.safetensors)."""
+    for stem in _PLAIN_STEMS:
+        if (folder / f"{stem}.safetensors.index.json").is_file():
+            return _indexed_files(folder / f"{stem}.safetensors.index.json")
+        if (folder / f"{stem}.safetensors").is_file():
+            return [folder / f"{stem}.safetensors"]
     indexes = sorted(folder.glob("*.safetensors.index*.json"))
     if len(indexes) > 1:
         raise CogExportError(f"{folder} holds several safetensors indexes ({', '.join(p.name for p in indexes)}); "
                              "point at one file")
     if indexes:
-        try:
-            weight_map = json.loads(indexes[0].read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError):
-            raise CogExportError(f"{indexes[0]} is not a valid safetensors index") from None
-        return [folder / name for name in dict.fromkeys(weight_map.values())]
+        return _indexed_files(indexes[0])
     files = sorted(folder.glob("*.safetensors"))
     if len(files) != 1:
         raise CogExportError(f"{folder} holds {len(files)} safetensors files and no index; point at one file")
     return files
+
+
+def _indexed_files(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError):
+        raise CogExportError(f"{index} is not a valid safetensors index") from None
+    return [index.parent / name for name in dict.fromkeys(weight_map.values())]
 
 
 class SafetensorsCheckpoint(LazyCheckpoint):

@@ -56,8 +56,11 @@ def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | No
             found["lora"] = {"marker": marker, "problem": str(error)}
         else:
             found["lora"] = {"layout": adapter.table.name, "description": adapter.table.source, "rank": adapter.rank,
+                             "ranks": sorted(set(adapter.ranks.values())),
                              "alpha": adapter.alpha if adapter.alpha_recorded else None,
-                             "alpha_source": adapter.alpha_source, "target_modules": adapter.target_modules,
+                             "assumed_alpha": None if adapter.alpha_recorded else adapter.alpha,
+                             "alpha_source": adapter.alpha_source, "per_module_alphas": bool(adapter.alpha_pattern),
+                             "use_rslora": adapter.use_rslora, "target_modules": adapter.target_modules,
                              "modules": len(adapter.ranks), "layers": adapter.layers,
                              "base_weights": adapter.has_base_weights}
         return found
