@@ -180,18 +180,24 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
 @click.option("--against", "against", multiple=True, required=True, type=click.Path(path_type=Path),
               help="The checkpoint the folder was exported from (repeat for several rank folders).")
 @tag_option
+@click.option("--vae-against", type=click.Path(path_type=Path),
+              help="For a pipeline folder: the VAE checkpoint its vae/ was exported from (else vae/ is not checked).")
 @click.option("--ema", is_flag=True, help="The folder was exported from SAT's EMA copy.")
 @click.option("--no-load", is_flag=True, help="Skip loading the folder with Diffusers.")
 @json_option
 @_user_errors_exit_2
-def verify(output, against, tag, ema, no_load, as_json) -> None:
+def verify(output, against, vae_against, tag, ema, no_load, as_json) -> None:
     """Check an exported folder tensor by tensor against its checkpoint, and load it with Diffusers.
 
-    Exit code 0 when everything matches, 1 when something differs (listed), 2 for bad input.
+    Exit code 0 when everything matches, 1 when something differs (listed), 2 for bad input (including a
+    checkpoint that does not translate into the folder's model at all).
     """
-    from .verify import verify as run_verify
+    from .verify import is_pipeline, verify as run_verify
 
-    reports = run_verify(output, list(against), tag=tag, ema=ema, load=not no_load)
+    reports = run_verify(output, list(against), tag=tag, ema=ema, load=not no_load, vae_against=vae_against)
+    if is_pipeline(output) and vae_against is None:
+        click.echo(f"cogexport: note: {output / 'vae'} not checked (pass --vae-against with the VAE checkpoint it was "
+                   "exported from, if it was not taken from --base)", err=True)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in reports], indent=2))
     else:

@@ -132,6 +132,9 @@ def _transformer_target(shape: TransformerShape | None, base: BaseFolder | None,
     """The Diffusers transformer to export into: --base's config, else the published variant of this shape."""
     base_config = base.config("transformer") if base else None
     published = published_variant(shape) if shape else None
+    if base is not None and base_config is None:
+        raise CogExportError(f"--base {base.path} has no transformer config.json (give a pipeline folder with "
+                             "transformer/, or a transformer folder)")
     if base_config is not None:
         config, variant = base_config, variant_like(base_config)
     else:
@@ -143,9 +146,12 @@ def _transformer_target(shape: TransformerShape | None, base: BaseFolder | None,
     if shape is not None:
         kind = "i2v" if shape.image_to_video else "t2v"
         if options.model_type and options.model_type != kind:
-            name = variant.name if base_config is None else f"an {kind.upper()} model"
+            name = published.name if published else f"an {kind.upper()} model"
             raise CogExportError(f"checkpoint is {name} (in_channels {shape.in_channels}) but --model-type "
                                  f"{options.model_type} was given")
+        if shape.learned_positions and not config.get("use_learned_positional_embeddings"):
+            raise CogExportError(f"{where} has learned position embeddings (CogVideoX-5b-I2V's pos_embedding), but "
+                                 "the config it would go into has use_learned_positional_embeddings false; check --base")
     is_published = published == variant if shape else base_config is None
     label = variant.name if is_published else f"custom-size CogVideoX ({variant.name} layout)"
     return _TransformerTarget(build_target(TRANSFORMER_CLASS, config), variant, label, is_published)
@@ -199,6 +205,9 @@ def plan_vae(source: LazyCheckpoint, base: BaseFolder | None, variant: CogVideoX
              options: ExportOptions, where: str) -> ModelExport:
     table = choose_table(source, VAE_TABLES, "CogVideoX VAE", where)
     config = base.config("vae") if base else None
+    if base is not None and config is None:
+        raise CogExportError(f"--base {base.path} has no VAE config.json (give a pipeline folder with vae/, or a VAE "
+                             "folder)")
     if config is None:
         if variant is None:
             raise CogExportError("a VAE alone does not say which CogVideoX it belongs to (the latent scaling differs: "
@@ -260,7 +269,15 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
         if component == "pipeline" and not (base and base.is_pipeline):
             raise CogExportError("--component pipeline needs --base DIR: a local Diffusers CogVideoX pipeline folder "
                                  "for the text encoder and tokenizer (nothing is downloaded)")
-        inputs = [*paths, *source.info.files, *([options.vae] if options.vae else []), *([base.path] if base else [])]
+        if options.vae is not None and component != "pipeline":
+            raise CogExportError(f"--vae goes into a pipeline (--component pipeline); to export a VAE alone, give it "
+                                 f"as CHECKPOINT with --component vae")
+        if options.model_name and base is not None:
+            raise CogExportError("--model-name and --base both say which model this is; give one of them")
+        if component == "pipeline":
+            base.check_pipeline(linked=("text_encoder", "tokenizer", *(() if options.vae else ("vae",))))
+        inputs = [*paths, *map(Path, source.info.files), *([options.vae] if options.vae else []),
+                  *([base.path] if base else [])]
         if mode == "adapter":
             return _export_adapter(source, adapter, base, options, where, output, inputs)
 
@@ -277,7 +294,8 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
             parts.append(plan_vae(vae_source, base, variant, options, str(options.vae)))
         for part in parts:
             part.shards = plan_model_folder(part.tensors, options.max_shard_size, options.variant)
-        check_destination(output, source.own_folders(), inputs, options.overwrite)
+        check_destination(output, [*source.own_folders(), *(p for p in inputs if p.is_dir())], inputs,
+                          options.overwrite)
 
         label = parts[0].label or (variant.name if variant else "CogVideoX VAE")
         result = ExportResult(str(output), component, label, [], sum(len(p.tensors) for p in parts),
@@ -322,7 +340,8 @@ def _export_adapter(source: LazyCheckpoint, adapter: LoraAdapter, base: BaseFold
     tensors = plan_adapter(source, adapter, schema, where, check_shapes=chosen is not None)
     policy = _policy(adapter.table.keep_fp32, options)
     tensors = {PIPELINE_PREFIX + name: tensor for name, tensor in policy.apply(tensors).items()}
-    check_destination(output, source.own_folders(), inputs, options.overwrite)
+    check_destination(output, [*source.own_folders(), *(p for p in inputs if p.is_dir())], inputs,
+                          options.overwrite)
     total = sum(t.nbytes for t in tensors.values())
     result = ExportResult(str(output), "lora adapter", chosen.label if chosen else "CogVideoX", [], len(tensors),
                           total, policy.describe(), lora=_lora_summary(adapter), source=asdict(source.info),
@@ -387,7 +406,7 @@ def _pipeline_card(variant: CogVideoXVariant, options: ExportOptions, source: La
         details=details,
         usage=(f"import torch\nfrom diffusers import {variant.pipeline_class}\n\n"
                f"pipe = {variant.pipeline_class}.from_pretrained(\"{options.push_to_hub or 'path/to/this/folder'}\", "
-               "torch_dtype=torch.bfloat16)"),
+               + (f"variant=\"{options.variant}\", " if options.variant else "") + "torch_dtype=torch.bfloat16)"),
     ))
 
 

@@ -21,6 +21,7 @@ from .models.recognize import TRANSFORMER_TABLES, VAE_TABLES, choose_table
 from .keymap.plan import plan_translation
 from .models.base_folder import TRANSFORMER_CLASS, VAE_CLASS, read_json
 from .models.cogvideox import build_target
+from .write.diffusers_folders import variant_of
 
 _TABLES = {TRANSFORMER_CLASS: TRANSFORMER_TABLES, VAE_CLASS: VAE_TABLES}
 
@@ -44,35 +45,45 @@ class VerifyReport:
         return {**asdict(self), "ok": self.ok}
 
 
-def model_folders(output: Path) -> list[Path]:
-    """The exported model folders in OUTPUT: itself, or a pipeline's transformer (and VAE when it has weights)."""
-    if (output / "config.json").is_file():
-        return [output]
-    if (output / "model_index.json").is_file():
-        return [output / "transformer"]
-    raise CogExportError(f"{output} is not an exported folder (no config.json or model_index.json)")
+def is_pipeline(output: Path) -> bool:
+    return (output / "model_index.json").is_file()
 
 
 def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, tag: str | None = None,
-           ema: bool = False, load: bool = True) -> list[VerifyReport]:
+           ema: bool = False, load: bool = True, vae_against: str | Path | None = None) -> list[VerifyReport]:
+    """Verify OUTPUT (a model folder, or a pipeline's transformer) against ``against``, and a pipeline's exported
+    VAE against ``vae_against`` (its own source)."""
     output = Path(output)
-    reports = []
-    with open_source(as_paths(against), ExportOptions(tag=tag, ema=ema)) as source:
-        for folder in model_folders(output):
-            config = read_json(folder / "config.json")
-            class_name = config.get("_class_name")
-            if class_name not in _TABLES:
-                raise CogExportError(f"{folder}/config.json describes {class_name!r}, not a CogVideoX transformer or VAE")
-            table = choose_table(source, _TABLES[class_name], class_name, str(against))
-            target = build_target(class_name, config)
-            expected = plan_translation(table, source, target.schema, target.counts, what=str(against)).tensors
-            report = VerifyReport(str(folder), class_name)
-            with SafetensorsCheckpoint(folder) as written:
-                _compare(written, expected, report)
-            if load:
-                _load(folder, class_name, report)
-            reports.append(report)
-    return reports
+    if (output / "config.json").is_file():
+        checks = [(output, as_paths(against))]
+    elif is_pipeline(output):
+        checks = [(output / "transformer", as_paths(against))]
+        if vae_against is not None:
+            checks.append((output / "vae", as_paths(vae_against)))
+    else:
+        raise CogExportError(f"{output} is not an exported folder (no config.json or model_index.json)")
+    if vae_against is not None and len(checks) == 1:
+        raise CogExportError(f"--vae-against applies to a pipeline folder; {output} is a model folder")
+    options = ExportOptions(tag=tag, ema=ema)
+    return [_verify_folder(folder, sources, options, load) for folder, sources in checks]
+
+
+def _verify_folder(folder: Path, sources: list[Path], options: ExportOptions, load: bool) -> VerifyReport:
+    where = ", ".join(map(str, sources))
+    config = read_json(folder / "config.json")
+    class_name = config.get("_class_name")
+    if class_name not in _TABLES:
+        raise CogExportError(f"{folder}/config.json describes {class_name!r}, not a CogVideoX transformer or VAE")
+    with open_source(sources, options) as source:
+        table = choose_table(source, _TABLES[class_name], class_name, where)
+        target = build_target(class_name, config)
+        expected = plan_translation(table, source, target.schema, target.counts, what=where).tensors
+        report = VerifyReport(str(folder), class_name)
+        with SafetensorsCheckpoint(folder) as written:
+            _compare(written, expected, report)
+    if load:
+        _load(folder, class_name, report)
+    return report
 
 
 def _compare(written, expected, report: VerifyReport) -> None:
@@ -102,7 +113,8 @@ def _load(folder: Path, class_name: str, report: VerifyReport) -> None:
     import diffusers
 
     try:
-        model, info = getattr(diffusers, class_name).from_pretrained(folder, output_loading_info=True)
+        model, info = getattr(diffusers, class_name).from_pretrained(folder, variant=variant_of(folder),
+                                                                      output_loading_info=True)
         problems = [f"{k}: {v}" for k, v in info.items() if v]
         report.loads_with_diffusers = not problems
         report.load_error = "; ".join(problems) or None

@@ -225,7 +225,7 @@ def test_output_exists_and_is_not_empty(cli, tmp_path):
 def test_output_inside_a_tag_folder_is_refused(cli, tmp_path):
     checkpoint = copy_checkpoint(ZERO2, tmp_path / "ckpt")
     output = checkpoint / "global_step2" / "hf"
-    assert_refused(cli, checkpoint, tmp_path, "inside the checkpoint folder", output=output)
+    assert_refused(cli, checkpoint, tmp_path, "inside the input folder", output=output)
     assert not output.exists()
 
 

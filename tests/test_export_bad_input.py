@@ -109,3 +109,46 @@ def test_vae_alone_without_a_model_name(cli, tmp_path):
 def test_missing_ema(cli, tmp_path, sat_run):
     run, base = sat_run
     assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base, "--ema"], "no EMA copy", "1000-ema")
+
+
+def test_output_inside_an_input_folder(cli, tmp_path, sat_run):
+    run, base = sat_run
+    for output in (run.run_dir / "exported", base / "exported"):
+        result = cli(run.run_dir, output, "--base", base)
+        assert result.exit_code == 2 and "inside the input folder" in result.stderr and not output.exists()
+
+
+def test_learned_positions_into_a_config_without_them(cli, tmp_path, sat_run):
+    run, _ = sat_run
+    config = build_tiny_transformer("5b-i2v", num_layers=2).config
+    without = config_folder(tmp_path / "without", CogVideoXTransformer3DModel.from_config(
+        {**config, "use_learned_positional_embeddings": False}))
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", without],
+                   "learned position embeddings", "use_learned_positional_embeddings false")
+
+
+@pytest.mark.parametrize("options, phrases", [
+    (["--component", "transformer", "--vae", "some-vae.pt"], ["--vae goes into a pipeline"]),
+    (["--model-name", "CogVideoX-5b-I2V"], ["--model-name and --base"]),
+    (["--variant", "../elsewhere"], ["--variant", "file name"]),
+])
+def test_options_that_do_not_go_together(cli, tmp_path, sat_run, options, phrases):
+    run, base = sat_run
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base, *options], *phrases)
+
+
+def test_incomplete_base_pipelines(cli, tmp_path, sat_run):
+    import json
+    import shutil
+
+    from cogvideox_fixtures import tiny_pipeline
+
+    run, _ = sat_run
+    base = shutil.copytree(tiny_pipeline("i2v"), tmp_path / "pipeline")
+    shutil.rmtree(base / "transformer")
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base], "has no transformer config.json")
+    base = shutil.copytree(tiny_pipeline("i2v"), tmp_path / "pipeline2")
+    index = json.loads((base / "model_index.json").read_text())
+    del index["tokenizer"]
+    (base / "model_index.json").write_text(json.dumps(index))
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base], "model_index.json has no tokenizer")

@@ -36,7 +36,8 @@ def test_ddp_model_safetensors_with_module_prefix(tmp_path):
     assert all(torch.equal(written[n], t) for n, t in original.state_dict().items())
 
 
-@pytest.mark.parametrize("max_shard_size, variant", [("5GB", None), ("20kB", None), ("20kB", "bf16")])
+@pytest.mark.parametrize("max_shard_size, variant", [("5GB", None), ("20kB", None), ("20kB", "bf16"), ("20kB", "ema.v2"),
+                                                     (7000, None)])
 def test_bf16_export_is_byte_identical_to_save_pretrained(max_shard_size, variant, tmp_path):
     original = build_tiny_transformer("5b-i2v", num_layers=3, seed=7)
     run = write_sat_run(tmp_path / "run", original.state_dict())

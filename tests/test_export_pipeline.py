@@ -80,3 +80,17 @@ def test_pipeline_with_a_sat_vae_file(tmp_path):
     assert "vae" not in result.linked
     written = load_file(tmp_path / "out" / "vae" / "diffusion_pytorch_model.safetensors")
     assert set(written) == set(vae) and all(torch.equal(written[n], t) for n, t in vae.items())
+
+
+def test_a_variant_pipeline_loads_as_its_card_says(tmp_path):
+    from diffusers import CogVideoXPipeline
+
+    from cogexport.to_diffusers import export
+
+    base = tiny_pipeline("t2v")
+    write_sat_run(tmp_path / "run", finetuned_weights(base, seed=6))
+    export(tmp_path / "run", tmp_path / "out", base=base, variant="bf16")
+    card = ModelCard.load(tmp_path / "out" / "README.md")
+    assert 'from_pretrained("path/to/this/folder", variant="bf16", torch_dtype=torch.bfloat16)' in card.text
+    pipe = CogVideoXPipeline.from_pretrained(tmp_path / "out", variant="bf16", torch_dtype=torch.bfloat16)
+    assert pipe.transformer.dtype == torch.bfloat16

@@ -46,6 +46,14 @@ class BaseFolder:
                                  "text_encoder/, tokenizer/, transformer/, vae/ and scheduler/")
         return folder
 
+    def check_pipeline(self, linked: tuple[str, ...]) -> None:
+        """Before anything is written: the components a pipeline export takes from here are all present."""
+        for component in linked:
+            self.component_dir(component)
+            if component in ("text_encoder", "tokenizer") and component not in self.components:
+                raise CogExportError(f"--base {self.path}/model_index.json has no {component} entry, so Diffusers could "
+                                     "not load the pipeline; give a complete CogVideoX pipeline folder")
+
 
 def open_base(path: Path) -> BaseFolder:
     path = Path(path)
@@ -53,7 +61,9 @@ def open_base(path: Path) -> BaseFolder:
         raise CogExportError(f"--base {path} is not a folder (give a local Diffusers pipeline or model folder)")
     if (path / "model_index.json").is_file():
         index = read_json(path / "model_index.json")
-        base = BaseFolder(path, str(index.get("_class_name")),
+        if not isinstance(index.get("_class_name"), str):
+            raise CogExportError(f"--base {path}/model_index.json names no pipeline class (_class_name)")
+        base = BaseFolder(path, index["_class_name"],
                           {k: v for k, v in index.items() if not k.startswith("_") and isinstance(v, list)})
         for component in ("transformer", "vae"):
             config_path = path / component / "config.json"

@@ -85,10 +85,16 @@ class TransformerShape:
     out_channels: int
     version: str
     has_ofs_embedding: bool
+    has_position_table: bool  # patch_embed.pos_embedding: 5b-I2V's learned one, or a 2b file's fixed sin-cos copy
 
     @property
     def image_to_video(self) -> bool:
         return self.in_channels == 2 * self.out_channels
+
+    @property
+    def learned_positions(self) -> bool:
+        """Trained position embeddings that the target model must have (CogVideoX-5b-I2V's)."""
+        return self.has_position_table and self.image_to_video and self.version == "1.0"
 
     def describe(self) -> str:
         return (f"CogVideoX {self.version} transformer, hidden size {self.hidden}, {self.num_layers} layers, "
@@ -114,6 +120,7 @@ def read_transformer_shape(shapes: Mapping[str, torch.Size]) -> TransformerShape
         out_channels=shapes["proj_out.weight"][0] // per_patch,
         version=version,
         has_ofs_embedding="ofs_embedding.linear_1.weight" in shapes,
+        has_position_table="patch_embed.pos_embedding" in shapes,
     )
 
 

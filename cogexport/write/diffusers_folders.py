@@ -10,25 +10,40 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
 
+from ..errors import CogExportError
 from ..lazy import LazyTensor
 from .shards import ShardPlan, plan_shards, write_shards
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 
 
-def weights_name(variant: str | None) -> str:
-    """diffusion_pytorch_model.safetensors, or with a variant diffusion_pytorch_model.<variant>.safetensors."""
-    return WEIGHTS_NAME if not variant else WEIGHTS_NAME.replace(".safetensors", f".{variant}.safetensors")
+# What save_pretrained(variant=...) can put into a file name; anything else (a path separator...) is refused.
+_VARIANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def plan_model_folder(tensors: Mapping[str, LazyTensor], max_shard_size: str | int, variant: str | None) -> ShardPlan:
-    return plan_shards(tensors, weights_name(variant), max_shard_size)
+    if variant is not None and not _VARIANT.fullmatch(variant):
+        raise CogExportError(f"--variant {variant!r} cannot be part of a file name; use letters, digits, '.', '_' or "
+                             "'-', like fp16 or bf16")
+    return plan_shards(tensors, WEIGHTS_NAME, max_shard_size, variant)
+
+
+def variant_of(folder: Path) -> str | None:
+    """The variant a model folder's weights were saved with (what from_pretrained needs to be told), if any."""
+    stem = WEIGHTS_NAME[: -len(".safetensors")]
+    for path in folder.glob(f"{stem}.*"):
+        found = re.fullmatch(rf"{stem}\.(?:safetensors\.index\.(.+)\.json|(.+?)(?:-\d+-of-\d+)?\.safetensors)",
+                             path.name)
+        if found and (found.group(1) or found.group(2)):
+            return found.group(1) or found.group(2)
+    return None
 
 
 def write_model_folder(folder: Path, model: torch.nn.Module, tensors: Mapping[str, LazyTensor], plan: ShardPlan,

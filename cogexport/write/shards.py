@@ -49,29 +49,24 @@ def parse_size(size: str | int) -> int:
     return value
 
 
-def plan_shards(tensors: Mapping[str, LazyTensor], weights_name: str, max_shard_size: str | int) -> ShardPlan:
-    """Split like ``save_pretrained`` would for ``weights_name`` (e.g. 'model.safetensors')."""
-    stem, extension = weights_name.rsplit(".safetensors", 1)[0], ".safetensors"
+def plan_shards(tensors: Mapping[str, LazyTensor], weights_name: str, max_shard_size: str | int,
+                variant: str | None = None) -> ShardPlan:
+    """Split like ``save_pretrained`` would for ``weights_name`` (e.g. 'model.safetensors') and ``variant``."""
+    stem = weights_name[: -len(".safetensors")]
+    variant_part = f".{variant}" if variant else ""
     split = split_state_dict_into_shards_factory(
         dict(tensors),
         get_storage_size=lambda tensor: tensor.nbytes,
-        filename_pattern=stem + "{suffix}" + extension,
+        filename_pattern=f"{stem}{variant_part}{{suffix}}.safetensors",
         max_shard_size=parse_size(max_shard_size),
     )
     index = None
     if split.is_sharded:
         index = {"metadata": dict(split.metadata), "weight_map": dict(split.tensor_to_filename)}
+    # The variant goes into the index name just before '.json': model.safetensors.index.fp16.json
     return ShardPlan(files={name: list(keys) for name, keys in split.filename_to_tensors.items()},
-                     index_name=_index_name(weights_name), index=index, total_bytes=split.metadata["total_size"])
-
-
-def _index_name(weights_name: str) -> str:
-    # 'model.safetensors' -> 'model.safetensors.index.json'; a variant moves behind 'index':
-    # 'diffusion_pytorch_model.bf16.safetensors' -> 'diffusion_pytorch_model.safetensors.index.bf16.json'
-    parts = weights_name.split(".")
-    if len(parts) == 3:
-        return f"{parts[0]}.safetensors.index.{parts[1]}.json"
-    return f"{weights_name}.index.json"
+                     index_name=f"{weights_name}.index{variant_part}.json", index=index,
+                     total_bytes=split.metadata["total_size"])
 
 
 def write_shards(folder: Path, tensors: Mapping[str, LazyTensor], plan: ShardPlan,

@@ -17,19 +17,19 @@ from typing import Iterable, Iterator
 from ..errors import CogExportError
 
 
-def check_destination(destination: Path, checkpoint_folders: Iterable[Path], inputs: Iterable[Path],
+def check_destination(destination: Path, input_folders: Iterable[Path], inputs: Iterable[Path],
                       overwrite: bool) -> None:
     """Refuse a destination that is a file, is non-empty (without ``overwrite``) or overlaps the input.
 
-    ``checkpoint_folders`` (the folders holding the checkpoint's files) may not contain, be or lie inside the
-    destination; the user's ``inputs`` may not lie inside it (so --overwrite can never delete them).
+    The destination may not be or lie inside ``input_folders`` (the folders holding the checkpoint's files, and
+    those the user gave); the user's ``inputs`` may not lie inside it (so --overwrite can never delete them).
     """
     destination = Path(destination)
     target = destination.resolve()
-    for folder in map(lambda p: Path(p).resolve(), checkpoint_folders):
+    for folder in map(lambda p: Path(p).resolve(), input_folders):
         if target == folder or target.is_relative_to(folder):
-            raise CogExportError(f"output {destination} is inside the checkpoint folder {folder}; write it elsewhere")
-    for source in map(lambda p: Path(p).resolve(), [*checkpoint_folders, *inputs]):
+            raise CogExportError(f"output {destination} is inside the input folder {folder}; write it elsewhere")
+    for source in map(lambda p: Path(p).resolve(), [*input_folders, *inputs]):
         if source.is_relative_to(target):
             raise CogExportError(f"output {destination} contains the input {source}; choose another output folder")
     if destination.is_file():
