@@ -177,6 +177,13 @@ class PeftRun:
         self.merged = {name.replace(".base_layer", ""): tensor.clone() for name, tensor in wrapped.state_dict().items()
                        if ".lora_" not in name}
 
+    def saved(self, folder, file_name, tensors, prefix=""):
+        """``tensors`` with ``prefix`` in folder/file_name, and PEFT's adapter_config.json beside them."""
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({prefix + name: tensor.contiguous() for name, tensor in tensors.items()}, folder / file_name)
+        (folder / "adapter_config.json").write_text(json.dumps(self.config))
+        return folder / file_name
+
     def diffusers_file(self, folder, metadata=None):
         CogVideoXPipeline.save_lora_weights(folder, transformer_lora_layers=self.adapter,
                                             transformer_lora_adapter_metadata=metadata)
@@ -214,15 +221,11 @@ def test_peft_checkpoint_with_its_adapter_config(tmp_path):
     config = {"r": 4, "lora_alpha": 8, "use_rslora": True, "target_modules": ["to_q", "ff.net.2", "proj_out",
                                                                                "time_embedding.linear_1"]}
     run = PeftRun(tmp_path, **config)
-    checkpoint = tmp_path / "checkpoint"
-    checkpoint.mkdir()
-    save_file({f"module.{name}": tensor.contiguous() for name, tensor in run.wrapped.items()},
-              checkpoint / "model.safetensors")
-    (checkpoint / "adapter_config.json").write_text(json.dumps(config))
-    result = export(checkpoint / "model.safetensors", tmp_path / "adapter", base=run.base_folder)
+    checkpoint = run.saved(tmp_path / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
+    result = export(checkpoint, tmp_path / "adapter", base=run.base_folder)
     assert result.lora["scale"] == 4.0 and not result.notes  # 8 / sqrt(4), recorded: no warning
     assert_all_equal(via_pipeline(tmp_path / "adapter", run.base_folder), run.merged)
-    export(checkpoint / "model.safetensors", tmp_path / "fused", lora="fuse", dtype="fp32", base=run.base_folder)
+    export(checkpoint, tmp_path / "fused", lora="fuse", dtype="fp32", base=run.base_folder)
     assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), run.merged)
 
 
@@ -230,12 +233,8 @@ def test_peft_adapter_folder_without_a_base(tmp_path):
     # PEFT's own save_pretrained layout: adapter_model.safetensors (base_model.model. names) + adapter_config.json
     config = {"r": 4, "lora_alpha": 2, "target_modules": ["to_v", "norm1.linear"]}
     run = PeftRun(tmp_path, **config)
-    folder = tmp_path / "peft-adapter"
-    folder.mkdir()
-    save_file({f"base_model.model.{name}": t.contiguous() for name, t in run.adapter.items()},
-              folder / "adapter_model.safetensors")
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    result = export(folder / "adapter_model.safetensors", tmp_path / "adapter")
+    adapter = run.saved(tmp_path / "peft-adapter", "adapter_model.safetensors", run.adapter, prefix="base_model.model.")
+    result = export(adapter, tmp_path / "adapter")
     assert result.lora["alpha"] == 2 and result.lora["layers"] == 2
     assert_all_equal(via_pipeline(tmp_path / "adapter", run.base_folder), run.merged)
 
@@ -265,12 +264,12 @@ def test_fuse_takes_the_plain_weights_of_a_base_that_also_holds_a_variant(tmp_pa
     assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), run.merged)
 
 
+@pytest.mark.filterwarnings("ignore:.*LoRA tensor\\(s\\) have invalid shape")  # PEFT's view of lora_B.bias
 def test_lora_variants_diffusers_cannot_carry_are_refused(tmp_path, cli):
     for option in ("use_dora", "lora_bias"):
         run = PeftRun(tmp_path / option, r=4, lora_alpha=4, target_modules=["to_q"], **{option: True})
-        save_file({f"module.{n}": t.contiguous() for n, t in run.wrapped.items()}, tmp_path / option / "model.safetensors")
-        result = cli(tmp_path / option / "model.safetensors", tmp_path / f"{option}-out", "--base", run.base_folder,
-                     "--lora-alpha", "4")
+        checkpoint = run.saved(tmp_path / option / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
+        result = cli(checkpoint, tmp_path / f"{option}-out", "--base", run.base_folder)
         assert_refused(result, "lora_", "cannot carry")
         assert not (tmp_path / f"{option}-out").exists()
 
