@@ -195,7 +195,9 @@ def verify(output, against, vae_against, tag, ema, no_load, as_json) -> None:
     from .verify import is_pipeline, verify as run_verify
 
     reports = run_verify(output, list(against), tag=tag, ema=ema, load=not no_load, vae_against=vae_against)
-    if is_pipeline(output) and vae_against is None:
+    vae_files = list((output / "vae").glob("*.safetensors")) if is_pipeline(output) else []
+    # Hard-linked files came from --base as they were; only an exported (or copied) VAE deserves the reminder.
+    if vae_against is None and any(path.stat().st_nlink == 1 for path in vae_files):
         click.echo(f"cogexport: note: {output / 'vae'} not checked (pass --vae-against with the VAE checkpoint it was "
                    "exported from, if it was not taken from --base)", err=True)
     if as_json:
