@@ -113,6 +113,8 @@ def test_mixed_steps_in_a_zero2_tag(cli, tmp_path):
     later = deepspeed_checkpoint(DeepSpeedVariant(2, "bf16", 2, steps=3)).checkpoint / "global_step3" / name
     shutil.copy(later, checkpoint / "global_step2" / name)
     assert_refused(cli, checkpoint, tmp_path, "mixed steps", name, "step 3")
+    report = cli("inspect", checkpoint)
+    assert report.exit_code == 0 and "problem       mixed steps" in report.stdout
 
 
 def test_optimizer_files_of_another_run(cli, tmp_path):

@@ -190,7 +190,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                 and self._check_prefix(strict)):
             return None
         if self.info.training_dtype is not None and bf16_prefix != (self.info.training_dtype == "bf16"):
-            self._problem(True, f"mixed runs: {files.optim_states[0].name} in {files.where} is from a "
+            self._problem(strict, f"mixed runs: {files.optim_states[0].name} in {files.where} is from a "
                                 f"{'bf16' if bf16_prefix else 'non-bf16'} run, the model states from a "
                                 f"{self.info.training_dtype} run; give one run's files")
         optim = {}
@@ -201,7 +201,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                 self._problem(True, f"{files.optim_states[rank]} is not a ZeRO-{self.info.stage} optimizer file (no "
                                     f"{partitions_key}); is it from another run?")
             if config and isinstance(saved.get("ds_config"), dict) and saved["ds_config"] != config:
-                self._problem(True, f"mixed runs: {files.optim_states[rank]} was saved with another DeepSpeed config "
+                self._problem(strict, f"mixed runs: {files.optim_states[rank]} was saved with another DeepSpeed config "
                                     "than the model states; give one run's files")
             optim[rank] = state
         self.optimizer_state = optim[0]
@@ -213,7 +213,8 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                                         f"the model states say {world_size}")
         return optim
 
-    def _add_group(self, index: int, layout, masters: list[StoredTensor], states: list[dict], saved_length) -> None:
+    def _add_group(self, index: int, layout, masters: list[StoredTensor], states: list[dict], saved_length,
+                   strict: bool) -> None:
         """Check each rank's partitions against the layout and index the group's parameters."""
         for rank, master in enumerate(masters):
             expected = saved_length(rank)
@@ -224,7 +225,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         steps = [_scalar(rank_states.get("step")) for rank_states in states]
         for rank, step in enumerate(steps):
             if step != steps[0]:
-                self._problem(True, f"mixed steps: {self.files.optim_states[rank]} is at optimizer step {step}, "
+                self._problem(strict, f"mixed steps: {self.files.optim_states[rank]} is at optimizer step {step}, "
                                     f"{self.files.optim_states[0].name} at {steps[0]}; give one tag's files of one run")
         group = PartitionedGroup(index, layout, masters, states)
         self.groups.append(group)
@@ -264,7 +265,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             self._add_group(index, layout,
                             [optim[r]["single_partition_of_fp32_groups"][index] for r in range(info.world_size)],
                             [optim[r]["base_optimizer_state"]["state"].get(index, {}) for r in range(info.world_size)],
-                            lambda rank, layout=layout: layout.saved_length(rank, padding_stripped))
+                            lambda rank, layout=layout: layout.saved_length(rank, padding_stripped), strict)
 
         def frozen(name: str) -> LazyTensor:
             # Stage 2 saves frozen params as full tensors; stage 1 saves none, they live only in `module`.
@@ -308,7 +309,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                 masters.append(groups[index])
             self._add_group(index, layout, masters,
                             [optim[r]["optimizer_state_dict"]["state"].get(index, {}) for r in range(info.world_size)],
-                            lambda rank, layout=layout: layout.length)
+                            lambda rank, layout=layout: layout.length, strict)
 
         def frozen(name: str) -> LazyTensor:
             shape = torch.Size(frozen_shapes[name])
