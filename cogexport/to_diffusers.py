@@ -270,8 +270,8 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
             raise CogExportError("--component pipeline needs --base DIR: a local Diffusers CogVideoX pipeline folder "
                                  "for the text encoder and tokenizer (nothing is downloaded)")
         if options.vae is not None and component != "pipeline":
-            raise CogExportError(f"--vae goes into a pipeline (--component pipeline); to export a VAE alone, give it "
-                                 f"as CHECKPOINT with --component vae")
+            raise CogExportError("--vae goes into a pipeline (--component pipeline); to export a VAE alone, give it "
+                                 "as CHECKPOINT with --component vae")
         if options.model_name and base is not None:
             raise CogExportError("--model-name and --base both say which model this is; give one of them")
         if component == "pipeline":
