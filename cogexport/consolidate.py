@@ -55,8 +55,7 @@ def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Pat
         if not tensors:
             raise CogExportError(f"{source.files.where} holds no tensors to consolidate")
         plan = plan_shards(tensors, WEIGHTS_NAME, max_shard_size)
-        check_destination(output, [*source.own_folders(), *(p for p in paths if p.is_dir())],
-                          [*paths, *source.info.files], overwrite)
+        check_destination(output, source.own_folders(), [*paths, *source.info.files], overwrite)
         with staged_folder(output) as staging, byte_progress(plan.total_bytes, "consolidate", progress) as bar:
             files = write_shards(staging, tensors, plan, on_tensor=lambda _name, nbytes: bar.update(nbytes))
         return ConsolidateResult(str(output), files, len(tensors), plan.total_bytes, dtype, asdict(source.info))

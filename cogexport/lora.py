@@ -56,7 +56,7 @@ class LoraAdapter:
         return Counter(self.ranks.values()).most_common(1)[0][0]
 
     @property
-    def layer_count(self) -> int:
+    def blocks_needed(self) -> int:
         """How many transformer blocks the adapted model has at least (the highest adapted block + 1)."""
         return max((int(m.split(".")[1]) + 1 for m in self.ranks if m.startswith("transformer_blocks.")), default=0)
 
@@ -133,17 +133,16 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
         raise CogExportError(f"{where}: {orphans[0]} has a lora_B but no lora_A")
     if not ranks:
         raise CogExportError(f"{where} has LoRA names but no adapter pairs")
-    if alpha_override is not None and not (math.isfinite(alpha_override) and alpha_override > 0):
-        raise CogExportError(f"--lora-alpha {alpha_override:g} is not a positive number")
     recorded, recorded_where = _recorded_config(metadata, folders)
     for option in ("use_dora", "lora_bias"):
         if recorded.get(option):
             raise CogExportError(f"{where} was trained with {option} ({recorded_where}), which Diffusers' CogVideoX LoRA "
                                  "files cannot carry; cogexport exports plain lora_A/lora_B adapters")
     if alpha_override is not None:
-        alpha, alpha_source, alpha_recorded = float(alpha_override), "--lora-alpha", True
+        alpha, alpha_source, alpha_recorded = _positive(alpha_override, "--lora-alpha"), "--lora-alpha", True
     elif recorded.get("lora_alpha") is not None:
-        alpha, alpha_source, alpha_recorded = float(recorded["lora_alpha"]), recorded_where, True
+        alpha = _positive(recorded["lora_alpha"], f"lora_alpha ({recorded_where})")
+        alpha_source, alpha_recorded = recorded_where, True
     else:
         defaults = table.lora
         alpha, alpha_source = float(defaults["default_alpha"]), defaults["default_alpha_reason"]
@@ -156,6 +155,16 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
         adapter.warnings.append(f"{where} does not record its LoRA alpha; using {alpha:g} ({alpha_source}); pass "
                                 "--lora-alpha if the run used another")
     return adapter
+
+
+def _positive(value: object, what: str) -> float:
+    try:
+        alpha = float(value)
+    except (TypeError, ValueError):
+        alpha = math.nan
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise CogExportError(f"{what} {value!r} is not a positive number")
+    return alpha
 
 
 def _per_module(pattern: Mapping[str, float], modules: Iterable[str], alpha: float) -> dict[str, float]:
@@ -178,10 +187,11 @@ def _recorded_config(metadata: Mapping[str, str] | None, folders: Iterable[Path]
         try:
             values = json.loads(raw)
             config = {key[len(PIPELINE_PREFIX):]: value for key, value in values.items() if key.startswith(PIPELINE_PREFIX)}
-            float(config["lora_alpha"])
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, AttributeError):
+            config = {}
+        if "lora_alpha" not in config:
             raise CogExportError(f"the file's {LORA_METADATA_KEY} is not valid (expected JSON with "
-                                 f"{PIPELINE_PREFIX}lora_alpha)") from None
+                                 f"{PIPELINE_PREFIX}lora_alpha)")
         return config, "the file's lora_adapter_metadata"
     for folder in dict.fromkeys(folders):
         candidates = [folder / "adapter_config.json", folder / "model_config.json",
@@ -197,8 +207,10 @@ def _recorded_config(metadata: Mapping[str, str] | None, folders: Iterable[Path]
 
                     tree = yaml.safe_load(path.read_text(encoding="utf-8"))
             except Exception:  # a side file we cannot parse is not the checkpoint; look at the next one
-                continue
-            if path.name == "adapter_config.json" and isinstance(tree, dict):  # PEFT's LoraConfig, as saved
+                tree = None
+            if path.name == "adapter_config.json":  # PEFT's LoraConfig, as saved: the run's own record
+                if not isinstance(tree, dict):
+                    raise CogExportError(f"{path} is not a valid PEFT adapter config (JSON object); repair or remove it")
                 return tree, f"recorded in {path}"
             value = _find_key(tree, "lora_alpha")
             if isinstance(value, (int, float)) and not isinstance(value, bool):

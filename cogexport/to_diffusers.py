@@ -27,7 +27,7 @@ from .lora import LORA_WEIGHTS_NAME, PIPELINE_PREFIX, LoraAdapter, adapter_file_
     plan_fused, read_adapter
 from .models.base_folder import TRANSFORMER_CLASS, VAE_CLASS, BaseFolder, open_base
 from .models.cogvideox import (CogVideoXVariant, TargetModel, TransformerShape, build_target, published_variant,
-                               read_transformer_shape, scheduler_config, transformer_config, vae_config,
+                               layout_schema, read_transformer_shape, scheduler_config, transformer_config, vae_config,
                                variant_like, variant_named)
 from .models.recognize import TRANSFORMER_TABLES, VAE_TABLES, choose_table, lora_key
 from .precision import PrecisionPolicy
@@ -276,8 +276,7 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
             raise CogExportError("--model-name and --base both say which model this is; give one of them")
         if component == "pipeline":
             base.check_pipeline(linked=("text_encoder", "tokenizer", *(() if options.vae else ("vae",))))
-        inputs = [*paths, *map(Path, source.info.files), *([options.vae] if options.vae else []),
-                  *([base.path] if base else [])]
+        inputs = [*paths, *source.info.files, *([options.vae] if options.vae else []), *([base.path] if base else [])]
         if mode == "adapter":
             return _export_adapter(source, adapter, base, options, where, output, inputs)
 
@@ -294,8 +293,7 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
             parts.append(plan_vae(vae_source, base, variant, options, str(options.vae)))
         for part in parts:
             part.shards = plan_model_folder(part.tensors, options.max_shard_size, options.variant)
-        check_destination(output, [*source.own_folders(), *(p for p in inputs if p.is_dir())], inputs,
-                          options.overwrite)
+        check_destination(output, source.own_folders(), inputs, options.overwrite)
 
         label = parts[0].label or (variant.name if variant else "CogVideoX VAE")
         result = ExportResult(str(output), component, label, [], sum(len(p.tensors) for p in parts),
@@ -335,13 +333,11 @@ def _export_adapter(source: LazyCheckpoint, adapter: LoraAdapter, base: BaseFold
         chosen = _transformer_target(shape, base, options, where)
         schema = chosen.target.schema
     else:  # the size is unknown: check the adapted modules' names against the CogVideoX layout alone
-        layout = {**transformer_config(variant_named("CogVideoX1.5-5B-I2V")), "num_layers": max(adapter.layer_count, 1)}
-        schema = build_target(TRANSFORMER_CLASS, layout).schema
+        schema = layout_schema(adapter.blocks_needed)
     tensors = plan_adapter(source, adapter, schema, where, check_shapes=chosen is not None)
     policy = _policy(adapter.table.keep_fp32, options)
     tensors = {PIPELINE_PREFIX + name: tensor for name, tensor in policy.apply(tensors).items()}
-    check_destination(output, [*source.own_folders(), *(p for p in inputs if p.is_dir())], inputs,
-                          options.overwrite)
+    check_destination(output, source.own_folders(), inputs, options.overwrite)
     total = sum(t.nbytes for t in tensors.values())
     result = ExportResult(str(output), "lora adapter", chosen.label if chosen else "CogVideoX", [], len(tensors),
                           total, policy.describe(), lora=_lora_summary(adapter), source=asdict(source.info),

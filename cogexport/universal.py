@@ -171,7 +171,8 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
         destination = Path(output) if output else model_states.parent.parent / f"{info.tag}{UNIVERSAL_SUFFIX}"
         plan, state_names, step = _plan(source)
         optimizer_state = _optimizer_state(source, step)
-        check_destination(destination, source.own_folders(), [*paths, *map(Path, info.files)], overwrite)
+        # Only the rank files count as inputs here: the default output lies inside the save dir the user gave.
+        check_destination(destination, source.own_folders(), info.files, overwrite)
         total = sum(item.nbytes for item in plan)
         with staged_folder(destination) as staging, byte_progress(total, "universal", progress) as bar:
             (staging / "zero").mkdir()

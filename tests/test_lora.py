@@ -286,3 +286,15 @@ def test_bad_lora_options(cli, tmp_path):
     save_file(renamed, tmp_path / "foreign.safetensors")
     assert_refused(cli(tmp_path / "foreign.safetensors", tmp_path / "o3"), "not a linear layer of the model")
     assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3"))
+
+
+def test_a_recorded_config_that_cannot_be_read(cli, tmp_path):
+    config = {"r": 4, "lora_alpha": 4, "target_modules": ["to_q"]}
+    run = PeftRun(tmp_path, **config)
+    checkpoint = run.saved(tmp_path / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
+    (checkpoint.parent / "adapter_config.json").write_text("{not json")
+    assert_refused(cli(checkpoint, tmp_path / "o1", "--base", run.base_folder), "adapter_config.json",
+                   "not a valid PEFT adapter config")
+    (checkpoint.parent / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": "a lot"}))
+    assert_refused(cli(checkpoint, tmp_path / "o2", "--base", run.base_folder), "lora_alpha", "not a positive number")
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()

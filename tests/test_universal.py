@@ -5,6 +5,7 @@ ds_to_universal where that tool works, and works where it does not."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -55,8 +56,11 @@ def test_deepspeed_resumes_at_another_world_size(variant, resumed_world_size, re
     assert saved_states and len(saved_states) == len(truth["trainable"]) * len(result.optimizer_states)
     for name in truth["trainable"] + saved_states:
         assert torch.equal(resumed.tensors[name], original.tensors[name]), name
-    for key in ("global_steps", "optimizer_step", "lr", "eval_loss"):
+    for key in ("global_steps", "optimizer_step", "lr"):
         assert resumed.truth[key] == truth[key], key
+    # The weights above are equal to the bit; the loss computed from them may differ in its last bit across world
+    # sizes and stages, because on some CPUs the vector kernels round by where ZeRO places the weights in memory.
+    assert math.isclose(resumed.truth["eval_loss"], truth["eval_loss"], rel_tol=1e-6, abs_tol=0.0)
     after = resumed.truth
     assert after["global_steps_after"] == truth["global_steps"] + 2
     if truth["optimizer_step"] is not None:

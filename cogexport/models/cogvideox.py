@@ -181,6 +181,15 @@ class TargetModel:
         return type(self.model).__name__
 
 
+def layout_schema(num_layers: int) -> dict[str, torch.Size]:
+    """Every tensor name a CogVideoX transformer with ``num_layers`` blocks can have (1.5 I2V has them all), for
+    checking names when the model's size is not known; its shapes are the 5B ones, not the checkpoint's."""
+    from .base_folder import TRANSFORMER_CLASS
+
+    config = {**transformer_config(variant_named("CogVideoX1.5-5B-I2V")), "num_layers": max(num_layers, 1)}
+    return build_target(TRANSFORMER_CLASS, config).schema
+
+
 def build_target(class_name: str, config: Mapping[str, object]) -> TargetModel:
     """Build the Diffusers class on the meta device: nothing is allocated, the config is always the class's own."""
     import diffusers

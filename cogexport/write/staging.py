@@ -17,15 +17,17 @@ from typing import Iterable, Iterator
 from ..errors import CogExportError
 
 
-def check_destination(destination: Path, input_folders: Iterable[Path], inputs: Iterable[Path],
+def check_destination(destination: Path, checkpoint_folders: Iterable[Path], inputs: Iterable[Path],
                       overwrite: bool) -> None:
     """Refuse a destination that is a file, is non-empty (without ``overwrite``) or overlaps the input.
 
-    The destination may not be or lie inside ``input_folders`` (the folders holding the checkpoint's files, and
-    those the user gave); the user's ``inputs`` may not lie inside it (so --overwrite can never delete them).
+    The destination may not be or lie inside ``checkpoint_folders`` (the folders holding the checkpoint's files)
+    or any folder among the user's ``inputs``; no input may lie inside it (so --overwrite can never delete one).
     """
     destination = Path(destination)
     target = destination.resolve()
+    inputs = [Path(p) for p in inputs]
+    input_folders = [*checkpoint_folders, *(p for p in inputs if p.is_dir())]
     for folder in map(lambda p: Path(p).resolve(), input_folders):
         if target == folder or target.is_relative_to(folder):
             raise CogExportError(f"output {destination} is inside the input folder {folder}; write it elsewhere")
