@@ -118,7 +118,9 @@ def inspect(checkpoint, tag, as_json) -> None:
 @main.command()
 @checkpoint_paths
 @output_path
-@click.option("--model-type", type=click.Choice(["t2v", "i2v"]), help="Checked against the checkpoint when given.")
+@click.option("--model-type", metavar="TASK",
+              help="The model's task, checked against the checkpoint when given: CogVideoX t2v|i2v; Wan t2v|i2v|flf2v|ti2v; "
+                   "... (each family's tasks; see README).")
 @click.option("--component", type=click.Choice(["transformer", "vae", "pipeline"]),
               help="What to write [default: pipeline when --base is a pipeline folder, else transformer].")
 @click.option("--base", type=click.Path(path_type=Path),
@@ -135,24 +137,30 @@ def inspect(checkpoint, tag, as_json) -> None:
 @click.option("--lora", type=click.Choice(["adapter", "fuse"]),
               help="A LoRA run: write the adapter (the default for LoRA runs) or fuse it into the model.")
 @click.option("--lora-alpha", type=float, help="The run's lora_alpha, when the checkpoint does not record it.")
-@click.option("--model-name", help="The published model this is (e.g. CogVideoX-5b); needed for a VAE alone.")
+@click.option("--model-name", help="The published model this is (e.g. CogVideoX-5b, Wan2.1-T2V-1.3B); needed for a VAE "
+                                  "alone.")
 @click.option("--base-model", help="Hub id the model card names as the base model [default: the published one].")
+@click.option("--to", "layout", type=click.Choice(["diffusers", "original"]), default="diffusers", show_default=True,
+              help="Write Diffusers folders, or (from Diffusers weights) the family's original layout: the safetensors "
+                   "the Wan repo and ComfyUI load, SAT's model-states file for CogVideoX.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
 @click.option("--push-to-hub", metavar="REPO", help="Upload the finished folder to this Hub repository.")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repository private.")
 @json_option
 @_user_errors_exit_2
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
-           tag, ema, lora, lora_alpha, model_name, base_model, overwrite, push_to_hub, private, as_json) -> None:
-    """Export a CogVideoX checkpoint (SAT, DeepSpeed, Diffusers fine-tune) to a Diffusers folder."""
+           tag, ema, lora, lora_alpha, model_name, base_model, layout, overwrite, push_to_hub, private, as_json) -> None:
+    """Export a training checkpoint or release (CogVideoX, Wan; SAT, DeepSpeed, original, Diffusers fine-tune) to a
+    Diffusers folder."""
     from .to_diffusers import ExportOptions, command_line, export as run_export
+    from .to_original import export_original
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
                             keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,
                             ema=ema, lora=lora, lora_alpha=lora_alpha, model_name=model_name,
                             base_model=base_model, overwrite=overwrite,
                             push_to_hub=push_to_hub, private=private, command=command_line())
-    result = run_export(list(checkpoint), output, options)
+    result = (export_original if layout == "original" else run_export)(list(checkpoint), output, options)
     for note in result.notes:
         click.echo(f"cogexport: note: {note}", err=True)
     if as_json:

@@ -25,7 +25,8 @@ from .errors import CogExportError
 from .keymap.plan import plan_translation, translate_shapes
 from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
-from .models.recognize import LORA_TABLES, choose_table
+from .models.family import ModelFamily
+from .models.recognize import choose_table
 
 LORA_WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
 LORA_METADATA_KEY = "lora_adapter_metadata"
@@ -41,6 +42,7 @@ def is_lora_key(name: str) -> bool:
 class LoraAdapter:
     """What a LoRA checkpoint holds, read from names and shapes only."""
 
+    family: ModelFamily
     table: KeyMapTable
     ranks: dict[str, int]  # module path -> rank
     alpha: float
@@ -109,12 +111,12 @@ class LoraAdapter:
 
 def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: float | None = None,
                  folders: Iterable[Path] = (), metadata: Mapping[str, str] | None = None) -> LoraAdapter:
-    table = choose_table(source, LORA_TABLES, "LoRA", where)
+    family, table = choose_table(source, "lora", "LoRA", where)
     shapes = translate_shapes(table, {name: tensor.shape for name, tensor in source.items()})
     unsupported = [name for name in shapes if ".lora_" in name and not is_lora_key(name)]
     if unsupported:
-        raise CogExportError(f"{where}: {unsupported[0]} belongs to a LoRA variant that Diffusers' CogVideoX LoRA files "
-                             "cannot carry (DoRA magnitudes, LoRA biases, ...); cogexport exports plain lora_A/lora_B "
+        raise CogExportError(f"{where}: {unsupported[0]} belongs to a LoRA variant that Diffusers' {family.name} LoRA "
+                             "files cannot carry (DoRA magnitudes, LoRA biases, ...); cogexport exports plain lora_A/lora_B "
                              "adapters")
     ranks: dict[str, int] = {}
     for name, shape in shapes.items():
@@ -136,8 +138,8 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
     recorded, recorded_where = _recorded_config(metadata, folders)
     for option in ("use_dora", "lora_bias"):
         if recorded.get(option):
-            raise CogExportError(f"{where} was trained with {option} ({recorded_where}), which Diffusers' CogVideoX LoRA "
-                                 "files cannot carry; cogexport exports plain lora_A/lora_B adapters")
+            raise CogExportError(f"{where} was trained with {option} ({recorded_where}), which Diffusers' "
+                                 f"{family.name} LoRA files cannot carry; cogexport exports plain lora_A/lora_B adapters")
     if alpha_override is not None:
         alpha, alpha_source, alpha_recorded = _positive(alpha_override, "--lora-alpha"), "--lora-alpha", True
     elif recorded.get("lora_alpha") is not None:
@@ -147,7 +149,7 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
         defaults = table.lora
         alpha, alpha_source = float(defaults["default_alpha"]), defaults["default_alpha_reason"]
         alpha_recorded = bool(defaults.get("alpha_recorded"))
-    adapter = LoraAdapter(table, ranks, alpha, alpha_source, alpha_recorded,
+    adapter = LoraAdapter(family, table, ranks, alpha, alpha_source, alpha_recorded,
                           has_base_weights=any(not is_lora_key(name) for name in shapes),
                           alpha_pattern=_per_module(recorded.get("alpha_pattern") or {}, ranks, alpha),
                           use_rslora=bool(recorded.get("use_rslora")))

@@ -1,10 +1,11 @@
-"""The main job: a CogVideoX training checkpoint to a Diffusers transformer, VAE or whole pipeline folder, or for a
-LoRA run to an adapter file (or a model with the adapter fused in).
+"""The main job: a training checkpoint of any family cogexport knows (CogVideoX, Wan, ...) to a Diffusers
+transformer, VAE or whole pipeline folder, or for a LoRA run to an adapter file (or a model with the adapter fused).
 
-read (any checkpoint cogexport opens) -> translate (a key-map table, chosen by the names it finds) -> check
-against the target model built on the meta device -> cast (the dtype policy) -> write (staged, then moved into
-place) -> publish (optional upload). Everything up to the write is planned from names and shapes, so bad input
-fails before a byte is written.
+read (any checkpoint cogexport opens) -> translate (the key-map table whose signature the names carry; it names
+the family) -> check against the target model built on the meta device -> cast (the family's dtype policy) ->
+write (staged, then moved into place) -> publish (optional upload). Everything up to the write is planned from
+names and shapes, so bad input fails before a byte is written. Nothing here knows a family by name: what differs
+between families is data (key_maps/<family>/family.toml) and each family's small shapes module.
 """
 
 from __future__ import annotations
@@ -16,20 +17,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-
 from .checkpoint import LazyCheckpoint, as_paths, open_checkpoint
 from .checkpoint.locate import ema_source
 from .errors import CogExportError
 from .keymap.plan import Plan, plan_translation, translate_shapes
-from .keymap.table import KeyMapTable, load_table
+from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
 from .lora import LORA_WEIGHTS_NAME, PIPELINE_PREFIX, LoraAdapter, adapter_file_metadata, is_lora_key, plan_adapter, \
     plan_fused, read_adapter
-from .models.base_folder import TRANSFORMER_CLASS, VAE_CLASS, BaseFolder, open_base
-from .models.cogvideox import (CogVideoXVariant, TargetModel, TransformerShape, build_target, published_variant,
-                               layout_schema, read_transformer_shape, scheduler_config, transformer_config, vae_config,
-                               variant_like, variant_named)
-from .models.recognize import TRANSFORMER_TABLES, VAE_TABLES, choose_table, lora_key
+from .models.base_folder import BaseFolder, open_base, read_json
+from .models.family import ModelFamily, Variant, family_of_variant, families
+from .models.recognize import Recognised, choose_table, lora_key, read_facts
+from .models.target import TargetModel, build_target
 from .precision import PrecisionPolicy
 from .progress import byte_progress
 from .write.diffusers_folders import (link_or_copy_tree, plan_model_folder, write_model_folder, write_model_index,
@@ -45,10 +44,10 @@ LORA_MODES = ("adapter", "fuse")
 
 @dataclass
 class ExportOptions:
-    model_type: str | None = None  # t2v or i2v; checked against the checkpoint when given
+    model_type: str | None = None  # the family's task (t2v, i2v, ...); checked against the checkpoint when given
     component: str | None = None  # default: pipeline when --base is a pipeline folder, else transformer
     base: Path | None = None
-    vae: Path | None = None  # a SAT or Diffusers VAE checkpoint for the pipeline (default: the base's VAE)
+    vae: Path | None = None  # a VAE checkpoint for the pipeline (default: the base's VAE)
     dtype: str = "bf16"
     keep_fp32: tuple[str, ...] = ()
     max_shard_size: str | int = "5GB"
@@ -70,12 +69,13 @@ class ExportOptions:
 class ModelExport:
     """One Diffusers model to write: its meta-device target, the checked plan, and the cast tensors."""
 
-    component: str
+    component: str  # the pipeline component it becomes: transformer, transformer_2 or vae
     target: TargetModel
     plan: Plan
     tensors: dict[str, LazyTensor]
     policy: PrecisionPolicy
     table: KeyMapTable
+    family: ModelFamily
     label: str = ""  # what the model is, for the user: a published name, or a custom size in a variant's layout
     published: bool = False
     shards: ShardPlan | None = None
@@ -90,6 +90,7 @@ class ExportResult:
     tensors: int
     total_bytes: int
     precision: str
+    family: str = ""
     dropped: dict[str, str] = field(default_factory=dict)
     ignored: int = 0
     linked: dict[str, str] = field(default_factory=dict)
@@ -114,66 +115,130 @@ def open_source(paths: list[Path], options: ExportOptions) -> LazyCheckpoint:
     return open_checkpoint(paths, tag)
 
 
+def expert_folders(paths: list[Path]) -> dict[str, Path]:
+    """A release or run holding one model per expert (Wan 2.2 A14B: high_noise_model/, low_noise_model/): the
+    pipeline component each subfolder becomes. Empty when the paths are one ordinary checkpoint."""
+    if len(paths) != 1 or not paths[0].is_dir():
+        return {}
+    for family in families():
+        for variant in family.variants:
+            if not variant.experts:
+                continue
+            present = {component: paths[0] / sub for component, sub in variant.experts.items()
+                       if (paths[0] / sub).is_dir()}
+            if present and len(present) < len(variant.experts):
+                missing = [sub for component, sub in variant.experts.items() if component not in present]
+                raise CogExportError(f"{paths[0]} holds {', '.join(p.name for p in present.values())} but not "
+                                     f"{', '.join(missing)}: a {variant.name} run needs every expert (a half pipeline "
+                                     "would not generate); point at one expert's folder to export it alone")
+            if present:
+                return present
+    return {}
+
+
 def _policy(defaults: Sequence[str], options: ExportOptions) -> PrecisionPolicy:
     return PrecisionPolicy.build(options.dtype, defaults, options.keep_fp32)
+
+
+def _search_folders(paths: list[Path], source: LazyCheckpoint) -> list[Path]:
+    """Where a run may have saved its configs: the folders given, and above each checkpoint folder."""
+    folders = [p if p.is_dir() else p.parent for p in paths]
+    for folder in source.own_folders():
+        folders += [folder, folder.parent]
+    return list(dict.fromkeys(folders))
+
+
+def _model_name_family(options: ExportOptions) -> tuple[ModelFamily, Variant] | None:
+    return family_of_variant(options.model_name) if options.model_name else None
+
+
+def _family_hint(base: BaseFolder | None, options: ExportOptions) -> ModelFamily | None:
+    named = _model_name_family(options)
+    return base.family if base else (named[0] if named else None)
 
 
 # -- the transformer ----------------------------------------------------------------------------------------------
 @dataclass
 class _TransformerTarget:
+    family: ModelFamily
     target: TargetModel
-    variant: CogVideoXVariant
+    variant: Variant
     label: str
     published: bool
 
 
-def _transformer_target(shape: TransformerShape | None, base: BaseFolder | None, options: ExportOptions,
-                        where: str) -> _TransformerTarget:
-    """The Diffusers transformer to export into: --base's config, else the published variant of this shape."""
-    base_config = base.config("transformer") if base else None
-    published = published_variant(shape) if shape else None
+def _transformer_target(recognised: Recognised | None, family: ModelFamily, base: BaseFolder | None,
+                        options: ExportOptions, where: str, folders: Sequence[Path] = (), component: str = "transformer",
+                        experts: tuple[str, ...] = ()) -> _TransformerTarget:
+    """The Diffusers transformer to export into: --base's config, else the config the original release keeps beside
+    its weights, else the published variant of this shape."""
+    base_config = base.config(component) if base else None
+    published = recognised.variant if recognised else None
     if base is not None and base_config is None:
-        raise CogExportError(f"--base {base.path} has no transformer config.json (give a pipeline folder with "
-                             "transformer/, or a transformer folder)")
-    if base_config is not None:
-        config, variant = base_config, variant_like(base_config)
+        raise CogExportError(f"--base {base.path} has no {component} config.json (give a pipeline folder with "
+                             f"{component}/, or a transformer folder)")
+    beside = None if base_config is not None or options.model_name or recognised is None else \
+        _config_beside(family, folders, recognised.facts)
+    if base_config is not None or beside is not None:
+        config = base_config if base_config is not None else beside
+        variant = family.layout_variant(config, experts, base.settings if base else None)
     else:
-        variant = variant_named(options.model_name) if options.model_name else published
+        variant = family.variant_named(options.model_name) if options.model_name else published
         if variant is None:
-            what = f"a {shape.describe()}, which is not a published CogVideoX size" if shape else "an adapter alone"
+            what = (f"a {family.shapes.describe(recognised.facts)}, which is not a published {family.name} size"
+                    if recognised else "an adapter alone")
             raise CogExportError(f"{where} is {what}; pass --base with a Diffusers folder whose config describes it")
-        config = transformer_config(variant)
-    if shape is not None:
-        kind = "i2v" if shape.image_to_video else "t2v"
-        if options.model_type and options.model_type != kind:
-            name = published.name if published else f"an {kind.upper()} model"
-            raise CogExportError(f"checkpoint is {name} (in_channels {shape.in_channels}) but --model-type "
+        config = family.transformer_config(variant)
+    if options.model_type and options.model_type not in family.tasks:
+        raise CogExportError(f"--model-type {options.model_type} is not a {family.name} task; {where} is a {family.name} "
+                             f"model (tasks: {', '.join(family.tasks)})")
+    if recognised is not None:
+        task = recognised.task
+        if options.model_type and options.model_type != task:
+            name = published.name if published else f"a {family.name} {task.upper()} model"
+            facts = recognised.facts
+            raise CogExportError(f"checkpoint is {name} (in_channels {facts.get('in_channels')}) but --model-type "
                                  f"{options.model_type} was given")
-        if shape.learned_positions and not config.get("use_learned_positional_embeddings"):
-            raise CogExportError(f"{where} has learned position embeddings (CogVideoX-5b-I2V's pos_embedding), but "
-                                 "the config it would go into has use_learned_positional_embeddings false; check --base")
-    is_published = published == variant if shape else base_config is None
-    label = variant.name if is_published else f"custom-size CogVideoX ({variant.name} layout)"
-    return _TransformerTarget(build_target(TRANSFORMER_CLASS, config), variant, label, is_published)
+        family.shapes.check_target(recognised.facts, config, where)
+    is_published = published == variant if recognised else base_config is None
+    label = variant.name if is_published else f"custom-size {family.name} ({variant.name} layout)"
+    return _TransformerTarget(family, build_target(family.transformer.class_name, config), variant, label, is_published)
 
 
-def _shape_through(table: KeyMapTable, source: LazyCheckpoint) -> TransformerShape | None:
-    shapes = translate_shapes(table, {name: t.shape for name, t in source.items()})
-    base_shapes = {name: shape for name, shape in shapes.items() if not is_lora_key(name)}
-    return read_transformer_shape(base_shapes) if base_shapes else None
+def _config_beside(family: ModelFamily, folders: Sequence[Path], facts: dict) -> dict | None:
+    """The config a checkpoint keeps beside its weights: a Diffusers config.json of the family's transformer class
+    (a save_pretrained folder), else the original layout's own config, read by the family."""
+    for folder in folders:
+        path = Path(folder) / "config.json"
+        if path.is_file():
+            config = read_json(path)
+            if config.get("_class_name") == family.transformer.class_name:
+                return config
+    return family.shapes.config_beside(folders, facts)
 
 
-def plan_transformer(source: LazyCheckpoint, base: BaseFolder | None, options: ExportOptions,
-                     where: str) -> tuple[ModelExport, CogVideoXVariant]:
-    table = choose_table(source, TRANSFORMER_TABLES, "CogVideoX transformer", where)
-    chosen = _transformer_target(_shape_through(table, source), base, options, where)
+def _recognise(source: LazyCheckpoint, table: KeyMapTable, family: ModelFamily,
+               experts: tuple[str, ...] = ()) -> Recognised | None:
+    shapes = {name: tensor.shape for name, tensor in source.items()}
+    if not any(not is_lora_key(name) for name in translate_shapes(table, shapes)):
+        return None  # an adapter alone: no base weights to read facts from
+    return read_facts(family, table, shapes, experts)
+
+
+def plan_transformer(source: LazyCheckpoint, base: BaseFolder | None, options: ExportOptions, where: str,
+                     folders: Sequence[Path] = (), component: str = "transformer",
+                     experts: tuple[str, ...] = ()) -> tuple[ModelExport, Variant]:
+    family, table = choose_table(source, "transformer", "transformer", where, _family_hint(base, options))
+    recognised = _recognise(source, table, family, experts)
+    chosen = _transformer_target(recognised, family, base, options, where, folders, component, experts)
     plan = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where)
-    policy = _policy(table.keep_fp32, options)
-    return ModelExport("transformer", chosen.target, plan, policy.apply(plan.tensors), policy, table, chosen.label,
-                       chosen.published), chosen.variant
+    policy = _policy(family.transformer.keep_fp32, options)
+    return ModelExport(component, chosen.target, plan, policy.apply(plan.tensors), policy, table, family,
+                       chosen.label, chosen.published), chosen.variant
 
 
-def _base_transformer_weights(base: BaseFolder | None, target: TargetModel, stack: ExitStack) -> dict | None:
+def _base_transformer_weights(base: BaseFolder | None, family: ModelFamily, target: TargetModel,
+                              stack: ExitStack) -> dict | None:
     """The base model's own transformer weights (for fusing an adapter that came without them)."""
     if base is None:
         return None
@@ -184,39 +249,57 @@ def _base_transformer_weights(base: BaseFolder | None, target: TargetModel, stac
         weights = stack.enter_context(open_checkpoint(folder / "diffusion_pytorch_model.bin"))
     else:
         return None
-    table = load_table("diffusers_transformer")
+    _, table = choose_table(weights, "transformer", "transformer", f"--base {folder}", family)
     return plan_translation(table, weights, target.schema, target.counts, what=f"--base {folder}").tensors
 
 
 def plan_fused_transformer(source: LazyCheckpoint, adapter: LoraAdapter, base: BaseFolder | None,
-                           options: ExportOptions, where: str, stack: ExitStack) -> tuple[ModelExport, CogVideoXVariant]:
-    chosen = _transformer_target(_shape_through(adapter.table, source), base, options, where)
+                           options: ExportOptions, where: str, stack: ExitStack) -> tuple[ModelExport, Variant]:
+    family = adapter.family
+    chosen = _transformer_target(_recognise(source, adapter.table, family), family, base, options, where)
     target = chosen.target
     fused = plan_fused(source, adapter, target.schema, None if adapter.has_base_weights else
-                       _base_transformer_weights(base, target, stack), target.counts, where)
-    # The output is a plain Diffusers transformer, so its defaults are the Diffusers transformer's.
-    policy = _policy(load_table("diffusers_transformer").keep_fp32, options)
-    return ModelExport("transformer", target, Plan(fused), policy.apply(fused), policy, adapter.table,
+                       _base_transformer_weights(base, family, target, stack), target.counts, where)
+    policy = _policy(family.transformer.keep_fp32, options)
+    return ModelExport("transformer", target, Plan(fused), policy.apply(fused), policy, adapter.table, family,
                        f"{chosen.label} + LoRA", chosen.published), chosen.variant
 
 
 # -- the VAE ------------------------------------------------------------------------------------------------------
-def plan_vae(source: LazyCheckpoint, base: BaseFolder | None, variant: CogVideoXVariant | None,
+def _vae_config(family: ModelFamily, table: KeyMapTable, source: LazyCheckpoint, variant: Variant | None,
+                where: str) -> dict:
+    """The VAE config of the known variant, else the one config among the family's variants this VAE fits."""
+    if variant is not None:
+        return family.vae_config(variant)
+    fitting = []
+    for config in {repr(c): c for c in (family.vae_config(v) for v in family.variants)}.values():
+        target = build_target(family.vae.class_name, config)
+        try:
+            plan_translation(table, source, target.schema, target.counts, what=where)
+        except CogExportError:
+            continue
+        fitting.append(config)
+    if len(fitting) == 1:
+        return fitting[0]
+    names = ", ".join(v.name for v in family.variants)
+    raise CogExportError(f"a VAE alone does not say which {family.name} it belongs to (the variants' VAE configs "
+                         f"differ, e.g. in latent scaling); pass --model-name (one of {names}) or --base")
+
+
+def plan_vae(source: LazyCheckpoint, base: BaseFolder | None, family: ModelFamily | None, variant: Variant | None,
              options: ExportOptions, where: str) -> ModelExport:
-    table = choose_table(source, VAE_TABLES, "CogVideoX VAE", where)
+    family, table = choose_table(source, "vae", "VAE", where, family)
     config = base.config("vae") if base else None
     if base is not None and config is None:
         raise CogExportError(f"--base {base.path} has no VAE config.json (give a pipeline folder with vae/, or a VAE "
                              "folder)")
     if config is None:
-        if variant is None:
-            raise CogExportError("a VAE alone does not say which CogVideoX it belongs to (the latent scaling differs: "
-                                 "2b 1.15258426, the others 0.7); pass --model-name or --base")
-        config = vae_config(variant)
-    target = build_target(VAE_CLASS, config)
+        config = _vae_config(family, table, source, variant, where)
+    target = build_target(family.vae.class_name, config)
     plan = plan_translation(table, source, target.schema, target.counts, what=where)
-    policy = _policy(table.keep_fp32, options)
-    return ModelExport("vae", target, plan, policy.apply(plan.tensors), policy, table)
+    policy = _policy(family.vae.keep_fp32, options)
+    return ModelExport("vae", target, plan, policy.apply(plan.tensors), policy, table, family,
+                       variant.name + " VAE" if variant else f"{family.name} VAE")
 
 
 # -- the job ------------------------------------------------------------------------------------------------------
@@ -239,13 +322,17 @@ def _lora_mode(source: LazyCheckpoint, options: ExportOptions, where: str) -> st
     return "adapter" if marker is not None else None
 
 
-
-def _search_folders(paths: list[Path], source: LazyCheckpoint) -> list[Path]:
-    """Where a run may have saved its configs: the folders given, and above each checkpoint folder."""
-    folders = [p if p.is_dir() else p.parent for p in paths]
-    for folder in source.own_folders():
-        folders += [folder, folder.parent]
-    return folders
+def _check_options(component: str, base: BaseFolder | None, options: ExportOptions) -> None:
+    if component not in (*COMPONENTS, "lora adapter"):
+        raise CogExportError(f"--component {component!r} is not one of {', '.join(COMPONENTS)}")
+    if component == "pipeline" and not (base and base.is_pipeline):
+        raise CogExportError("--component pipeline needs --base DIR: a local Diffusers pipeline folder of the base "
+                             "model, for the text encoder and tokenizer (nothing is downloaded)")
+    if options.vae is not None and component != "pipeline":
+        raise CogExportError("--vae goes into a pipeline (--component pipeline); to export a VAE alone, give it "
+                             "as CHECKPOINT with --component vae")
+    if options.model_name and base is not None:
+        raise CogExportError("--model-name and --base both say which model this is; give one of them")
 
 
 def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
@@ -254,51 +341,65 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
     options = replace(options or ExportOptions(), **overrides)
     paths, output = as_paths(checkpoint), Path(output)
     base = open_base(options.base) if options.base else None
+    experts = expert_folders(paths)
     with ExitStack() as stack:
-        source = stack.enter_context(open_source(paths, options))
+        sources = {component: stack.enter_context(open_source([folder], options))
+                   for component, folder in experts.items()} or \
+            {"transformer": stack.enter_context(open_source(paths, options))}
+        source = sources["transformer"]
         where = ", ".join(str(p) for p in paths)
         mode = _lora_mode(source, options, where)
         adapter = None
         if mode is not None:
+            if experts:
+                raise CogExportError(f"{where} holds LoRA experts; export each expert's adapter from its own folder")
             adapter = read_adapter(source, where, options.lora_alpha, _search_folders(paths, source),
                                    source.info.metadata)
         component = "lora adapter" if mode == "adapter" else \
             options.component or ("pipeline" if base and base.is_pipeline else "transformer")
-        if component not in (*COMPONENTS, "lora adapter"):
-            raise CogExportError(f"--component {component!r} is not one of {', '.join(COMPONENTS)}")
-        if component == "pipeline" and not (base and base.is_pipeline):
-            raise CogExportError("--component pipeline needs --base DIR: a local Diffusers CogVideoX pipeline folder "
-                                 "for the text encoder and tokenizer (nothing is downloaded)")
-        if options.vae is not None and component != "pipeline":
-            raise CogExportError("--vae goes into a pipeline (--component pipeline); to export a VAE alone, give it "
-                                 "as CHECKPOINT with --component vae")
-        if options.model_name and base is not None:
-            raise CogExportError("--model-name and --base both say which model this is; give one of them")
-        if component == "pipeline":
-            base.check_pipeline(linked=("text_encoder", "tokenizer", *(() if options.vae else ("vae",))))
-        inputs = [*paths, *source.info.files, *([options.vae] if options.vae else []), *([base.path] if base else [])]
+        _check_options(component, base, options)
+        read_files = [file for each in sources.values() for file in each.info.files]
+        inputs = [*paths, *read_files, *([options.vae] if options.vae else []), *([base.path] if base else [])]
+        own_folders = [folder for each in sources.values() for folder in each.own_folders()]
         if mode == "adapter":
             return _export_adapter(source, adapter, base, options, where, output, inputs)
 
         parts: list[ModelExport] = []
-        variant = variant_named(options.model_name) if options.model_name else None
+        named = _model_name_family(options)
+        family, variant = named if named else (base.family if base else None, None)
         if component in ("transformer", "pipeline"):
-            transformer, variant = plan_fused_transformer(source, adapter, base, options, where, stack) \
-                if mode == "fuse" else plan_transformer(source, base, options, where)
-            parts.append(transformer)
+            if mode == "fuse":
+                transformer, variant = plan_fused_transformer(source, adapter, base, options, where, stack)
+                parts.append(transformer)
+            else:
+                names = tuple(folder.name for folder in experts.values())
+                for name, each in sources.items():
+                    part_where = str(experts[name]) if experts else where
+                    part, variant = plan_transformer(each, base, options, part_where, _search_folders(paths, each),
+                                                     name, names)
+                    parts.append(part)
+            family = parts[0].family
+        if component == "pipeline":
+            base.check_pipeline(linked=(*family.from_base(variant), *(() if options.vae else ("vae",))))
+            if variant.experts and not experts:
+                raise CogExportError(f"--base {base.path} is a {variant.name} pipeline, whose {len(variant.experts)} "
+                                     f"experts ({', '.join(variant.experts.values())}) all come from the checkpoint, but "
+                                     f"{where} is one model; give the folder holding "
+                                     f"{' and '.join(f'{sub}/' for sub in variant.experts.values())}, or export "
+                                     "--component transformer")
         if component == "vae":
-            parts.append(plan_vae(source, base, variant, options, where))
+            parts.append(plan_vae(source, base, family, variant, options, where))
         if component == "pipeline" and options.vae is not None:
             vae_source = stack.enter_context(open_checkpoint(as_paths(options.vae)))
-            parts.append(plan_vae(vae_source, base, variant, options, str(options.vae)))
+            parts.append(plan_vae(vae_source, base, family, variant, options, str(options.vae)))
         for part in parts:
             part.shards = plan_model_folder(part.tensors, options.max_shard_size, options.variant)
-        check_destination(output, source.own_folders(), inputs, options.overwrite)
+        check_destination(output, own_folders, inputs, options.overwrite)
 
-        label = parts[0].label or (variant.name if variant else "CogVideoX VAE")
+        label = parts[0].label or (variant.name if variant else f"{parts[0].family.name} VAE")
         result = ExportResult(str(output), component, label, [], sum(len(p.tensors) for p in parts),
                               sum(p.shards.total_bytes for p in parts), parts[0].policy.describe(),
-                              source=asdict(source.info), notes=list(source.info.notes))
+                              family=parts[0].family.name, source=asdict(source.info), notes=list(source.info.notes))
         if adapter is not None:
             result.lora, result.notes = _lora_summary(adapter), result.notes + adapter.warnings
         for part in parts:
@@ -310,6 +411,10 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
 
             if component == "pipeline":
                 _write_pipeline(staging, parts, base, variant, options, source, result, on_tensor, adapter)
+            elif len(parts) > 1:  # every expert of a multi-expert model, each in its pipeline component's folder
+                for part in parts:
+                    result.files += [f"{part.component}/{name}" for name in write_model_folder(
+                        staging / part.component, part.target.model, part.tensors, part.shards, on_tensor)]
             else:
                 part = parts[0]
                 result.files = write_model_folder(staging, part.target.model, part.tensors, part.shards, on_tensor)
@@ -324,29 +429,37 @@ def _lora_summary(adapter: LoraAdapter) -> dict:
             "target_modules": adapter.target_modules, "modules": len(adapter.ranks), "layers": adapter.layers}
 
 
+def _names_schema(family: ModelFamily, blocks: int) -> dict:
+    """Every tensor name a transformer of the family with ``blocks`` blocks can have (shapes of the largest variant),
+    for checking an adapter's module names when the model's size is not known."""
+    variant = family.variant_named(family.lora_names_from)
+    config = {**family.transformer_config(variant), "num_layers": max(blocks, 1)}
+    return build_target(family.transformer.class_name, config).schema
+
+
 def _export_adapter(source: LazyCheckpoint, adapter: LoraAdapter, base: BaseFolder | None, options: ExportOptions,
                     where: str, output: Path, inputs: list[Path]) -> ExportResult:
     """pytorch_lora_weights.safetensors with the adapter config Diffusers reads, and a model card."""
+    family = adapter.family
     chosen = None
-    shape = _shape_through(adapter.table, source)
-    if base is not None and base.config("transformer") or shape is not None or options.model_name:
-        chosen = _transformer_target(shape, base, options, where)
+    recognised = _recognise(source, adapter.table, family)
+    if base is not None and base.config("transformer") or recognised is not None or options.model_name:
+        chosen = _transformer_target(recognised, family, base, options, where)
         schema = chosen.target.schema
-    else:  # the size is unknown: check the adapted modules' names against the CogVideoX layout alone
-        schema = layout_schema(adapter.blocks_needed)
+    else:  # the size is unknown: check the adapted modules' names against the family's layout alone
+        schema = _names_schema(family, adapter.blocks_needed)
     tensors = plan_adapter(source, adapter, schema, where, check_shapes=chosen is not None)
-    policy = _policy(adapter.table.keep_fp32, options)
+    policy = _policy(family.lora_keep_fp32, options)
     tensors = {PIPELINE_PREFIX + name: tensor for name, tensor in policy.apply(tensors).items()}
     check_destination(output, source.own_folders(), inputs, options.overwrite)
     total = sum(t.nbytes for t in tensors.values())
-    result = ExportResult(str(output), "lora adapter", chosen.label if chosen else "CogVideoX", [], len(tensors),
-                          total, policy.describe(), lora=_lora_summary(adapter), source=asdict(source.info),
-                          notes=[*source.info.notes, *adapter.warnings])
+    result = ExportResult(str(output), "lora adapter", chosen.label if chosen else family.name, [], len(tensors),
+                          total, policy.describe(), family=family.name, lora=_lora_summary(adapter),
+                          source=asdict(source.info), notes=[*source.info.notes, *adapter.warnings])
     with staged_folder(output) as staging, byte_progress(total, "export", options.progress) as bar:
         write_safetensors(staging / LORA_WEIGHTS_NAME, tensors, adapter_file_metadata(adapter, schema),
                           lambda _name, nbytes: bar.update(nbytes))
-        variant = chosen.variant if chosen else None
-        (staging / "README.md").write_text(_adapter_card(adapter, variant, chosen, options, source), encoding="utf-8")
+        (staging / "README.md").write_text(_adapter_card(adapter, chosen, options, source), encoding="utf-8")
         result.files = [LORA_WEIGHTS_NAME, "README.md"]
     if options.push_to_hub:
         result.pushed_to = _push(output, options)
@@ -354,21 +467,25 @@ def _export_adapter(source: LazyCheckpoint, adapter: LoraAdapter, base: BaseFold
 
 
 # -- pipeline folders and cards -----------------------------------------------------------------------------------
-def _write_pipeline(staging: Path, parts: list[ModelExport], base: BaseFolder, variant: CogVideoXVariant,
+def _write_pipeline(staging: Path, parts: list[ModelExport], base: BaseFolder, variant: Variant,
                     options: ExportOptions, source: LazyCheckpoint, result: ExportResult,
                     on_tensor: Callable[[str, int], None], adapter: LoraAdapter | None) -> None:
+    family = parts[0].family
+    task = family.task(variant.task)
     exported = {part.component: part for part in parts}
     for name, part in exported.items():
         result.files += [f"{name}/{f}" for f in write_model_folder(staging / name, part.target.model, part.tensors,
                                                                    part.shards, on_tensor)]
-    for name in ("text_encoder", "tokenizer", *(("vae",) if "vae" not in exported else ())):
+    from_base = family.from_base(variant)
+    for name in (*from_base, *(("vae",) if "vae" not in exported else ())):
         result.linked[name] = link_or_copy_tree(base.component_dir(name), staging / name)
-    write_scheduler(staging / "scheduler", scheduler_config(variant))
-    components = {name: base.components[name] for name in ("text_encoder", "tokenizer") if name in base.components}
-    components.update(scheduler=["diffusers", "CogVideoXDDIMScheduler"], transformer=["diffusers", TRANSFORMER_CLASS],
-                      vae=["diffusers", VAE_CLASS])
-    write_model_index(staging, variant.pipeline_class, components)
-    (staging / "README.md").write_text(_pipeline_card(variant, options, source, exported, adapter), encoding="utf-8")
+    write_scheduler(staging / "scheduler", family.scheduler_class, family.scheduler_for(variant))
+    components = {name: base.components[name] for name in from_base if name in base.components}
+    components.update(scheduler=["diffusers", family.scheduler_class], vae=["diffusers", family.vae.class_name])
+    components.update({name: ["diffusers", part.target.class_name] for name, part in exported.items()})
+    write_model_index(staging, task.pipeline, components, variant.pipeline)
+    (staging / "README.md").write_text(_pipeline_card(family, variant, options, source, exported, adapter),
+                                       encoding="utf-8")
     result.files += ["scheduler/scheduler_config.json", "model_index.json", "README.md"]
 
 
@@ -384,9 +501,10 @@ def _source_line(source: LazyCheckpoint) -> str:
     return f"{where} ({info.weights_source})"
 
 
-def _pipeline_card(variant: CogVideoXVariant, options: ExportOptions, source: LazyCheckpoint,
+def _pipeline_card(family: ModelFamily, variant: Variant, options: ExportOptions, source: LazyCheckpoint,
                    exported: dict[str, ModelExport], adapter: LoraAdapter | None) -> str:
     transformer = exported["transformer"]
+    task = family.task(variant.task)
     details = [f"Key map: {part.table.name} ({part.table.description})" for part in exported.values()]
     if adapter is not None:
         details.append(f"LoRA fused into the weights: {adapter.describe()}")
@@ -394,37 +512,41 @@ def _pipeline_card(variant: CogVideoXVariant, options: ExportOptions, source: La
         title=f"{transformer.label} fine-tune",
         base_model=options.base_model or (variant.hub_id if transformer.published else None),
         relation="finetune",
-        pipeline_tag=variant.pipeline_tag,
-        pipeline_class=variant.pipeline_class,
+        pipeline_tag=task.pipeline_tag,
+        pipeline_class=task.pipeline,
+        tags=family.tags,
         command=options.command or "cogexport (Python API)",
         source=_source_line(source),
         precision="; ".join(f"{name}: {part.policy.describe()}" for name, part in exported.items()),
         details=details,
-        usage=(f"import torch\nfrom diffusers import {variant.pipeline_class}\n\n"
-               f"pipe = {variant.pipeline_class}.from_pretrained(\"{options.push_to_hub or 'path/to/this/folder'}\", "
+        usage=(f"import torch\nfrom diffusers import {task.pipeline}\n\n"
+               f"pipe = {task.pipeline}.from_pretrained(\"{options.push_to_hub or 'path/to/this/folder'}\", "
                + (f"variant=\"{options.variant}\", " if options.variant else "") + "torch_dtype=torch.bfloat16)"),
     ))
 
 
-def _adapter_card(adapter: LoraAdapter, variant: CogVideoXVariant | None, chosen: _TransformerTarget | None,
-                  options: ExportOptions, source: LazyCheckpoint) -> str:
-    pipeline_class = variant.pipeline_class if variant else "CogVideoXPipeline"
+def _adapter_card(adapter: LoraAdapter, chosen: _TransformerTarget | None, options: ExportOptions,
+                  source: LazyCheckpoint) -> str:
+    family = adapter.family
+    variant = chosen.variant if chosen else None
+    task = family.task(variant.task if variant else next(iter(family.tasks)))
     base_model = options.base_model or (variant.hub_id if chosen and chosen.published else None)
     return model_card(CardFacts(
-        title=f"{chosen.label if chosen else 'CogVideoX'} LoRA",
+        title=f"{chosen.label if chosen else family.name} LoRA",
         base_model=base_model,
         relation="adapter",
-        pipeline_tag=variant.pipeline_tag if variant else "text-to-video",
-        pipeline_class=pipeline_class,
+        pipeline_tag=task.pipeline_tag,
+        pipeline_class=task.pipeline,
+        tags=family.tags,
         command=options.command or "cogexport (Python API)",
         source=_source_line(source),
-        precision=f"{options.dtype} ({', '.join(adapter.table.keep_fp32)} kept in fp32)",
+        precision=f"{options.dtype} ({', '.join(family.lora_keep_fp32)} kept in fp32)",
         details=[f"Adapter: {adapter.describe()}",
                  "lora_alpha and r are stored in the file's lora_adapter_metadata, so Diffusers applies the trained "
                  "scale with no scale passed by hand",
                  f"Key map: {adapter.table.name} ({adapter.table.description})"],
-        usage=(f"import torch\nfrom diffusers import {pipeline_class}\n\n"
-               f"pipe = {pipeline_class}.from_pretrained(\"{base_model or 'path/to/base'}\", torch_dtype=torch.bfloat16)\n"
+        usage=(f"import torch\nfrom diffusers import {task.pipeline}\n\n"
+               f"pipe = {task.pipeline}.from_pretrained(\"{base_model or 'path/to/base'}\", torch_dtype=torch.bfloat16)\n"
                f"pipe.load_lora_weights(\"{options.push_to_hub or 'path/to/this/folder'}\")"),
     ))
 

@@ -17,13 +17,12 @@ from .checkpoint import as_paths
 from .checkpoint.safetensors_files import SafetensorsCheckpoint
 from .errors import CogExportError
 from .to_diffusers import ExportOptions, open_source
-from .models.recognize import TRANSFORMER_TABLES, VAE_TABLES, choose_table
 from .keymap.plan import plan_translation
-from .models.base_folder import TRANSFORMER_CLASS, VAE_CLASS, read_json
-from .models.cogvideox import build_target
+from .models.base_folder import read_json
+from .models.family import family_of_class
+from .models.recognize import choose_table
+from .models.target import build_target
 from .write.diffusers_folders import variant_of
-
-_TABLES = {TRANSFORMER_CLASS: TRANSFORMER_TABLES, VAE_CLASS: VAE_TABLES}
 
 
 @dataclass
@@ -72,10 +71,12 @@ def _verify_folder(folder: Path, sources: list[Path], options: ExportOptions, lo
     where = ", ".join(map(str, sources))
     config = read_json(folder / "config.json")
     class_name = config.get("_class_name")
-    if class_name not in _TABLES:
-        raise CogExportError(f"{folder}/config.json describes {class_name!r}, not a CogVideoX transformer or VAE")
+    found = family_of_class(class_name)
+    if found is None:
+        raise CogExportError(f"{folder}/config.json describes {class_name!r}, not a model cogexport exports")
+    family, component = found
     with open_source(sources, options) as source:
-        table = choose_table(source, _TABLES[class_name], class_name, where)
+        _, table = choose_table(source, component, class_name, where, family)
         target = build_target(class_name, config)
         expected = plan_translation(table, source, target.schema, target.counts, what=where).tensors
         report = VerifyReport(str(folder), class_name)

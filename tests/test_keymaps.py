@@ -11,6 +11,7 @@ from cogexport.errors import CogExportError
 from cogexport.keymap.plan import plan_translation
 from cogexport.keymap.table import TableError, load_table, parse_table
 from cogexport.lazy import LazyTensor
+from cogexport.models.family import family_named
 from cogexport.precision import PrecisionPolicy
 
 
@@ -33,7 +34,7 @@ def assert_same(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tenso
 def test_transformer_table_both_ways_agrees_with_the_independent_writer(variant, layers):
     diffusers_sd = build_tiny_transformer(variant, num_layers=layers, seed=layers).state_dict()
     sat_sd = diffusers_to_sat_transformer(diffusers_sd)
-    table = load_table("sat_transformer")
+    table = load_table("cogvideox/sat_transformer")
     schema = {name: t.shape for name, t in diffusers_sd.items()}
 
     assert_same(loaded(plan_translation(table, lazy(sat_sd), schema, {})), diffusers_sd)
@@ -48,7 +49,7 @@ def test_vae_table_both_ways_with_the_reversed_up_blocks():
     levels = num_vae_up_blocks(diffusers_sd)
     assert levels == 3, "three levels, so that up.0 <-> up_blocks.2 is not its own mirror image"
     sat_sd = diffusers_to_sat_vae(diffusers_sd, levels)
-    table = load_table("sat_vae")
+    table = load_table("cogvideox/sat_vae")
     plan = plan_translation(table, lazy(sat_sd), {n: t.shape for n, t in diffusers_sd.items()}, {"num_up_blocks": levels})
     assert_same(loaded(plan), diffusers_sd)
     assert set(plan.dropped) == {k for k in sat_sd if k.startswith("loss.")}
@@ -61,7 +62,7 @@ def test_keys_outside_the_prefix_are_ignored_not_renamed():
     engine = {f"model.diffusion_model.{k}": v for k, v in diffusers_to_sat_transformer(diffusers_sd).items()}
     engine["conditioner.embedders.0.transformer.shared.weight"] = torch.ones(3)
     engine["first_stage_model.encoder.conv_in.conv.weight"] = torch.ones(2)
-    plan = plan_translation(load_table("sat_transformer"), lazy(engine),
+    plan = plan_translation(load_table("cogvideox/sat_transformer"), lazy(engine),
                             {n: t.shape for n, t in diffusers_sd.items()}, {})
     assert plan.ignored == ["conditioner.embedders.0.transformer.shared.weight",
                             "first_stage_model.encoder.conv_in.conv.weight"]
@@ -69,7 +70,7 @@ def test_keys_outside_the_prefix_are_ignored_not_renamed():
 
 
 def test_adaln_regroup_order_on_values():
-    table = load_table("sat_transformer")
+    table = load_table("cogvideox/sat_transformer")
     hidden, width = 2, 3
     chunks = [torch.full((hidden, width), float(c)) for c in range(12)]
     sat = {"mixins.adaln_layer.adaLN_modulations.0.1.weight": torch.cat(chunks)}
@@ -83,9 +84,9 @@ def test_adaln_regroup_order_on_values():
 def test_unknown_missing_and_misshapen_keys_are_named():
     diffusers_sd = build_tiny_transformer("2b", num_layers=1).state_dict()
     sat = diffusers_to_sat_transformer(diffusers_sd)
-    table = load_table("sat_transformer")
+    table = load_table("cogvideox/sat_transformer")
     schema = {n: t.shape for n, t in diffusers_sd.items()}
-    with pytest.raises(CogExportError, match=r"1 key\(s\) that key map sat_transformer does not know: mixins.extra.w"):
+    with pytest.raises(CogExportError, match=r"1 key\(s\) that key map cogvideox/sat_transformer does not know: mixins.extra.w"):
         plan_translation(table, lazy({**sat, "mixins.extra.w": torch.ones(1)}), schema, {})
     incomplete = {k: v for k, v in sat.items() if k != "transformer.final_layernorm.bias"}
     with pytest.raises(CogExportError, match="lacks 1 tensor.*norm_final.bias"):
@@ -123,7 +124,7 @@ def test_table_mistakes_are_caught_when_the_table_loads(body, message):
     ("patch_embed.proj.weight", False),
 ])
 def test_fp32_allowlist_matches_dotted_components(name, kept):
-    policy = PrecisionPolicy.build("bf16", load_table("sat_transformer").keep_fp32, [])
+    policy = PrecisionPolicy.build("bf16", family_named("cogvideox").transformer.keep_fp32, [])
     assert policy.target_dtype(name, torch.float32) == (torch.float32 if kept else torch.bfloat16)
     assert policy.target_dtype(name, torch.int64) == torch.int64
     assert PrecisionPolicy.build("bf16", [], ["proj*"]).target_dtype("patch_embed.proj.weight", torch.bfloat16) \

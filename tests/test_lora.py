@@ -124,7 +124,7 @@ def test_inspect_reports_the_adapter(cli, tmp_path):
     run = finetune("t2v", 2, 2, lora_rank=4)
     report = json.loads(cli("inspect", run.root / "pytorch_lora_weights.safetensors", "--json").stdout)
     assert report["models"]["lora"] == {
-        "layout": "diffusers_lora", "description": "Diffusers LoRA weights (pytorch_lora_weights.safetensors)",
+        "family": "CogVideoX", "layout": "cogvideox/diffusers_lora", "description": "Diffusers LoRA weights (pytorch_lora_weights.safetensors)",
         "rank": 4, "ranks": [4], "alpha": None, "assumed_alpha": 64.0,
         "alpha_source": "CogVideo finetune/'s default lora_alpha", "per_module_alphas": False, "use_rslora": False,
         "target_modules": ["to_k", "to_out.0", "to_q", "to_v"], "modules": 8, "layers": 2, "base_weights": False}

@@ -13,11 +13,12 @@ from make_sat_checkpoint import full_size_sat_meta
 from cogexport.errors import CogExportError
 from cogexport.to_diffusers import ExportOptions, plan_transformer
 from cogexport.lazy import LazyTensor
-from cogexport.models.cogvideox import (build_target, scheduler_config, vae_config,
-                                        variant_named)
+from cogexport.models.family import family_named
+from cogexport.models.target import build_target
 from cogexport.keymap.plan import translate_shapes
 from cogexport.keymap.table import load_table
 
+COGVIDEOX = family_named("cogvideox")
 EXPECTED = {
     "2b": ("CogVideoX-2b", 30, 1920, "t2v", 3.0, 1.15258426, False, (60, 90, 49)),
     "5b": ("CogVideoX-5b", 42, 3072, "t2v", 1.0, 0.7, False, (60, 90, 49)),
@@ -41,14 +42,14 @@ def meta_checkpoint(variant: str) -> dict[str, LazyTensor]:
 def test_published_variant_is_read_off_the_shapes(short):
     name, layers, hidden, model_type, shift, scaling, invert, sample = EXPECTED[short]
     transformer, variant = plan_transformer(meta_checkpoint(short), None, ExportOptions(), "meta")
-    assert variant.name == name and variant.model_type == model_type
+    assert variant.name == name and variant.task == model_type
     assert transformer.published and transformer.label == name
     config = transformer.target.model.config
     assert (config.num_layers, config.num_attention_heads * config.attention_head_dim) == (layers, hidden)
     assert (config.sample_height, config.sample_width, config.sample_frames) == sample
     assert len(transformer.tensors) == len(transformer.target.schema)
-    assert scheduler_config(variant)["snr_shift_scale"] == shift
-    vae = build_target("AutoencoderKLCogVideoX", vae_config(variant)).model.config
+    assert COGVIDEOX.scheduler_for(variant)["snr_shift_scale"] == shift
+    vae = build_target("AutoencoderKLCogVideoX", COGVIDEOX.vae_config(variant)).model.config
     assert (vae.scaling_factor, vae.invert_scale_latents) == (scaling, invert)
 
 
@@ -76,8 +77,8 @@ def test_a_2b_sat_file_with_a_frozen_position_table_stays_2b():
 
 
 def test_vae_key_count_at_full_size():
-    target = build_target("AutoencoderKLCogVideoX", vae_config(variant_named("CogVideoX-5b")))
+    target = build_target("AutoencoderKLCogVideoX", COGVIDEOX.vae_config(COGVIDEOX.variant_named("CogVideoX-5b")))
     assert len(target.schema) == 436 and target.counts == {"num_up_blocks": 4}
-    shapes = translate_shapes(load_table("sat_transformer"), {"transformer.final_layernorm.weight": torch.Size([8])})
+    shapes = translate_shapes(load_table("cogvideox/sat_transformer"), {"transformer.final_layernorm.weight": torch.Size([8])})
     assert shapes == {"norm_final.weight": torch.Size([8])}
-    assert json.dumps(scheduler_config(variant_named("CogVideoX-2b")))  # plain JSON values
+    assert json.dumps(COGVIDEOX.scheduler_for(COGVIDEOX.variant_named("CogVideoX-2b")))  # plain JSON values

@@ -35,6 +35,7 @@ class Regroup:
     dim: int = 0
     reverse_index: tuple[tuple[str, str], ...] = ()  # (placeholder, count name): value -> count - 1 - value
     optional_reason: str | None = None  # produce only if the target model has the key, else drop for this reason
+    value_maps: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # (placeholder, (source, target) pairs)
 
     def __post_init__(self) -> None:
         total = sum(self.source_chunks)
@@ -57,12 +58,15 @@ class Regroup:
         position = {chunk: index for index, chunk in enumerate(order)}
         offsets = [sum(self.source_chunks[:j]) for j in range(len(self.sources))]
         back = tuple(tuple(position[offsets[j] + m] for m in range(count)) for j, count in enumerate(self.source_chunks))
+        flipped = tuple((name, tuple((b, a) for a, b in pairs)) for name, pairs in self.value_maps)
         return Regroup(self.kind, self.targets, tuple(len(c) for c in self.target_chunks), self.sources, back, self.dim,
-                       self.reverse_index, self.optional_reason)
+                       self.reverse_index, self.optional_reason, flipped)
 
     # -- application ----------------------------------------------------------------------------------------
     def target_values(self, values: Mapping[str, str], counts: Mapping[str, int]) -> dict[str, str]:
         mapped = dict(values)
+        for placeholder, pairs in self.value_maps:
+            mapped[placeholder] = dict(pairs)[values[placeholder]]
         for placeholder, count_name in self.reverse_index:
             if count_name not in counts:
                 raise RuleError(f"{self.describe()} needs '{count_name}', which the target model does not define")

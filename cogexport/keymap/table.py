@@ -1,7 +1,7 @@
-"""Read ``key_maps/*.toml`` into validated tables of rules.
+"""Read ``key_maps/<family>/*.toml`` into validated tables of rules.
 
 A table is data: which source keys it applies to (a prefix to select, prefixes to strip, signature globs),
-placeholder kinds, rules (rename, chunk, regroup, reindex, drop) and the model's default fp32 allowlist.
+placeholder kinds and rules (rename, chunk, regroup, reindex, drop).
 Mistakes in a table (unknown fields, undeclared placeholders, two rules that match the same key) are errors
 when it is loaded, never a silent first-match-wins.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import sys
 from dataclasses import dataclass, field, replace
+from functools import cache
 from importlib import resources
 from typing import Any, Iterable
 
@@ -22,8 +23,8 @@ else:  # pragma: no cover
 from .pattern import KeyPattern, PatternError
 from .rules import Drop, Regroup
 
-_TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "strip_prefixes", "signature", "include",
-                 "fallback"}
+_TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "strip_prefixes", "signature", "requires",
+                 "include", "fallback"}
 _LORA_FIELDS = {"default_alpha", "default_alpha_reason", "alpha_recorded"}
 _RULE_FIELDS = {
     "rename": {"from", "to", "optional"},
@@ -47,16 +48,18 @@ class KeyMapTable:
     select_prefix: str | None = None
     strip_prefixes: tuple[str, ...] = ()
     signature: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()  # globs that must each match some key (what tells look-alike layouts apart)
     rules: tuple[Regroup, ...] = ()
     drops: tuple[Drop, ...] = ()
-    keep_fp32: tuple[str, ...] = ()
     placeholders: dict = field(default_factory=dict, compare=False)
     fallback: "KeyMapTable | None" = None  # names the keys no rule here matches (e.g. plain Diffusers names)
     lora: dict = field(default_factory=dict, compare=False)  # a LoRA table's alpha default and where it comes from
 
     def recognises(self, keys: Iterable[str]) -> bool:
         """Whether these (selected) keys look like this table's source format."""
-        return any(fnmatch.fnmatchcase(key, glob) for key in keys for glob in self.signature)
+        keys = list(keys)
+        return any(fnmatch.fnmatchcase(key, glob) for key in keys for glob in self.signature) and all(
+            any(fnmatch.fnmatchcase(key, glob) for key in keys) for glob in self.requires)
 
     def select(self, keys: Iterable[str]) -> tuple[dict[str, str], list[str]]:
         """Keys this table applies to, as {name without prefixes: original name}, and the keys it ignores.
@@ -79,13 +82,37 @@ class KeyMapTable:
     def inverted(self) -> "KeyMapTable":
         """The same table run backwards (e.g. Diffusers to SAT); drops produce nothing in this direction."""
         return replace(self, name=f"{self.name} (inverted)", select_prefix=None, strip_prefixes=(), signature=(),
-                       rules=tuple(rule.inverse() for rule in self.rules), drops=(), keep_fp32=(),
+                       requires=(), rules=tuple(rule.inverse() for rule in self.rules), drops=(),
                        fallback=self.fallback.inverted() if self.fallback else None)
 
 
 def _require(condition: bool, table: str, message: str) -> None:
     if not condition:
         raise TableError(f"key map {table}: {message}")
+
+
+def _side(kinds: dict, side: int) -> dict:
+    """Placeholder kinds as one side of a rule sees them: a mapped placeholder matches its table's source values
+    (side 0) or target values (side 1)."""
+    return {name: [pair[side] for pair in kind["map"].items()] if isinstance(kind, dict) else kind
+            for name, kind in kinds.items()}
+
+
+def _value_maps(kinds: dict, patterns: list[KeyPattern]) -> tuple:
+    used = {name for pattern in patterns for name in pattern.names}
+    return tuple((name, tuple(kind["map"].items())) for name, kind in kinds.items()
+                 if isinstance(kind, dict) and name in used)
+
+
+def _check_kinds(kinds: dict, table: str) -> None:
+    for name, kind in kinds.items():
+        if isinstance(kind, dict):
+            pairs = kind.get("map")
+            _require(set(kind) == {"map"} and isinstance(pairs, dict) and pairs and
+                     all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in pairs.items()), table,
+                     f"mapped placeholder {name} must be {{ map = {{ source = \"target\", ... }} }} of strings")
+            _require(len(set(pairs.values())) == len(pairs), table,
+                     f"mapped placeholder {name} maps two values to one: it could not run backwards")
 
 
 def _patterns(value: Any, kinds: dict, table: str, what: str) -> list[KeyPattern]:
@@ -97,7 +124,8 @@ def _patterns(value: Any, kinds: dict, table: str, what: str) -> list[KeyPattern
         raise TableError(f"key map {table}: {error}") from None
 
 
-def _rule(kind: str, spec: dict, kinds: dict, table: str) -> Regroup | Drop:
+def _rule(kind: str, spec: dict, all_kinds: dict, table: str) -> Regroup | Drop:
+    kinds, target_kinds = _side(all_kinds, 0), _side(all_kinds, 1)
     unknown = set(spec) - _RULE_FIELDS[kind]
     _require(not unknown, table, f"{kind} rule has unknown field(s) {', '.join(sorted(unknown))}")
     if kind == "drop":
@@ -110,16 +138,16 @@ def _rule(kind: str, spec: dict, kinds: dict, table: str) -> Regroup | Drop:
     _require(len(source) == 1, table, f"{kind} rule {spec['from']} must have one source pattern")
     dim = spec.get("dim", 0)
     if kind in ("rename", "reindex"):
-        targets, chunks, groups = _patterns(spec["to"], kinds, table, "to"), (1,), ((0,),)
+        targets, chunks, groups = _patterns(spec["to"], target_kinds, table, "to"), (1,), ((0,),)
         _require(len(targets) == 1, table, f"{kind} rule {spec['from']} must have one target")
     elif kind == "chunk":
-        targets = _patterns(spec["to"], kinds, table, "to")
+        targets = _patterns(spec["to"], target_kinds, table, "to")
         chunks, groups = (len(targets),), tuple((i,) for i in range(len(targets)))
     else:
         entries = spec["to"]
         _require(isinstance(entries, list) and all(isinstance(e, dict) and set(e) == {"key", "chunks"} for e in entries),
                  table, f"regroup {spec['from']}: 'to' must be a list of {{key, chunks}} tables")
-        targets = [_patterns(e["key"], kinds, table, "to")[0] for e in entries]
+        targets = [_patterns(e["key"], target_kinds, table, "to")[0] for e in entries]
         chunks, groups = (int(spec["chunks"]),), tuple(tuple(e["chunks"]) for e in entries)
     reverse = spec.get("reverse", {})
     _require(kind == "reindex" or not reverse, table, f"only reindex rules can reverse an index ({spec['from']})")
@@ -127,7 +155,7 @@ def _rule(kind: str, spec: dict, kinds: dict, table: str) -> Regroup | Drop:
              f"reindex {spec['from']} needs reverse = {{placeholder = \"count name\"}}")
     try:
         return Regroup(kind, tuple(source), chunks, tuple(targets), groups, dim, tuple(reverse.items()),
-                       spec.get("optional"))
+                       spec.get("optional"), _value_maps(all_kinds, source))
     except ValueError as error:
         raise TableError(f"key map {table}: {error}") from None
 
@@ -137,7 +165,7 @@ def parse_table(text: str, name: str) -> KeyMapTable:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise TableError(f"key map {name}: not valid TOML ({error})") from None
-    unknown = set(data) - {"table", "precision", "placeholders", "lora", *_RULE_FIELDS}
+    unknown = set(data) - {"table", "placeholders", "lora", *_RULE_FIELDS}
     _require(not unknown, name, f"unknown section(s) {', '.join(sorted(unknown))}")
     header = data.get("table", {})
     _require(not set(header) - _TABLE_FIELDS, name, f"unknown [table] field(s) {set(header) - _TABLE_FIELDS}")
@@ -150,6 +178,7 @@ def parse_table(text: str, name: str) -> KeyMapTable:
         _require(kinds.get(placeholder, kind) == kind, name,
                  f"placeholder {placeholder} is declared differently in {header.get('include')}")
         kinds[placeholder] = kind
+    _check_kinds(kinds, name)
     rules: list[Regroup] = list(included.rules)
     drops: list[Drop] = list(included.drops)
     for kind in _RULE_FIELDS:
@@ -161,8 +190,8 @@ def parse_table(text: str, name: str) -> KeyMapTable:
         source=header.get("source", included.source), target=header.get("target", included.target),
         select_prefix=header.get("select_prefix", included.select_prefix),
         strip_prefixes=tuple(header.get("strip_prefixes", included.strip_prefixes)),
-        signature=tuple(header.get("signature", included.signature)), rules=tuple(rules), drops=tuple(drops),
-        keep_fp32=tuple(dict.fromkeys([*included.keep_fp32, *data.get("precision", {}).get("keep_fp32", ())])),
+        signature=tuple(header.get("signature", included.signature)),
+        requires=tuple(header.get("requires", included.requires)), rules=tuple(rules), drops=tuple(drops),
         placeholders=kinds, fallback=load_table(header["fallback"]) if "fallback" in header else None, lora=lora,
     )
     _check_no_overlaps(table)
@@ -183,7 +212,10 @@ def _check_no_overlaps(table: KeyMapTable) -> None:
             raise TableError(f"key map {table.name}: key {example!r} matches several rules: {owners}")
 
 
+@cache
 def load_table(name: str) -> KeyMapTable:
-    """A table shipped in key_maps/ (e.g. 'sat_transformer')."""
-    path = resources.files("cogexport.key_maps").joinpath(f"{name}.toml")
+    """A table shipped in key_maps/, named by its family folder and file (e.g. 'cogvideox/sat_transformer')."""
+    path = resources.files("cogexport.key_maps").joinpath(*f"{name}.toml".split("/"))
+    if not path.is_file():
+        raise TableError(f"no key map {name!r} in key_maps/")
     return parse_table(path.read_text(encoding="utf-8"), name)

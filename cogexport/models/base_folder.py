@@ -1,5 +1,7 @@
-"""``--base``: a local Diffusers pipeline folder (or one model folder with config.json) that supplies configs,
-and for pipeline exports the text encoder, tokenizer and, unless exported, the VAE. Nothing is downloaded."""
+"""``--base``: a local Diffusers pipeline folder (or one model folder with config.json) that supplies configs, and for
+pipeline exports the components a fine-tune does not change (text encoders, tokenizers, image encoder, and unless
+exported, the VAE). Nothing is downloaded. Which family it is comes from the classes its configs name.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CogExportError
+from .family import ModelFamily, families, family_of_class
 
-TRANSFORMER_CLASS = "CogVideoXTransformer3DModel"
-VAE_CLASS = "AutoencoderKLCogVideoX"
+# Components whose config.json cogexport reads (the models it can export into).
+MODEL_COMPONENTS = ("transformer", "transformer_2", "vae")
 
 
 def read_json(path: Path) -> dict:
@@ -28,9 +31,11 @@ def read_json(path: Path) -> dict:
 @dataclass
 class BaseFolder:
     path: Path
+    family: ModelFamily
     pipeline_class: str | None = None
     components: dict[str, list] = field(default_factory=dict)  # model_index.json entries: name -> [library, class]
     configs: dict[str, dict] = field(default_factory=dict)  # component name -> its config.json
+    settings: dict = field(default_factory=dict)  # the pipeline's own config values (boundary_ratio, ...)
 
     @property
     def is_pipeline(self) -> bool:
@@ -42,17 +47,52 @@ class BaseFolder:
     def component_dir(self, component: str) -> Path:
         folder = self.path / component
         if not folder.is_dir():
-            raise CogExportError(f"--base {self.path} has no {component}/ folder; a CogVideoX pipeline folder has "
-                                 "text_encoder/, tokenizer/, transformer/, vae/ and scheduler/")
+            raise CogExportError(f"--base {self.path} has no {component}/ folder, which a {self.family.name} pipeline "
+                                 "export takes from it; give the full Diffusers pipeline folder of the base model")
         return folder
 
     def check_pipeline(self, linked: tuple[str, ...]) -> None:
         """Before anything is written: the components a pipeline export takes from here are all present."""
         for component in linked:
             self.component_dir(component)
-            if component in ("text_encoder", "tokenizer") and component not in self.components:
+            if component != "vae" and component not in self.components:
                 raise CogExportError(f"--base {self.path}/model_index.json has no {component} entry, so Diffusers could "
-                                     "not load the pipeline; give a complete CogVideoX pipeline folder")
+                                     f"not load the pipeline; give a complete {self.family.name} pipeline folder")
+
+
+def _family_of_pipeline(pipeline_class: str) -> ModelFamily | None:
+    return next((family for family in families()
+                 if any(task.pipeline == pipeline_class for task in family.tasks.values())), None)
+
+
+def _known_classes() -> str:
+    return ", ".join(name for f in families() for name in (f.transformer.class_name, f.vae and f.vae.class_name) if name)
+
+
+def _open_pipeline(path: Path) -> BaseFolder:
+    index = read_json(path / "model_index.json")
+    if not isinstance(index.get("_class_name"), str):
+        raise CogExportError(f"--base {path}/model_index.json names no pipeline class (_class_name)")
+    configs = {component: read_json(path / component / "config.json") for component in MODEL_COMPONENTS
+               if (path / component / "config.json").is_file()}
+    found = [family_of_class(config.get("_class_name")) for config in configs.values()]
+    family = next((f[0] for f in found if f), None) or _family_of_pipeline(index["_class_name"])
+    if family is None:
+        raise CogExportError(f"--base {path} is a {index['_class_name']}, which cogexport does not export into "
+                             f"(its models: {_known_classes()})")
+    return BaseFolder(path, family, index["_class_name"],
+                      {k: v for k, v in index.items() if not k.startswith("_") and isinstance(v, list)}, configs,
+                      {k: v for k, v in index.items() if not k.startswith("_") and not isinstance(v, list)})
+
+
+def _open_model(path: Path) -> BaseFolder:
+    config = read_json(path / "config.json")
+    found = family_of_class(config.get("_class_name"))
+    if found is None:
+        raise CogExportError(f"--base {path}/config.json describes {config.get('_class_name')!r}, not a model "
+                             f"cogexport exports into ({_known_classes()})")
+    family, component = found
+    return BaseFolder(path, family, configs={component: config})
 
 
 def open_base(path: Path) -> BaseFolder:
@@ -60,21 +100,14 @@ def open_base(path: Path) -> BaseFolder:
     if not path.is_dir():
         raise CogExportError(f"--base {path} is not a folder (give a local Diffusers pipeline or model folder)")
     if (path / "model_index.json").is_file():
-        index = read_json(path / "model_index.json")
-        if not isinstance(index.get("_class_name"), str):
-            raise CogExportError(f"--base {path}/model_index.json names no pipeline class (_class_name)")
-        base = BaseFolder(path, index["_class_name"],
-                          {k: v for k, v in index.items() if not k.startswith("_") and isinstance(v, list)})
-        for component in ("transformer", "vae"):
-            config_path = path / component / "config.json"
-            if config_path.is_file():
-                base.configs[component] = read_json(config_path)
-        return base
+        return _open_pipeline(path)
     if (path / "config.json").is_file():
-        config = read_json(path / "config.json")
-        component = {TRANSFORMER_CLASS: "transformer", VAE_CLASS: "vae"}.get(config.get("_class_name"))
-        if component is None:
-            raise CogExportError(f"--base {path}/config.json describes {config.get('_class_name')!r}, not a "
-                                 f"{TRANSFORMER_CLASS} or {VAE_CLASS}")
-        return BaseFolder(path, configs={component: config})
+        return _open_model(path)
+    # A folder holding one model folder (base/transformer/config.json) stands for that model.
+    inside = sorted(p.parent for p in path.glob("*/config.json"))
+    if len(inside) == 1:
+        return _open_model(inside[0])
+    if inside:
+        raise CogExportError(f"--base {path} holds several model folders ({', '.join(p.name for p in inside)}) and no "
+                             f"model_index.json; pass one of them, e.g. --base {inside[0]}")
     raise CogExportError(f"--base {path} has neither model_index.json (a pipeline) nor config.json (a model folder)")

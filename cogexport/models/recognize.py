@@ -1,19 +1,19 @@
-"""Which model a checkpoint holds, read from its names and shapes: the layout (SAT or Diffusers names), the
-CogVideoX variant, and whether it is a LoRA run. Used by ``export`` to choose a key map and by ``inspect``."""
+"""Which model a checkpoint holds, read from its names and shapes: the family and layout (the one key-map table whose
+signature the names carry), the published variant, and whether it is a LoRA run. Used by ``export`` to choose a
+key map and by ``inspect``. Readers never decide this: they hand out names, the tables recognise them.
+"""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from ..errors import CogExportError
 from ..keymap.plan import translate_shapes
 from ..keymap.table import KeyMapTable, load_table
 from ..lazy import LazyTensor
-from .cogvideox import published_variant, read_transformer_shape
+from .family import ModelFamily, Variant, families
 
-TRANSFORMER_TABLES = ("sat_transformer", "diffusers_transformer")
-VAE_TABLES = ("sat_vae", "diffusers_vae")
-LORA_TABLES = ("sat_lora", "peft_lora", "diffusers_lora")
 # Name fragments only LoRA checkpoints have (SAT's LoRA mixin, PEFT, kohya-style files).
 LORA_MARKERS = (".original.", ".matrix_A.", ".matrix_B.", ".lora_A.", ".lora_B.", ".base_layer.", ".lora_down.",
                 ".lora_up.")
@@ -24,21 +24,69 @@ def lora_key(keys: Sequence[str]) -> str | None:
     return next((key for key in keys if any(marker in key for marker in LORA_MARKERS)), None)
 
 
-def fitting_tables(keys: Sequence[str], candidates: Sequence[str]) -> list[KeyMapTable]:
-    tables = [load_table(name) for name in candidates]
-    return [table for table in tables if table.recognises(table.select(keys)[0])]
+def component_tables(component: str, family: ModelFamily | None = None) -> list[tuple[ModelFamily, str]]:
+    """(family, table name) for every table that translates into ``component`` ("transformer", "vae" or "lora")."""
+    found = []
+    for each in families() if family is None else (family,):
+        spec = {"transformer": each.transformer, "vae": each.vae}.get(component)
+        names = each.lora_tables if component == "lora" else (spec.tables if spec else ())
+        found += [(each, name) for name in names]
+    return found
 
 
-def choose_table(source: Mapping[str, LazyTensor], candidates: Sequence[str], what: str, where: str) -> KeyMapTable:
-    """The one table whose signature the checkpoint's names carry."""
+def fitting_tables(keys: Sequence[str], candidates: Sequence[tuple[ModelFamily, str]]
+                   ) -> list[tuple[ModelFamily, KeyMapTable]]:
+    fitting = []
+    for family, name in candidates:
+        table = load_table(name)
+        if table.recognises(table.select(keys)[0]):
+            fitting.append((family, table))
+    return fitting
+
+
+def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, where: str,
+                 family: ModelFamily | None = None) -> tuple[ModelFamily, KeyMapTable]:
+    """The one table (and its family) whose signature the checkpoint's names carry."""
+    candidates = component_tables(component, family)
     fitting = fitting_tables(list(source), candidates)
     if len(fitting) == 1:
         return fitting[0]
     if not fitting:
         sample = ", ".join(list(source)[:3]) or "no tensors at all"
-        raise CogExportError(f"{where} holds no {what} weights cogexport recognises (tried {', '.join(candidates)}); "
-                             f"its first keys are {sample}")
-    raise CogExportError(f"{where} matches several layouts ({', '.join(t.name for t in fitting)}); its keys are mixed")
+        others = [found for found in fitting_tables(list(source), component_tables(component))] if family else []
+        if others:
+            raise CogExportError(f"{where} holds a {others[0][0].name} {component}, not a {family.name} one; give a "
+                                 f"{others[0][0].name} --base (or none)")
+        raise CogExportError(f"{where} holds no {what} weights cogexport recognises (tried "
+                             f"{', '.join(name for _, name in candidates)}); its first keys are {sample}")
+    raise CogExportError(f"{where} matches several layouts ({', '.join(t.name for _, t in fitting)}); its keys are mixed")
+
+
+@dataclass
+class Recognised:
+    """A transformer checkpoint's family, layout and the facts its shapes show."""
+
+    family: ModelFamily
+    table: KeyMapTable
+    facts: dict[str, Any]
+    variant: Variant | None
+
+    @property
+    def task(self) -> str:
+        return self.family.shapes.task_of(self.facts)
+
+    @property
+    def model(self) -> str:
+        return self.variant.name if self.variant else f"{self.family.name} (unpublished size)"
+
+
+def read_facts(family: ModelFamily, table: KeyMapTable, shapes: Mapping[str, Any],
+               experts: tuple[str, ...] = ()) -> Recognised:
+    """The facts of a transformer in ``table``'s layout (LoRA tensors, if any, left out)."""
+    translated = translate_shapes(table, shapes)
+    base = {name: shape for name, shape in translated.items() if ".lora_" not in name}
+    facts = family.shapes.read_facts(base)
+    return Recognised(family, table, facts, family.published_variant(facts, experts))
 
 
 def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None = None,
@@ -55,7 +103,8 @@ def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | No
         except CogExportError as error:
             found["lora"] = {"marker": marker, "problem": str(error)}
         else:
-            found["lora"] = {"layout": adapter.table.name, "description": adapter.table.source, "rank": adapter.rank,
+            found["lora"] = {"family": adapter.family.name, "layout": adapter.table.name,
+                             "description": adapter.table.source, "rank": adapter.rank,
                              "ranks": sorted(set(adapter.ranks.values())),
                              "alpha": adapter.alpha if adapter.alpha_recorded else None,
                              "assumed_alpha": None if adapter.alpha_recorded else adapter.alpha,
@@ -64,19 +113,21 @@ def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | No
                              "modules": len(adapter.ranks), "layers": adapter.layers,
                              "base_weights": adapter.has_base_weights}
         return found
-    for component, candidates in (("transformer", TRANSFORMER_TABLES), ("vae", VAE_TABLES)):
-        for table in fitting_tables(keys, candidates):
+    for component in ("transformer", "vae"):
+        for family, table in fitting_tables(keys, component_tables(component)):
             selected, ignored = table.select(keys)
-            entry = {"layout": table.name, "description": table.source, "keys": len(selected), "other_keys": len(ignored)}
+            entry = {"family": family.name, "layout": table.name, "description": table.source, "keys": len(selected),
+                     "other_keys": len(ignored)}
             if component == "transformer":
                 try:
-                    shape = read_transformer_shape(translate_shapes(table, {k: source[k].shape for k in keys}))
+                    recognised = read_facts(family, table, {k: source[k].shape for k in keys})
                 except CogExportError as error:
                     entry["problem"] = str(error)
                 else:
-                    variant = published_variant(shape)
-                    entry.update(model=variant.name if variant else f"CogVideoX {shape.version} (unpublished size)",
-                                 model_type="i2v" if shape.image_to_video else "t2v", layers=shape.num_layers,
-                                 hidden_size=shape.hidden, in_channels=shape.in_channels)
+                    entry.update(model=recognised.model, model_type=recognised.task,
+                                 variant=recognised.variant.name if recognised.variant else None,
+                                 description_of_shape=family.shapes.describe(recognised.facts),
+                                 layers=recognised.facts.get("layers"), hidden_size=recognised.facts.get("hidden"),
+                                 in_channels=recognised.facts.get("in_channels"))
             found[component] = entry
     return found

@@ -59,17 +59,27 @@ def write_config_json(path: Path, config: Mapping[str, object]) -> None:
     path.write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def write_model_index(folder: Path, pipeline_class: str, components: Mapping[str, list]) -> None:
+def write_model_index(folder: Path, pipeline_class: str, components: Mapping[str, list],
+                      config: Mapping[str, object] | None = None) -> None:
+    """model_index.json as the pipeline's save_pretrained writes it: every component the class takes (absent ones as
+    [null, null]) and its config values (``config``, else the class's defaults)."""
+    import inspect
+
     import diffusers
 
-    write_config_json(folder / "model_index.json",
-                      {"_class_name": pipeline_class, "_diffusers_version": diffusers.__version__, **components})
+    pipeline = getattr(diffusers, pipeline_class)
+    expected, optional = pipeline._get_signature_keys(pipeline)
+    defaults = {name: p.default for name, p in inspect.signature(pipeline.__init__).parameters.items()}
+    values = {name: (config or {}).get(name, defaults.get(name)) for name in optional}
+    entries = {name: list(components.get(name, [None, None])) for name in expected}
+    write_config_json(folder / "model_index.json", {"_class_name": pipeline_class,
+                                                    "_diffusers_version": diffusers.__version__, **entries, **values})
 
 
-def write_scheduler(folder: Path, config: Mapping[str, object]) -> None:
-    from diffusers import CogVideoXDDIMScheduler
+def write_scheduler(folder: Path, class_name: str, config: Mapping[str, object]) -> None:
+    import diffusers
 
-    CogVideoXDDIMScheduler(**config).save_pretrained(folder)
+    getattr(diffusers, class_name)(**config).save_pretrained(folder)
 
 
 def link_or_copy_tree(source: Path, destination: Path) -> str:

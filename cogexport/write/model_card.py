@@ -23,11 +23,12 @@ class CardFacts:
     precision: str
     details: list[str] = field(default_factory=list)
     usage: str = ""
+    tags: tuple[str, ...] = ()
 
 
 def model_card(facts: CardFacts) -> str:
     data = ModelCardData(library_name="diffusers", base_model=facts.base_model, pipeline_tag=facts.pipeline_tag,
-                         tags=["cogvideox", "video-generation", "cogexport"], base_model_relation=facts.relation)
+                         tags=[*facts.tags, "cogexport"], base_model_relation=facts.relation)
     base = f"[{facts.base_model}](https://huggingface.co/{facts.base_model})" if facts.base_model else "its base model"
     lines = [
         f"# {facts.title}",

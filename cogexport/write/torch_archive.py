@@ -1,0 +1,125 @@
+"""Write a ``torch.save`` file one tensor at a time: the same zip archive torch writes (``data.pkl`` naming each
+storage by a persistent id, then one stored, 64-byte-aligned record per storage), so ``torch.load`` (and
+``mmap=True``) reads it, while memory holds one tensor, never the whole object."""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import struct
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ..lazy import LazyTensor
+from ..tensor_bytes import tensor_buffer
+
+_ALIGNMENT = 64
+_ZIP64_EXTRA = 20  # what zipfile adds to a local header whose record is over 4 GiB
+_STORAGE_CLASSES = {torch.float32: "FloatStorage", torch.bfloat16: "BFloat16Storage", torch.float16: "HalfStorage",
+                    torch.float64: "DoubleStorage", torch.int64: "LongStorage", torch.int32: "IntStorage",
+                    torch.int16: "ShortStorage", torch.int8: "CharStorage", torch.uint8: "ByteStorage",
+                    torch.bool: "BoolStorage"}
+
+
+class _Global:
+    """A module-level name written into the pickle as it is (``torch FloatStorage``): nothing is imported."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+
+class _StoredTensor:
+    """Where a lazy tensor goes: its record key, and how torch rebuilds it from that storage."""
+
+    def __init__(self, key: str, tensor: LazyTensor) -> None:
+        self.key, self.tensor = key, tensor
+
+
+class _ArchivePickler(pickle._Pickler):  # the Python pickler, whose save() can be extended
+    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
+        if isinstance(obj, _Global):
+            self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode())
+            return
+        if isinstance(obj, _StoredTensor):
+            shape = tuple(obj.tensor.shape)
+            stride = _contiguous_strides(shape)
+            storage = ("storage", _Global("torch", _STORAGE_CLASSES[obj.tensor.dtype]), obj.key, "cpu",
+                       obj.tensor.numel)
+            self.save(_Global("torch._utils", "_rebuild_tensor_v2"))
+            self.save((_PersistentId(storage), 0, shape, stride, False, collections.OrderedDict()))
+            self.write(pickle.REDUCE)
+            return
+        if isinstance(obj, _PersistentId):
+            self.save(obj.value)
+            self.write(pickle.BINPERSID)
+            return
+        super().save(obj, save_persistent_id)
+
+
+class _PersistentId:
+    def __init__(self, value: tuple) -> None:
+        self.value = value
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _stored(tree: Any, records: list[_StoredTensor]) -> Any:
+    """The object tree with every LazyTensor replaced by its record reference (records listed in order)."""
+    if isinstance(tree, LazyTensor):
+        records.append(_StoredTensor(str(len(records)), tree))
+        return records[-1]
+    if isinstance(tree, dict):
+        return type(tree)((key, _stored(value, records)) for key, value in tree.items())
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_stored(value, records) for value in tree)
+    return tree
+
+
+def write_torch_archive(path: Path, tree: Any, on_tensor: Callable[[str, int], None] | None = None) -> None:
+    """torch.save ``tree`` (plain containers and values, LazyTensor leaves) to ``path``, loading one tensor at a time."""
+    records: list[_StoredTensor] = []
+    stored = _stored(tree, records)
+    pickled = _pickle(stored)
+    root = path.stem
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        archive.writestr(f"{root}/data.pkl", pickled)
+        archive.writestr(f"{root}/.format_version", "1")
+        archive.writestr(f"{root}/.storage_alignment", str(_ALIGNMENT))
+        archive.writestr(f"{root}/byteorder", "little")
+        for record in records:
+            _write_record(archive, f"{root}/data/{record.key}", record.tensor, on_tensor)
+        archive.writestr(f"{root}/version", "3\n")
+        archive.writestr(f"{root}/.data/serialization_id", uuid.uuid4().hex[:40].ljust(40, "0"))
+
+
+def _pickle(tree: Any) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    _ArchivePickler(buffer, protocol=2).dump(tree)
+    return buffer.getvalue()
+
+
+def _write_record(archive: zipfile.ZipFile, name: str, tensor: LazyTensor,
+                  on_tensor: Callable[[str, int], None] | None) -> None:
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type, info.file_size = zipfile.ZIP_STORED, tensor.nbytes
+    data_start = archive.fp.tell() + 30 + len(name.encode()) + 4 \
+        + (_ZIP64_EXTRA if tensor.nbytes > zipfile.ZIP64_LIMIT else 0)
+    padding = -data_start % _ALIGNMENT
+    info.extra = struct.pack("<HH", 0x4246, padding) + b"Z" * padding  # "FB": the id torch's own padding uses
+    loaded = tensor.load().contiguous()
+    with archive.open(info, "w", force_zip64=tensor.nbytes > zipfile.ZIP64_LIMIT) as out:
+        out.write(tensor_buffer(loaded))
+    if on_tensor is not None:
+        on_tensor(name, tensor.nbytes)
