@@ -192,17 +192,24 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
               help="For a pipeline folder: the VAE checkpoint its vae/ was exported from (else vae/ is not checked).")
 @click.option("--ema", is_flag=True, help="The folder was exported from SAT's EMA copy.")
 @click.option("--no-load", is_flag=True, help="Skip loading the folder with Diffusers.")
+@click.option("--judge-limit", default="8GB", show_default=True,
+              help="Largest source (decimal units) for which Diffusers' own converter is asked for a second opinion "
+                   "(it holds the converted model in memory).")
 @json_option
 @_user_errors_exit_2
-def verify(output, against, vae_against, tag, ema, no_load, as_json) -> None:
-    """Check an exported folder tensor by tensor against its checkpoint, and load it with Diffusers.
+def verify(output, against, vae_against, tag, ema, no_load, judge_limit, as_json) -> None:
+    """Check an exported folder (model, pipeline or LoRA adapter) against the checkpoint it came from.
 
-    Exit code 0 when everything matches, 1 when something differs (listed), 2 for bad input (including a
-    checkpoint that does not translate into the folder's model at all).
+    Says what it proves: the folder holds what cogexport's key map makes of the checkpoint, cast as declared (a
+    consistency check); where Diffusers ships its own converter for the source layout, that converter's result agrees
+    (an independent check); and Diffusers loads the folder. Exit code 0 when everything matches, 1 when something
+    differs (listed), 2 for bad input (including a checkpoint that does not translate into the folder's model at all).
     """
     from .verify import is_pipeline, verify as run_verify
+    from .write.shards import parse_size
 
-    reports = run_verify(output, list(against), tag=tag, ema=ema, load=not no_load, vae_against=vae_against)
+    reports = run_verify(output, list(against), tag=tag, ema=ema, load=not no_load, vae_against=vae_against,
+                         judge_limit=parse_size(judge_limit))
     vae_files = list((output / "vae").glob("*.safetensors")) if is_pipeline(output) else []
     # Hard-linked files came from --base as they were; only an exported (or copied) VAE deserves the reminder.
     if vae_against is None and any(path.stat().st_nlink == 1 for path in vae_files):
@@ -214,10 +221,19 @@ def verify(output, against, vae_against, tag, ema, no_load, as_json) -> None:
         for report in reports:
             loaded = {True: "loads with Diffusers", False: f"does NOT load with Diffusers ({report.load_error})",
                       None: "loading skipped"}[report.loads_with_diffusers]
-            click.echo(f"{'ok' if report.ok else 'FAILED'}: {report.folder} ({report.model_class}): {report.tensors} "
-                       f"tensors, {report.exact} exact, {report.cast_exact} equal to the cast source; {loaded}")
-            for mismatch in report.mismatches[:20]:
+            click.echo(f"{'ok' if report.ok else 'FAILED'}: {report.folder} ({report.kind}, {report.model_class}): "
+                       f"{report.tensors} tensors, {report.exact} exact, {report.cast_exact} equal to the cast source; "
+                       f"{loaded}")
+            for mismatch in [*report.mismatches[:20], *report.judge_mismatches[:20]]:
                 click.echo(f"  {mismatch}")
+            if report.judge:
+                click.echo(f"  second opinion: Diffusers' {report.judge} makes the same "
+                           f"{report.judged} tensors" if not report.judge_mismatches else
+                           f"  second opinion: Diffusers' {report.judge} disagrees (above)")
+            elif report.judge_note:
+                click.echo(f"  no second opinion: {report.judge_note}")
+            if report.ok:
+                click.echo("  this proves: " + "; ".join(report.proves))
     if not all(r.ok for r in reports):
         sys.exit(1)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 from cogvideox_fixtures import build_tiny_transformer, config_folder, tiny_pipeline, write_sat_run
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from cogexport.to_diffusers import export
@@ -23,7 +25,7 @@ def test_a_faithful_export_verifies(cli, tmp_path):
     result = cli("verify", out, "--against", run, "--json")
     assert result.exit_code == 0, result.stdout
     (report,) = json.loads(result.stdout)
-    assert report["ok"] and report["loads_with_diffusers"] and report["mismatches"] == []
+    assert report["ok"] and report["loads_with_diffusers"] and report["mismatches"] == [] and report["kind"] == "model"
     assert report["tensors"] == report["exact"] + report["cast_exact"] == 64
     assert report["cast_exact"] > 0, "the fp32-kept norms are checked against the upcast bf16 source"
 
@@ -55,7 +57,7 @@ def test_a_pipeline_folder_verifies_its_transformer(cli, tmp_path):
     export(tmp_path / "run", tmp_path / "out", base=base)
     result = cli("verify", tmp_path / "out", "--against", tmp_path / "run")
     assert result.exit_code == 0, result.stdout
-    assert "transformer (CogVideoXTransformer3DModel): 64 tensors" in result.stdout
+    assert "transformer (model, CogVideoXTransformer3DModel): 64 tensors" in result.stdout
     assert torch.equal(load_file(tmp_path / "out" / "transformer" / "diffusion_pytorch_model.safetensors")[
         "proj_out.weight"], (weights["proj_out.weight"] * 1.5).to(torch.bfloat16))
 
@@ -90,3 +92,96 @@ def test_a_pipeline_with_an_exported_vae_verifies_both(cli, tmp_path):
     assert result.exit_code == 1 and f"{changed}: values differ" in result.stdout
     unchecked = cli("verify", tmp_path / "out", "--against", tmp_path / "run")
     assert unchecked.exit_code == 0 and "vae not checked" in unchecked.stderr
+
+
+def test_verify_says_what_it_proves_and_why_there_is_no_second_opinion(cli, tmp_path):
+    run, out = exported(tmp_path)
+    (report,) = json.loads(cli("verify", out, "--against", run, "--json").stdout)
+    assert report["judge"] is None and "Diffusers ships no converter for cogvideox/sat_transformer" in report["judge_note"]
+    assert any("a wrong rule would pass this check" in claim for claim in report["proves"])
+    text = cli("verify", out, "--against", run).stdout
+    assert "no second opinion:" in text and "this proves:" in text
+
+
+WAN_ORIGINAL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "wan21-t2v" / "original"
+
+
+def scrambled_wan_table(monkeypatch):
+    """Export with a wrong rule: self-attention's q/k norms swapped with cross-attention's."""
+    from cogexport.keymap import table as tables
+    from cogexport.models import recognize
+
+    real = tables.load_table
+
+    def load(name):
+        if name != "wan/original_transformer":
+            return real(name)
+        text = tables.resources.files("cogexport.key_maps").joinpath("wan", "original_transformer.toml").read_text()
+        text = text.replace("attn1.norm_{qk}", "@@").replace("attn2.norm_{qk}", "attn1.norm_{qk}").replace(
+            "@@", "attn2.norm_{qk}")
+        return tables.parse_table(text, name)
+
+    monkeypatch.setattr(recognize, "load_table", load)
+
+
+def test_a_wrong_rule_passes_the_consistency_check_but_not_diffusers_own_converter(cli, tmp_path, monkeypatch):
+    scrambled_wan_table(monkeypatch)
+    assert cli(WAN_ORIGINAL, tmp_path / "out", "--dtype", "fp32").exit_code == 0
+    result = cli("verify", tmp_path / "out", "--against", WAN_ORIGINAL, "--json")
+    assert result.exit_code == 1
+    (report,) = json.loads(result.stdout)
+    assert report["mismatches"] == [], "the same wrong table replans the same wrong folder"
+    assert report["judge"] == "convert_wan_transformer_to_diffusers"
+    assert any("blocks.0.attn1.norm_q.weight differs from what Diffusers' convert_wan_transformer_to_diffusers"
+               in line for line in report["judge_mismatches"])
+
+
+def test_a_faithful_wan_export_agrees_with_diffusers_own_converter(cli, tmp_path):
+    assert cli(WAN_ORIGINAL, tmp_path / "out").exit_code == 0
+    (report,) = json.loads(cli("verify", tmp_path / "out", "--against", WAN_ORIGINAL, "--json").stdout)
+    assert report["ok"] and report["judged"] == report["tensors"] == 69 and report["judge_mismatches"] == []
+    (report,) = json.loads(cli("verify", tmp_path / "out", "--against", WAN_ORIGINAL, "--judge-limit", "1000",
+                               "--json").stdout)
+    assert report["ok"] and report["judge"] is None and "over the 0.0 GB limit" in report["judge_note"]
+
+
+def lora_run(tmp_path):
+    original = build_tiny_transformer("2b", num_layers=2, seed=3)
+    run = write_sat_run(tmp_path / "run", original.state_dict(), lora_rank=4, dtype=torch.float32)
+    return run, config_folder(tmp_path / "base", original)
+
+
+def test_verify_checks_a_lora_adapter_folder(cli, tmp_path):
+    run, base = lora_run(tmp_path)
+    export(run.run_dir, tmp_path / "adapter", base=base)
+    result = cli("verify", tmp_path / "adapter", "--against", run.run_dir, "--json")
+    assert result.exit_code == 0, result.stdout
+    (report,) = json.loads(result.stdout)
+    assert report["kind"] == "LoRA adapter" and report["tensors"] == 16 and report["ok"]
+
+    weights = tmp_path / "adapter" / "pytorch_lora_weights.safetensors"
+    with safe_open(weights, "pt") as handle:
+        metadata, tensors = handle.metadata(), {k: handle.get_tensor(k) for k in handle.keys()}
+    recorded = json.loads(metadata["lora_adapter_metadata"])
+    save_file(tensors, weights, metadata={**metadata, "lora_adapter_metadata": json.dumps(
+        {**recorded, "transformer.lora_alpha": 4.0})})
+    result = cli("verify", tmp_path / "adapter", "--against", run.run_dir)
+    assert result.exit_code == 1 and "transformer.lora_alpha is 4.0, the run's is 1.0" in result.stdout
+
+
+def test_verify_checks_a_fused_lora_folder(cli, tmp_path):
+    run, base = lora_run(tmp_path)
+    export(run.run_dir, tmp_path / "fused", base=base, lora="fuse")
+    result = cli("verify", tmp_path / "fused", "--against", run.run_dir, "--json")
+    assert result.exit_code == 0, result.stdout
+    (report,) = json.loads(result.stdout)
+    assert report["kind"] == "fused model" and report["tensors"] == 64 and report["loads_with_diffusers"]
+
+    weights = tmp_path / "fused" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(weights)
+    unfused = {name: tensor for name, tensor in run.expected.items()}  # the base weights without the adapter
+    tensors["transformer_blocks.0.attn1.to_q.weight"] = unfused["transformer_blocks.0.attn1.to_q.weight"].to(
+        tensors["transformer_blocks.0.attn1.to_q.weight"].dtype)
+    save_file(tensors, weights, metadata={"format": "pt"})
+    result = cli("verify", tmp_path / "fused", "--against", run.run_dir, "--no-load")
+    assert result.exit_code == 1 and "transformer_blocks.0.attn1.to_q.weight: values differ" in result.stdout

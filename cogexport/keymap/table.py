@@ -24,7 +24,7 @@ from .pattern import KeyPattern, PatternError
 from .rules import Drop, Regroup
 
 _TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "strip_prefixes", "signature", "requires",
-                 "include", "fallback"}
+                 "include", "fallback", "judge"}
 _LORA_FIELDS = {"default_alpha", "default_alpha_reason", "alpha_recorded"}
 _RULE_FIELDS = {
     "rename": {"from", "to", "optional"},
@@ -49,6 +49,7 @@ class KeyMapTable:
     strip_prefixes: tuple[str, ...] = ()
     signature: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()  # globs that must each match some key (what tells look-alike layouts apart)
+    judge: str | None = None  # Diffusers' own converter for this layout (in diffusers.loaders.single_file_utils)
     rules: tuple[Regroup, ...] = ()
     drops: tuple[Drop, ...] = ()
     placeholders: dict = field(default_factory=dict, compare=False)
@@ -82,7 +83,7 @@ class KeyMapTable:
     def inverted(self) -> "KeyMapTable":
         """The same table run backwards (e.g. Diffusers to SAT); drops produce nothing in this direction."""
         return replace(self, name=f"{self.name} (inverted)", select_prefix=None, strip_prefixes=(), signature=(),
-                       requires=(), rules=tuple(rule.inverse() for rule in self.rules), drops=(),
+                       requires=(), judge=None, rules=tuple(rule.inverse() for rule in self.rules), drops=(),
                        fallback=self.fallback.inverted() if self.fallback else None)
 
 
@@ -191,7 +192,8 @@ def parse_table(text: str, name: str) -> KeyMapTable:
         select_prefix=header.get("select_prefix", included.select_prefix),
         strip_prefixes=tuple(header.get("strip_prefixes", included.strip_prefixes)),
         signature=tuple(header.get("signature", included.signature)),
-        requires=tuple(header.get("requires", included.requires)), rules=tuple(rules), drops=tuple(drops),
+        requires=tuple(header.get("requires", included.requires)), judge=header.get("judge", included.judge),
+        rules=tuple(rules), drops=tuple(drops),
         placeholders=kinds, fallback=load_table(header["fallback"]) if "fallback" in header else None, lora=lora,
     )
     _check_no_overlaps(table)
