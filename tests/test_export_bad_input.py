@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -152,3 +153,21 @@ def test_incomplete_base_pipelines(cli, tmp_path, sat_run):
     del index["tokenizer"]
     (base / "model_index.json").write_text(json.dumps(index))
     assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", base], "model_index.json has no tokenizer")
+
+
+def test_a_base_folder_whose_only_model_is_in_a_subfolder_stands_for_it(cli, tmp_path, sat_run):
+    run, base = sat_run
+    (tmp_path / "wrapper").mkdir()
+    os.rename(base, tmp_path / "wrapper" / "transformer")
+    result = cli(run.run_dir, tmp_path / "out", "--base", tmp_path / "wrapper")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "out" / "config.json").is_file()
+
+
+def test_a_base_folder_with_several_model_subfolders_names_them(cli, tmp_path, sat_run):
+    run, base = sat_run
+    (tmp_path / "wrapper").mkdir()
+    shutil.copytree(base, tmp_path / "wrapper" / "transformer")
+    shutil.copytree(base, tmp_path / "wrapper" / "transformer_2")
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", tmp_path / "wrapper"],
+                   "several model folders (transformer, transformer_2)", f"--base {tmp_path / 'wrapper' / 'transformer'}")
