@@ -64,9 +64,13 @@ def build_tiny_transformer(shape_class: str = "t2v", seed: int = 0, **overrides)
 
 def original_shapes(config: dict) -> dict[str, torch.Size]:
     """The original model's state dict names and shapes for a HunyuanVideoTransformer3DModel config."""
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    defaults = {name: p.default for name, p in inspect.signature(HunyuanVideoTransformer3DModel).parameters.items()}
+    config = {**defaults, **config}
     hidden = config["num_attention_heads"] * config["attention_head_dim"]
-    head, mlp = config["attention_head_dim"], int(hidden * config.get("mlp_ratio", 4.0))
-    patch, patch_t = config.get("patch_size", 2), config.get("patch_size_t", 1)
+    head, mlp = config["attention_head_dim"], int(hidden * config["mlp_ratio"])
+    patch, patch_t = config["patch_size"], config["patch_size_t"]
     shapes: dict[str, tuple] = {}
 
     def linear(name: str, out_features: int, in_features: int) -> None:
@@ -95,7 +99,7 @@ def original_shapes(config: dict) -> dict[str, torch.Size]:
     linear("time_in.mlp.2", hidden, hidden)
     linear("vector_in.in_layer", hidden, config["pooled_projection_dim"])
     linear("vector_in.out_layer", hidden, hidden)
-    if config.get("guidance_embeds", True):
+    if config["guidance_embeds"]:
         linear("guidance_in.mlp.0", hidden, TIMESTEP_CHANNELS)
         linear("guidance_in.mlp.2", hidden, hidden)
     for i in range(config["num_layers"]):
@@ -113,7 +117,7 @@ def original_shapes(config: dict) -> dict[str, torch.Size]:
         linear(f"{block}.linear2", hidden, hidden + mlp)
         shapes[f"{block}.q_norm.weight"] = shapes[f"{block}.k_norm.weight"] = (head,)
         linear(f"{block}.modulation.linear", 3 * hidden, hidden)
-    linear("final_layer.linear", patch_t * patch * patch * config.get("out_channels", 16), hidden)
+    linear("final_layer.linear", patch_t * patch * patch * config["out_channels"], hidden)
     linear("final_layer.adaLN_modulation.1", 2 * hidden, hidden)
     return {name: torch.Size(shape) for name, shape in shapes.items()}
 

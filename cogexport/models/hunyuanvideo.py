@@ -71,7 +71,16 @@ def layout_variant(config: Mapping[str, Any], experts: Sequence[str] = (),
 
 
 def check_target(facts: Mapping[str, Any], config: Mapping[str, Any], where: str) -> None:
-    """What the shape plan cannot see: the extra input channels only mean an image when the config says so."""
+    """What the shape plan cannot see (the extra input channels only mean an image when the config says so), and the
+    two differences between the T2V and 33-channel I2V models said in one line rather than as a list of keys."""
+    expected = config.get("in_channels", 16)
+    if facts["in_channels"] != expected:
+        raise CogExportError(f"{where} is a HunyuanVideo transformer with {facts['in_channels']} input channels, but "
+                             f"the config it would go into has {expected}; check --base (or --model-type)")
+    if facts["guidance"] != config.get("guidance_embeds", True):
+        has = "has" if facts["guidance"] else "has no"
+        raise CogExportError(f"{where} {has} a guidance embedder (guidance_in), but the config it would go into says "
+                             f"guidance_embeds {config.get('guidance_embeds', True)}; check --base")
     if facts["in_channels"] > facts["out_channels"] and config.get("image_condition_type") != LATENT_CONCAT:
         raise CogExportError(f"{where} is an image-to-video HunyuanVideo transformer with {facts['in_channels']} "
                              "input channels (image latents concatenated), but the config it would go into has "
