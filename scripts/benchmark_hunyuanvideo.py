@@ -1,13 +1,13 @@
 """Benchmark ``cogexport`` on a HunyuanVideo release-layout file against the reference path, in one run.
 
-    .venv/bin/python scripts/benchmark_hunyuanvideo.py [--double-layers 2] [--single-layers 4] [--runs 3] [--json]
+    .venv/bin/python scripts/benchmark_hunyuanvideo.py [--double-layers 2 --single-layers 4] [--runs 3] [--json]
     .venv/bin/python scripts/benchmark_hunyuanvideo.py --reference-path FILE CONFIG_DIR OUT   # the reference alone
 
 The 13B model (20 double + 40 single blocks) needs about 51 GB in fp32, more than this machine has, so the benchmark
 uses a FULL-WIDTH model (hidden 3072, 24 heads, the real embedders, text refiner and block shapes) with FEWER BLOCKS,
-said in its output. It makes (once, cached in --work-dir) the release layout: ``transformers/mp_rank_00_model_states.pt``
-holding ``{"module": state dict}`` of random bf16 weights (as the release stores them), and a config folder for that
-size. Then, each tool in a fresh process, alternating, --runs times, to a bf16 Diffusers folder with 5GB shards:
+said in its output. It makes (once, cached in --work-dir) the release layout,
+``transformers/mp_rank_00_model_states.pt`` holding ``{"module": state dict}`` of random bf16 weights (as the release
+stores them), and a config folder for that size. Then, each tool in a fresh process, alternating, --runs times, to a bf16 Diffusers folder with 5GB shards:
 
 - cogexport: ``cogexport FILE OUT --base CONFIG_DIR --component transformer`` (streams one tensor at a time);
 - the reference path, as a user of Diffusers does it: ``torch.load`` the file (mmap) and take its ``module`` (Diffusers'

@@ -21,7 +21,6 @@ matching loss (predict noise - latents from the interpolation at a random t), as
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -61,7 +60,8 @@ class OriginalLayoutTransformer(nn.Module):
 
     def forward(self, **inputs) -> torch.Tensor:
         weights = self._convert(dict(self.named_parameters()))
-        return torch.func.functional_call(self._diffusers[0], weights, args=(), kwargs={**inputs, "return_dict": False})[0]
+        inputs = {**inputs, "return_dict": False}
+        return torch.func.functional_call(self._diffusers[0], weights, args=(), kwargs=inputs)[0]
 
 
 def flow_matching_loss(engine, config: dict, step: int, rank: int, dtype: torch.dtype) -> torch.Tensor:

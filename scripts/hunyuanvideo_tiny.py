@@ -4,7 +4,8 @@ Diffusers' own single-file converter as the independent judge.
 Shape classes (the Diffusers config values that differ from the 13B release, which are the class defaults):
 
     t2v       16 input channels, guidance embedder (cfg-distilled)
-    i2v-33ch  33 input channels (latents + image latents + mask), no guidance embedder, image_condition_type latent_concat
+    i2v-33ch  33 input channels (latents, image latents, mask), no guidance embedder, image_condition_type
+              latent_concat
     i2v-16ch  the T2V shapes, image_condition_type token_replace
 
 ``original_shapes`` lists the original HYVideoDiffusionTransformer's tensor names and shapes for a Diffusers config,

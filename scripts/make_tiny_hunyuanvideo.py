@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hunyuanvideo_tiny import (MODEL_TYPE, SHAPE_CLASSES, TINY_POOLED_DIM, TINY_TEXT_DIM,  # noqa: E402
-                               build_tiny_transformer, randomize_)
+                               build_tiny_transformer)
 
 WORDS = ("a an the of on in at under with and cat dog panda astronaut car boat city forest sea sky moon "
          "playing guitar walking sailing flying red blue small big night sunset").split()

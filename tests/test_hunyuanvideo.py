@@ -10,9 +10,10 @@ import pytest
 import torch
 from conftest import leftovers, snapshot
 from diffusers import HunyuanVideoTransformer3DModel
-from hunyuanvideo_fixtures import (MODEL_STATES, MODEL_TYPE, SHAPE_CLASSES, TINY_PROMPT_TEMPLATE, build_tiny_transformer,
-                                   build_vae, config_folder, diffusers_judge, finetune, original_shapes,
-                                   random_original_state_dict, release_file, tiny_config, tiny_pipeline)
+from hunyuanvideo_fixtures import (MODEL_STATES, MODEL_TYPE, SHAPE_CLASSES, TINY_PROMPT_TEMPLATE,
+                                   build_tiny_transformer, build_vae, config_folder, diffusers_judge, finetune,
+                                   original_shapes, random_original_state_dict, release_file, tiny_config,
+                                   tiny_pipeline)
 from safetensors.torch import load_file
 
 from cogexport.keymap.plan import translate_shapes
@@ -133,7 +134,8 @@ def test_release_vae_with_state_dict_and_prefix(cli, tmp_path):
     """vae/pytorch_model.pt: the Diffusers names under `state_dict`, prefixed `vae.`; the VAE exports unrenamed."""
     vae = build_vae(seed=2)
     (tmp_path / "vae").mkdir()
-    torch.save({"state_dict": {f"vae.{n}": t for n, t in vae.state_dict().items()}}, tmp_path / "vae" / "pytorch_model.pt")
+    torch.save({"state_dict": {f"vae.{n}": t for n, t in vae.state_dict().items()}},
+               tmp_path / "vae" / "pytorch_model.pt")
     base = config_folder(tmp_path / "base", vae)
     result = cli(tmp_path / "vae" / "pytorch_model.pt", tmp_path / "out", "--component", "vae", "--base", base)
     assert result.exit_code == 0, result.stderr
