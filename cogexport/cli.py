@@ -133,7 +133,8 @@ def inspect(checkpoint, tag, as_json) -> None:
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file (decimal units).")
 @click.option("--variant", help="File-name variant, as save_pretrained(variant=...) (e.g. bf16).")
 @tag_option
-@click.option("--ema", is_flag=True, help="Export SAT's EMA copy (the TAG-ema folder).")
+@click.option("--ema", is_flag=True,
+              help="Export the EMA weights: SAT's TAG-ema folder, or an 'ema' state dict beside 'module'.")
 @click.option("--lora", type=click.Choice(["adapter", "fuse"]),
               help="A LoRA run: write the adapter (the default for LoRA runs) or fuse it into the model.")
 @click.option("--lora-alpha", type=float, help="The run's lora_alpha, when the checkpoint does not record it.")
@@ -190,7 +191,7 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
 @tag_option
 @click.option("--vae-against", type=click.Path(path_type=Path),
               help="For a pipeline folder: the VAE checkpoint its vae/ was exported from (else vae/ is not checked).")
-@click.option("--ema", is_flag=True, help="The folder was exported from SAT's EMA copy.")
+@click.option("--ema", is_flag=True, help="The folder was exported from the EMA weights (--ema).")
 @click.option("--no-load", is_flag=True, help="Skip loading the folder with Diffusers.")
 @click.option("--judge-limit", default="8GB", show_default=True,
               help="Largest source (decimal units) for which Diffusers' own converter is asked for a second opinion "

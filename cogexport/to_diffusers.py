@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .checkpoint import LazyCheckpoint, as_paths, open_checkpoint
-from .checkpoint.locate import ema_source
+from .checkpoint import LazyCheckpoint, as_paths, open_checkpoint, open_ema
 from .errors import CogExportError
 from .keymap.plan import Plan, plan_translation, translate_shapes
 from .keymap.table import KeyMapTable
@@ -79,6 +78,7 @@ class ModelExport:
     label: str = ""  # what the model is, for the user: a published name, or a custom size in a variant's layout
     published: bool = False
     shards: ShardPlan | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -109,10 +109,7 @@ def command_line() -> str:
 
 
 def open_source(paths: list[Path], options: ExportOptions) -> LazyCheckpoint:
-    tag = options.tag
-    if options.ema:
-        paths, tag = ema_source(paths, tag)
-    return open_checkpoint(paths, tag)
+    return open_ema(paths, options.tag) if options.ema else open_checkpoint(paths, options.tag)
 
 
 def expert_folders(paths: list[Path]) -> dict[str, Path]:
@@ -165,23 +162,36 @@ class _TransformerTarget:
     variant: Variant
     label: str
     published: bool
+    notes: list[str] = field(default_factory=list)  # what the user should know about the choice
 
 
 def _transformer_target(recognised: Recognised | None, family: ModelFamily, base: BaseFolder | None,
                         options: ExportOptions, where: str, folders: Sequence[Path] = (), component: str = "transformer",
                         experts: tuple[str, ...] = ()) -> _TransformerTarget:
     """The Diffusers transformer to export into: --base's config, else the config the original release keeps beside
-    its weights, else the published variant of this shape."""
+    its weights, else the published variant of this shape (of --model-type's task, when tasks share shapes)."""
     base_config = base.config(component) if base else None
     published = recognised.variant if recognised else None
     if base is not None and base_config is None:
         raise CogExportError(f"--base {base.path} has no {component} config.json (give a pipeline folder with "
                              f"{component}/, or a transformer folder)")
+    if options.model_type and options.model_type not in family.tasks:
+        raise CogExportError(f"--model-type {options.model_type} is not a {family.name} task; {where} is a {family.name} "
+                             f"model (tasks: {', '.join(family.tasks)})")
+    if recognised is not None and options.model_type:
+        if options.model_type not in recognised.tasks:
+            task = recognised.task
+            name = published.name if published else f"a {family.name} {task.upper()} model"
+            raise CogExportError(f"checkpoint is {name} (in_channels {recognised.facts.get('in_channels')}) but "
+                                 f"--model-type {options.model_type} was given")
+        published = family.published_variant(recognised.facts, experts, options.model_type)
     beside = None if base_config is not None or options.model_name or recognised is None else \
         _config_beside(family, folders, recognised.facts)
+    notes = []
     if base_config is not None or beside is not None:
         config = base_config if base_config is not None else beside
         variant = family.layout_variant(config, experts, base.settings if base else None)
+        told = f"--base {base.path}" if base_config is not None else "the config beside the checkpoint"
     else:
         variant = family.variant_named(options.model_name) if options.model_name else published
         if variant is None:
@@ -189,20 +199,21 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
                     if recognised else "an adapter alone")
             raise CogExportError(f"{where} is {what}; pass --base with a Diffusers folder whose config describes it")
         config = family.transformer_config(variant)
-    if options.model_type and options.model_type not in family.tasks:
-        raise CogExportError(f"--model-type {options.model_type} is not a {family.name} task; {where} is a {family.name} "
-                             f"model (tasks: {', '.join(family.tasks)})")
+        told = f"--model-name {options.model_name}"
+        if recognised is not None and not options.model_type and not options.model_name:
+            others = {task: family.published_variant(recognised.facts, experts, task) for task in recognised.tasks[1:]}
+            notes = [f"{where} has the shapes of {other.name if other else f'a {family.name} {task} model'} too; "
+                     f"exported as {variant.name} ({variant.task}): pass --model-type {task} for that one"
+                     for task, other in others.items()]
+    if options.model_type and variant.task != options.model_type:
+        raise CogExportError(f"--model-type {options.model_type} was given, but {told} describes {variant.name}, a "
+                             f"{variant.task} model")
     if recognised is not None:
-        task = recognised.task
-        if options.model_type and options.model_type != task:
-            name = published.name if published else f"a {family.name} {task.upper()} model"
-            facts = recognised.facts
-            raise CogExportError(f"checkpoint is {name} (in_channels {facts.get('in_channels')}) but --model-type "
-                                 f"{options.model_type} was given")
         family.shapes.check_target(recognised.facts, config, where)
     is_published = published == variant if recognised else base_config is None
     label = variant.name if is_published else f"custom-size {family.name} ({variant.name} layout)"
-    return _TransformerTarget(family, build_target(family.transformer.class_name, config), variant, label, is_published)
+    return _TransformerTarget(family, build_target(family.transformer.class_name, config), variant, label, is_published,
+                              notes)
 
 
 def _config_beside(family: ModelFamily, folders: Sequence[Path], facts: dict) -> dict | None:
@@ -234,7 +245,7 @@ def plan_transformer(source: LazyCheckpoint, base: BaseFolder | None, options: E
     plan = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where)
     policy = _policy(family.transformer.keep_fp32, options)
     return ModelExport(component, chosen.target, plan, policy.apply(plan.tensors), policy, table, family,
-                       chosen.label, chosen.published), chosen.variant
+                       chosen.label, chosen.published, notes=chosen.notes), chosen.variant
 
 
 def _base_transformer_weights(base: BaseFolder | None, family: ModelFamily, target: TargetModel,
@@ -403,6 +414,7 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
         if adapter is not None:
             result.lora, result.notes = _lora_summary(adapter), result.notes + adapter.warnings
         for part in parts:
+            result.notes += part.notes
             result.dropped.update(part.plan.dropped)
             result.ignored += len(part.plan.ignored)
         with staged_folder(output) as staging, byte_progress(result.total_bytes, "export", options.progress) as bar:

@@ -26,6 +26,7 @@ from .to_diffusers import (ExportOptions, ExportResult, _family_hint, _policy, _
                            _transformer_target, open_source)
 from .models.recognize import choose_table
 from .write.diffusers_folders import write_config_json
+from .write.model_states_file import write_model_states
 from .write.sat_file import write_sat_model_states
 from .write.shards import plan_shards, write_shards
 from .write.staging import check_destination, staged_folder
@@ -107,6 +108,9 @@ def _write(folder: Path, family: ModelFamily, layout: OriginalLayout, chosen, te
            options: ExportOptions, on_tensor) -> list[str]:
     if layout.writer == "sat":
         return write_sat_model_states(folder, {layout.prefix + name: t for name, t in tensors.items()}, on_tensor)
+    if layout.writer == "model_states":
+        return write_model_states(folder / layout.file, {layout.prefix + name: t for name, t in tensors.items()},
+                                  on_tensor)
     plan = plan_shards(tensors, layout.file, options.max_shard_size)
     written = write_shards(folder, tensors, plan, on_tensor)
     config = family.shapes.original_config(chosen.target.config, chosen.variant.task)

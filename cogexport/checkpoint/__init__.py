@@ -8,7 +8,8 @@ from typing import Sequence
 from .base import CheckpointInfo, LazyCheckpoint
 from .deepspeed_universal import UniversalCheckpoint
 from .deepspeed_zero import DeepSpeedCheckpoint
-from .locate import MODEL_STATES, ZERO3_MODEL_STATES, is_universal_folder, list_tags
+from ..errors import CogExportError
+from .locate import MODEL_STATES, ZERO3_MODEL_STATES, ema_source, is_universal_folder, list_tags
 from .safetensors_files import SafetensorsCheckpoint
 from .torch_state_dict import TorchStateDictCheckpoint
 
@@ -26,7 +27,7 @@ def is_deepspeed_folder(folder: Path) -> bool:
 
 
 def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | None = None,
-                    *, strict: bool = True) -> LazyCheckpoint:
+                    *, strict: bool = True, entry: str | None = None) -> LazyCheckpoint:
     """Open a checkpoint as a lazy mapping of names to ``LazyTensor`` (shape and dtype known, data read on load).
 
     DeepSpeed save dirs, tag dirs and model-states files (several paths for multi-node runs), safetensors files
@@ -38,15 +39,30 @@ def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | No
         if path.is_file() and path.suffix == ".safetensors":
             return SafetensorsCheckpoint(path)
         if path.is_file() and not (MODEL_STATES.match(path.name) or ZERO3_MODEL_STATES.match(path.name)):
-            return TorchStateDictCheckpoint(path)
+            return TorchStateDictCheckpoint(path, entry)
         if path.is_dir() and is_universal_folder(path):
             return UniversalCheckpoint(path)
         if path.is_dir() and tag is not None and is_universal_folder(path / tag):  # --tag global_step9_universal
             return UniversalCheckpoint(path / tag)
         if path.is_dir() and not is_deepspeed_folder(path) and any(path.glob("*.safetensors")):
             return SafetensorsCheckpoint(path)
-    return DeepSpeedCheckpoint(paths, tag, strict=strict)
+    return DeepSpeedCheckpoint(paths, tag, strict=strict, entry=entry or "module")
+
+
+def open_ema(checkpoint: str | Path | Sequence[str | Path], tag: str | None = None) -> LazyCheckpoint:
+    """A run's EMA weights: SAT's copy in the TAG-ema folder beside the checkpoint, else an ``ema`` state dict saved
+    in the same file beside ``module`` (HunyuanVideo's releases and training runs)."""
+    paths = as_paths(checkpoint)
+    try:
+        ema_paths, ema_tag = ema_source(paths, tag)
+    except CogExportError as no_folder:
+        try:
+            return open_checkpoint(paths, tag, entry="ema")
+        except CogExportError:
+            raise CogExportError(f"{no_folder}, and the checkpoint file holds no 'ema' state dict") from None
+    return open_checkpoint(ema_paths, ema_tag)
 
 
 __all__ = ["CheckpointInfo", "DeepSpeedCheckpoint", "LazyCheckpoint", "SafetensorsCheckpoint",
-           "TorchStateDictCheckpoint", "UniversalCheckpoint", "as_paths", "is_deepspeed_folder", "open_checkpoint"]
+           "TorchStateDictCheckpoint", "UniversalCheckpoint", "as_paths", "is_deepspeed_folder", "open_checkpoint",
+           "open_ema"]

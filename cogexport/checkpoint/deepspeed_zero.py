@@ -88,8 +88,10 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
     raising; the mapping is then empty if the weights cannot be assembled.
     """
 
-    def __init__(self, paths: list[Path] | Path, tag: str | None = None, *, strict: bool = True) -> None:
+    def __init__(self, paths: list[Path] | Path, tag: str | None = None, *, strict: bool = True,
+                 entry: str = "module") -> None:
         super().__init__()
+        self.entry = entry  # the model-states entry holding the weights: module, or a copy beside it (ema)
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
         self._archives: list[TorchArchive] = []
         self.groups: list[PartitionedGroup] = []  # ZeRO-1/2/3: the optimizer's partitioned parameter groups
@@ -134,11 +136,9 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             self._problem(True, f"rank 0 of a ZeRO-3 checkpoint missing: expected {zero3_model_file_name(0)} in "
                                 f"{files.where} (found ranks {ranks})")
         states = self._load(main_path)
-        if not isinstance(states, dict) or "module" not in states:
-            raise CogExportError(f"{main_path} is not a DeepSpeed model-states file (no 'module' entry)")
-        module = states["module"]
-        if module is None:
-            raise CogExportError(f"{main_path} holds no module (a pipeline-parallel checkpoint?); not supported")
+        module = self._weights(states, main_path)
+        if module is states:  # a plain state dict under DeepSpeed's file name: no engine entries around it
+            states = {}
         info = self.info
         info.step = states.get("global_steps")
         info.ds_version = states.get("ds_version")
@@ -149,7 +149,10 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         info.world_size = int(states.get("dp_world_size") or max([*files.optim_states, *files.zero3_model_states, 0]) + 1)
         info.buffers = [n for n in states.get("buffer_names") or [] if n in module]
 
-        if info.stage == 3:
+        if self.entry != "module":  # a copy the training code saved beside the module (EMA): its own values
+            info.weights_source = f"the '{self.entry}' state dict saved beside the module"
+            self._assemble_module(states, module)
+        elif info.stage == 3:
             self._open_zero3(states, module, config, strict)
         elif info.stage in (1, 2) and files.optim_states:
             self._open_zero12(states, module, config, strict)
@@ -157,6 +160,21 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             self._open_stage0(states, module, strict)
         else:
             self._open_module_only(states, module, "no optimizer files")
+
+    def _weights(self, states: Any, path: Path) -> dict:
+        """The state dict in the model-states file: its ``entry``, or the file itself when it is a bare state dict
+        saved under DeepSpeed's name (FastVideo's HunyuanVideo checkpoints, which the usual loaders fail on)."""
+        if isinstance(states, dict) and self.entry in states:
+            if states[self.entry] is None:
+                raise CogExportError(f"{path} holds no module (a pipeline-parallel checkpoint?); not supported")
+            if isinstance(states[self.entry], dict):
+                return states[self.entry]
+        if self.entry != "module":
+            raise CogExportError(f"{path} holds no {self.entry!r} state dict")
+        bare = isinstance(states, dict) and bool(states) and all(isinstance(v, StoredTensor) for v in states.values())
+        if bare and not self.files.optim_states and not self.files.zero3_model_states:
+            return states
+        raise CogExportError(f"{path} is not a DeepSpeed model-states file (no 'module' entry)")
 
     def _expect_ranks(self, strict: bool, found: dict[int, Path], name_of) -> bool:
         """Check ranks 0..ws-1 are all present and nothing beyond; True if the set is complete."""
@@ -354,6 +372,11 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         info.weights_source = f"module state_dict ({why}: weights are the {dtype} copy)"
         if info.training_dtype not in (None, "fp32"):
             info.notes.append(f"{why}: the weights are the module's {dtype} copy")
+        self._assemble_module(states, module)
+
+    def _assemble_module(self, states: dict, module: dict) -> None:
+        """Every entry of a module state dict as stored (tied aliases found by storage)."""
+        info = self.info
         info.tied = dict(states.get("shared_params") or {}) or _aliases(module, info.buffers)
         info.trainable = [n for n in module if n not in info.buffers and n not in info.tied]
         self._assemble(module, lambda name: _stored(module[name], name), lambda name: _stored(module[name], name))

@@ -14,13 +14,21 @@ _STATE_DICT_KEYS = ("state_dict", "module", "model", "model_state_dict")
 
 
 class TorchStateDictCheckpoint(LazyCheckpoint):
-    def __init__(self, path: Path) -> None:
+    """``entry`` names the dict entry to read (e.g. ``ema``, saved beside ``module``); by default the first of
+    _STATE_DICT_KEYS the file has, or the file itself when its values are the tensors."""
+
+    def __init__(self, path: Path, entry: str | None = None) -> None:
         super().__init__()
         path = Path(path)
         self._archive, tree = load_torch_file(path)
         self.info = CheckpointInfo(format="torch", paths=[str(path)], files=[str(path)])
         weights, where = tree, "the file"
-        if isinstance(tree, dict):
+        if entry is not None:
+            if not (isinstance(tree, dict) and isinstance(tree.get(entry), dict)):
+                self.close()
+                raise CogExportError(f"{path} holds no {entry!r} state dict")
+            weights, where = tree[entry], f"'{entry}'"
+        elif isinstance(tree, dict):
             for key in _STATE_DICT_KEYS:
                 if isinstance(tree.get(key), dict):
                     weights, where = tree[key], f"'{key}'"

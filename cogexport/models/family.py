@@ -54,7 +54,9 @@ class OriginalLayout:
     """How the family's own code stores the model: the table that runs backwards and the writer of the file."""
 
     table: str
-    writer: str  # "safetensors" (single or sharded files) or "sat" (SAT's mp_rank_00_model_states.pt)
+    # "safetensors" (single or sharded files), "sat" (a SAT folder: latest + 1/mp_rank_00_model_states.pt) or
+    # "model_states" (one torch.save file `file` holding {"module": state dict})
+    writer: str
     prefix: str = ""
     file: str = ""
 
@@ -101,13 +103,21 @@ class ModelFamily:
         raise CogExportError(f"unknown {self.name} model name {name!r}; one of "
                              f"{', '.join(v.name for v in self.variants)}")
 
-    def published_variant(self, facts: Mapping[str, Any], experts: tuple[str, ...] = ()) -> Variant | None:
-        """The published variant with exactly these shape facts (and these expert subfolders), if any."""
+    def published_variant(self, facts: Mapping[str, Any], experts: tuple[str, ...] = (),
+                          task: str | None = None) -> Variant | None:
+        """The published variant with exactly these shape facts (and these expert subfolders), if any; of ``task``
+        when two variants of different tasks share their shapes."""
         for variant in self.variants:
-            if tuple(variant.experts.values()) == tuple(experts) and all(
+            if tuple(variant.experts.values()) == tuple(experts) and task in (None, variant.task) and all(
                     facts.get(key) == value for key, value in variant.shapes.items()):
                 return variant
         return None
+
+    def tasks_of(self, facts: Mapping[str, Any]) -> tuple[str, ...]:
+        """Every task a model with these shapes can be, the default first. A shapes module whose tasks share shapes
+        (HunyuanVideo's T2V and 16-channel I2V) says so with ``tasks_of``; otherwise ``task_of`` is the answer."""
+        several = getattr(self.shapes, "tasks_of", None)
+        return tuple(several(facts)) if several else (self.shapes.task_of(facts),)
 
     def layout_variant(self, config: Mapping[str, Any], experts: tuple[str, ...] = (),
                        pipeline: Mapping[str, Any] | None = None) -> Variant:

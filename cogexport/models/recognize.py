@@ -76,6 +76,11 @@ class Recognised:
         return self.family.shapes.task_of(self.facts)
 
     @property
+    def tasks(self) -> tuple[str, ...]:
+        """Every task these shapes can be (more than one when a family's tasks share shapes), the default first."""
+        return self.family.tasks_of(self.facts)
+
+    @property
     def model(self) -> str:
         return self.variant.name if self.variant else f"{self.family.name} (unpublished size)"
 
@@ -124,7 +129,7 @@ def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | No
                 except CogExportError as error:
                     entry["problem"] = str(error)
                 else:
-                    entry.update(model=recognised.model, model_type=recognised.task,
+                    entry.update(model=recognised.model, model_type=" or ".join(recognised.tasks),
                                  variant=recognised.variant.name if recognised.variant else None,
                                  description_of_shape=family.shapes.describe(recognised.facts),
                                  layers=recognised.facts.get("layers"), hidden_size=recognised.facts.get("hidden"),
