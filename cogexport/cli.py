@@ -107,12 +107,21 @@ def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, as_js
 @main.command()
 @checkpoint_paths
 @tag_option
+@click.option("--quick", is_flag=True,
+              help="Read no tensor data: skip the CRC-32 checks and the masters' agreement with the module.")
 @json_option
 @_user_errors_exit_2
-def inspect(checkpoint, tag, as_json) -> None:
-    """Describe a checkpoint: format, stage, dtype, ranks, step, parameters, and anything missing."""
-    report = inspect_checkpoint(list(checkpoint), tag)
+def inspect(checkpoint, tag, quick, as_json) -> None:
+    """Describe a checkpoint: format, stage, dtype, ranks, step, parameters, and every problem found.
+
+    Unless --quick, every byte of the checkpoint's files is read and checked as the exporters check what they
+    read. Exit code 0 when the checkpoint is usable as it is, 1 when problems are listed (it is not), 2 when it
+    cannot be read at all or the command line is wrong (one line on stderr).
+    """
+    report = inspect_checkpoint(list(checkpoint), tag, check_data=not quick)
     click.echo(json.dumps(report, indent=2) if as_json else render_inspect_text(report))
+    if not report["usable"]:
+        sys.exit(1)
 
 
 @main.command()

@@ -90,6 +90,9 @@ class UniversalCheckpoint(LazyCheckpoint):
     def bytes_read(self) -> dict[str, int]:
         return {str(archive.path): archive.bytes_read for archive in self._archives}
 
+    def check_stored_data(self) -> list[str]:
+        return [problem for archive in self._archives for problem in archive.records.check_all()]
+
     def close(self) -> None:
         for archive in self._archives:
             archive.close()

@@ -222,13 +222,18 @@ class StoredTensor(SizedTensor):
         window = self.archive.read_elements(self.key, self.dtype, 0, span)
         return window.as_strided(self.shape, self.stride, self.storage_offset).contiguous()
 
-    def read_flat(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Elements ``start:stop`` of the flattened tensor (contiguous tensors only), into ``out`` if given."""
+    def read_flat(self, start: int, stop: int, out: torch.Tensor | None = None, check: bool = True) -> torch.Tensor:
+        """Elements ``start:stop`` of the flattened tensor (contiguous tensors only), into ``out`` if given.
+        ``check=False``: see ``ZipRecords.read_into``."""
         if not self.is_contiguous:
             return self.read().reshape(-1)[start:stop].clone()
         if not 0 <= start <= stop <= self.numel:
             raise IndexError(f"range {start}:{stop} outside a tensor of {self.numel} elements")
-        return self.archive.read_elements(self.key, self.dtype, self.storage_offset + start, stop - start, out)
+        return self.archive.read_elements(self.key, self.dtype, self.storage_offset + start, stop - start, out, check)
+
+    def finish_check(self) -> None:
+        """Complete the CRC-32 check of the record holding this tensor (raises if it fails)."""
+        self.archive.records.finish(self.archive.member(self.key))
 
 
 class TorchArchive:
@@ -281,23 +286,28 @@ class TorchArchive:
                             for name, record in self.records.records.items()))
 
     def storage(self, key: str, dtype: torch.dtype, numel: int) -> _StorageRef:
-        member = f"{self.root}/data/{key}"
+        member = self.member(key)
         if member not in self.records.records:
             raise CogExportError(f"{self.path} is corrupt: storage {quoted(key)} is missing")
         if self.records.records[member].size < numel * dtype.itemsize:
             raise CogExportError(f"{self.path} is corrupt or truncated: storage {quoted(key)} is short")
         return _StorageRef(self, key, dtype, numel)
 
+    def member(self, key: str) -> str:
+        """The zip record holding storage ``key``."""
+        return f"{self.root}/data/{key}"
+
     def read_elements(self, key: str, dtype: torch.dtype, start: int, count: int,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, check: bool = True) -> torch.Tensor:
         """``count`` elements of storage ``key`` from element ``start``, read straight into a tensor."""
         if out is None:
             out = torch.empty(count, dtype=dtype)
         elif out.dtype != dtype or out.numel() != count or not out.is_contiguous():
             raise ValueError("output tensor does not match the requested range")
         if count:
-            self.records.read_into(f"{self.root}/data/{key}", start * dtype.itemsize, tensor_buffer(out))
-            self.bytes_read += count * dtype.itemsize
+            self.records.read_into(self.member(key), start * dtype.itemsize, tensor_buffer(out), check)
+            if check:  # the few elements read only to cross-check others are not data used
+                self.bytes_read += count * dtype.itemsize
         return out
 
     def close(self) -> None:
