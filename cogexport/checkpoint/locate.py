@@ -122,6 +122,7 @@ class _Place:
     tag_dir: Path | None
     latest: str | None
     tags: list[str]
+    damaged_latest: str | None = None  # why 'latest' could not be read: an error only when no --tag is given
 
 
 def _classify(path: Path) -> _Place:
@@ -134,14 +135,19 @@ def _classify(path: Path) -> _Place:
     if _is_tag_dir(path):
         return _Place(path, path, None, [path.name])
     tags = list_tags(path)
-    latest = _read_latest(path)
+    try:
+        latest, damaged = _read_latest(path), None
+    except CogExportError as error:
+        latest, damaged = None, str(error)
+    if damaged and not tags:
+        raise CogExportError(damaged)
     if not tags and latest is None:
         emptiness = "is empty" if not any(path.iterdir()) else "holds no checkpoint cogexport can read"
         raise CogExportError(
             f"{path} {emptiness}: expected a DeepSpeed or SAT save dir ('latest', tag folders with *_model_states.pt), "
             "a tag folder such as global_step100, a checkpoint-N folder, or safetensors weights"
         )
-    return _Place(path, None, latest, tags)
+    return _Place(path, None, latest, tags, damaged)
 
 
 def _choose_tag(places: list[_Place], tag: str | None) -> str:
@@ -149,6 +155,9 @@ def _choose_tag(places: list[_Place], tag: str | None) -> str:
         if not is_tag_name(tag):
             raise CogExportError(f"--tag {quoted(tag)} is not a tag name (one folder name, such as global_step500)")
         return tag
+    damaged = next((p.damaged_latest for p in places if p.damaged_latest), None)
+    if damaged:
+        raise CogExportError(damaged)
     latests = {p.latest for p in places if p.latest is not None}
     if len(latests) > 1:
         raise CogExportError(f"mixed tags: the 'latest' files name {', '.join(map(quoted, sorted(latests)))}; pass --tag")
