@@ -5,7 +5,8 @@
 Sources are the test suite's real fixtures (DeepSpeed ZeRO stages 0-3 made by real DeepSpeed runs, a SAT-style
 CogVideoX run, a safetensors file), copied, then damaged one way each: truncated; a byte flipped in the zip
 directory, a zip local header, the pickle, tensor data, a safetensors header or its data; a rank file deleted,
-swapped with another or overwritten by another's copy; ``latest`` rewritten. On every damaged copy ``cogexport
+swapped with another or overwritten by another's copy; ``latest`` rewritten (each source takes the classes in
+turn; where and how from the case's seed). On every damaged copy ``cogexport
 inspect`` and ``consolidate`` (and ``export`` for CogVideoX sources) run in a forked child with a time limit, and
 each run is classed:
 
@@ -370,6 +371,7 @@ class Case:
     mutation: str
     detail: str
     results: dict[str, str]
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def baseline(source: Source, work: Path, deepspeed: bool) -> tuple[dict, dict | None]:
@@ -395,37 +397,41 @@ def baseline(source: Source, work: Path, deepspeed: bool) -> tuple[dict, dict | 
     return report, ds_baseline
 
 
-def run_case(source: Source, seed: int, work: Path, pristine: dict, ds_baseline: dict | None,
+def run_case(source: Source, seed: int, turn: int, work: Path, pristine: dict, ds_baseline: dict | None,
              deepspeed: bool) -> Case:
+    """Damage a copy of ``source`` (the ``turn``-th time) and judge every run on it."""
     rng = random.Random(seed)
     root = work / f"case-{seed}"
     shutil.copytree(source.root, root)
     checkpoint = root / source.checkpoint
     choices = mutations_for(source, checkpoint.parent if checkpoint.is_file() else checkpoint)
-    mutation = rng.choice(sorted(choices))
+    mutation = sorted(choices)[(turn + seed) % len(choices)]  # each class in turn, so small runs cover them all
     detail = choices[mutation](root, rng)
     before = snapshot(root)
-    results = {"inspect": judge_inspect(run_forked(cogexport_command("inspect", str(checkpoint), "--json"), work),
-                                        pristine, root, before)}
+    seconds = {}
+    run = run_forked(cogexport_command("inspect", str(checkpoint), "--json"), work)
+    results, seconds["inspect"] = {"inspect": judge_inspect(run, pristine, root, before)}, run.seconds
     if source.truth:
         output = work / f"out-{seed}"
         run = run_forked(cogexport_command("consolidate", str(checkpoint), str(output)), work)
-        results["consolidate"] = judge_writer(run, output, source.truth, before, root)
+        results["consolidate"], seconds["consolidate"] = judge_writer(run, output, source.truth, before, root), \
+            run.seconds
         shutil.rmtree(output, ignore_errors=True)
     if source.export:
         output = work / f"export-{seed}"
         run = run_forked(cogexport_command(str(checkpoint), str(output), *source.export), work)
-        results["export"] = judge_writer(run, output, source.export_truth, before, root)
+        results["export"], seconds["export"] = judge_writer(run, output, source.export_truth, before, root), \
+            run.seconds
         shutil.rmtree(output, ignore_errors=True)
     if results["inspect"] == "right" and any(r != "right" for k, r in results.items() if k != "inspect"):
         results["inspect"] = "inspect missed it"  # told usable, yet a writer refused or erred
     if deepspeed and source.deepspeed and ds_baseline is not None:
         output = work / f"ds-{seed}.pt"
-        results["zero_to_fp32"] = judge_deepspeed(run_forked(deepspeed_command(checkpoint, output), work), output,
-                                                  ds_baseline)
+        run = run_forked(deepspeed_command(checkpoint, output), work)
+        results["zero_to_fp32"], seconds["zero_to_fp32"] = judge_deepspeed(run, output, ds_baseline), run.seconds
         output.unlink(missing_ok=True)
     shutil.rmtree(root)
-    return Case(seed, source.name, mutation, detail, results)
+    return Case(seed, source.name, mutation, detail, results, {k: round(v, 2) for k, v in seconds.items()})
 
 
 def campaign(seed: int, count: int, deepspeed: bool, verbose: bool = False) -> list[Case]:
@@ -443,10 +449,12 @@ def campaign(seed: int, count: int, deepspeed: bool, verbose: bool = False) -> l
             source = all_sources[index % len(all_sources)]
             if source.name not in baselines:
                 baselines[source.name] = baseline(source, work, deepspeed)
-            case = run_case(source, seed * 1_000_003 + index, work, *baselines[source.name], deepspeed)
+            case = run_case(source, seed * 1_000_003 + index, index // len(all_sources), work,
+                            *baselines[source.name], deepspeed)
             cases.append(case)
             if verbose:
-                click.echo(f"{case.seed} {case.source} [{case.mutation}] {case.detail}: {case.results}", err=True)
+                click.echo(f"{case.seed} {case.source} [{case.mutation}] {case.detail}: {case.results} {case.seconds}",
+                           err=True)
     return cases
 
 
