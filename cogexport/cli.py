@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import CogExportError
+from .errors import CogExportError, one_line
 from .inspect_report import inspect_checkpoint, render_inspect_text
 
 
@@ -30,7 +30,7 @@ def _user_errors_exit_2(command):
             sys.exit(2)
         except OSError as error:  # the machine's answer about a path (permissions, disk full): not a bug of ours
             where = f": {error.filename}" if error.filename else ""
-            click.echo(f"cogexport: error: {error.strerror or error}{where}", err=True)
+            click.echo(f"cogexport: error: {one_line(f'{error.strerror or error}{where}')}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
             click.echo("cogexport: interrupted; nothing was written", err=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CogExportError
+from ..errors import CogExportError, quoted
 from ..lazy import LazyTensor
 from .base import CheckpointInfo, LazyCheckpoint
 from .locate import RankFiles, locate, optim_file_name, rank_file_identity, zero3_model_file_name
@@ -420,7 +420,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             pieces = [rank_states[r]["frozen_param_fragments"][name] for r in range(info.world_size)]
             piece = pieces[0].numel
             if any(p.numel != piece for p in pieces) or piece * info.world_size < shape.numel():
-                self._problem(True, f"frozen parameter {name} has inconsistent fragments across ranks")
+                self._problem(True, f"frozen parameter {quoted(name)} has inconsistent fragments across ranks")
             dtype = pieces[0].dtype
             return LazyTensor(shape, dtype, lambda: gather_zero3_pieces(pieces, 0, piece, shape, dtype),
                               f"frozen {name} (ZeRO-3 fragments)")
@@ -475,11 +475,11 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             elif name in frozen_names:
                 self._tensors[name] = frozen(name)
             elif name not in info.tied:
-                raise CogExportError(f"{self.files.where}: module entry {name} is neither a trained, frozen or tied "
+                raise CogExportError(f"{self.files.where}: module entry {quoted(name)} is neither a trained, frozen or tied "
                                      "parameter nor a buffer; the checkpoint is inconsistent")
         for alias, source in info.tied.items():
             if source not in self._tensors:
-                raise CogExportError(f"tied parameter {alias} points at {source}, which the checkpoint does not hold")
+                raise CogExportError(f"tied parameter {quoted(alias)} points at {quoted(source)}, which the checkpoint does not hold")
         self._tensors = {name: self._tensors[name] if name not in info.tied else self._tensors[info.tied[name]]
                          for name in order if name in self._tensors or name in info.tied}
 

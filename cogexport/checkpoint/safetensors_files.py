@@ -52,9 +52,13 @@ def safetensors_files(folder: Path) -> list[Path]:
 def _indexed_files(index: Path) -> list[Path]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
-    except (ValueError, KeyError, TypeError):
+        names = list(dict.fromkeys(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise CogExportError(f"{index} is not a valid safetensors index") from None
-    return [index.parent / name for name in dict.fromkeys(weight_map.values())]
+    for name in names:  # file names beside the index, never paths elsewhere
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise CogExportError(f"{index} names {quoted(name)} as a weight file, which is not a file name beside it")
+    return [index.parent / name for name in names]
 
 
 class SafetensorsCheckpoint(LazyCheckpoint):
