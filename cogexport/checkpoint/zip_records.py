@@ -17,7 +17,6 @@ import os
 import struct
 import threading
 import zipfile
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,11 @@ _HAS_DESCRIPTOR = 0x08  # general-purpose flag: CRC and sizes follow the data in
 _UTF8_NAMES = 0x800
 _ZIP64_EXTRA = 0x0001
 _CHUNK = 8 << 20  # bytes read at a time when finishing a record
+
+try:  # ISA-L's CRC-32 (carry-less multiplication) runs several times faster than zlib's: same values
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - a platform without isal wheels
+    from zlib import crc32
 
 # A private switch for measuring what the CRC checks cost (scripts/measure_crc_cost.py); never for users.
 _SKIP_CRC_VARIABLE = "_COGEXPORT_SKIP_CRC_FOR_BENCHMARK"
@@ -102,7 +106,7 @@ class Record:
         for gap_start, gap_stop in self.missing():
             low, high = max(gap_start, start), min(gap_stop, start + len(data))
             if low < high:
-                self._insert(low, high, zlib.crc32(data[low - start:high - start]))
+                self._insert(low, high, crc32(data[low - start:high - start]))
 
     def _insert(self, start: int, stop: int, crc: int) -> None:
         index = next((i for i, span in enumerate(self.spans) if span[0] > start), len(self.spans))
