@@ -4,7 +4,8 @@
 
 Sources are the test suite's real fixtures (DeepSpeed ZeRO stages 0-3 made by real DeepSpeed runs, a SAT-style
 CogVideoX run, a safetensors file), copied, then damaged one way each: truncated; a byte flipped in the zip
-directory, a zip local header, the pickle, tensor data, a safetensors header or its data; a rank file deleted,
+directory, a zip local header, the pickle, tensor data or a safetensors header's structure (safetensors has no
+checksum: damage to its data or names cannot be detected by anyone, so it is left out); a rank file deleted,
 swapped with another or overwritten by another's copy; ``latest`` rewritten (each source takes the classes in
 turn; where and how from the case's seed). On every damaged copy ``cogexport
 inspect`` and ``consolidate`` (and ``export`` for CogVideoX sources) run in a forked child with a time limit, and
@@ -134,9 +135,24 @@ def zip_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
 
 
 def safetensors_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
+    """The header's structure: its bytes outside tensor names and metadata strings.
+
+    safetensors carries no checksum: a flipped byte in tensor data, or one that turns a tensor's name or a metadata
+    value into another valid string, cannot be told from what was saved by any reader. Those bytes are left alone;
+    everything else in the header (sizes, braces, dtypes, shapes, offsets) must be caught."""
     data = path.read_bytes()
-    header = int.from_bytes(data[:8], "little")
-    return {"safetensors header": [(0, 8 + header)], "tensor data": [(8 + header, len(data))]}
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    free_text = [json.dumps(name).encode() for name in header if name != "__metadata__"]
+    free_text += [json.dumps(text).encode() for pair in (header.get("__metadata__") or {}).items() for text in pair]
+    excluded = sorted((data.find(text, 8), data.find(text, 8) + len(text)) for text in free_text)
+    allowed, position = [], 0
+    for start, stop in excluded:
+        if start > position:
+            allowed.append((position, start))
+        position = max(position, stop)
+    allowed.append((position, 8 + size))
+    return {"safetensors header": allowed}
 
 
 def flip(path: Path, region: tuple[int, int], rng: random.Random) -> str:
