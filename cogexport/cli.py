@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import CogExportError
+from .errors import CogExportError, one_line
 from .inspect_report import inspect_checkpoint, render_inspect_text
 
 
@@ -30,7 +30,7 @@ def _user_errors_exit_2(command):
             sys.exit(2)
         except OSError as error:  # the machine's answer about a path (permissions, disk full): not a bug of ours
             where = f": {error.filename}" if error.filename else ""
-            click.echo(f"cogexport: error: {error.strerror or error}{where}", err=True)
+            click.echo(f"cogexport: error: {one_line(f'{error.strerror or error}{where}')}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
             click.echo("cogexport: interrupted; nothing was written", err=True)
@@ -107,12 +107,21 @@ def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, as_js
 @main.command()
 @checkpoint_paths
 @tag_option
+@click.option("--quick", is_flag=True,
+              help="Read no tensor data: skip the CRC-32 checks and the masters' agreement with the module.")
 @json_option
 @_user_errors_exit_2
-def inspect(checkpoint, tag, as_json) -> None:
-    """Describe a checkpoint: format, stage, dtype, ranks, step, parameters, and anything missing."""
-    report = inspect_checkpoint(list(checkpoint), tag)
+def inspect(checkpoint, tag, quick, as_json) -> None:
+    """Describe a checkpoint: format, stage, dtype, ranks, step, parameters, and every problem found.
+
+    Unless --quick, every byte of the checkpoint's files is read and checked as the exporters check what they
+    read. Exit code 0 when the checkpoint is usable as it is, 1 when problems are listed (it is not), 2 when it
+    cannot be read at all or the command line is wrong (one line on stderr).
+    """
+    report = inspect_checkpoint(list(checkpoint), tag, check_data=not quick)
     click.echo(json.dumps(report, indent=2) if as_json else render_inspect_text(report))
+    if not report["usable"]:
+        sys.exit(1)
 
 
 @main.command()

@@ -5,16 +5,27 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from .checkpoint import open_checkpoint
+from .checkpoint import LazyCheckpoint, open_checkpoint
 from .checkpoint.deepspeed_zero import DTYPE_NAMES
+from .errors import CogExportError
 from .models.recognize import recognise
+from .progress import byte_progress
 
 
-def inspect_checkpoint(paths: list[Path], tag: str | None = None) -> dict:
-    """Everything ``inspect`` reports. Problems (missing ranks, ...) are listed, not raised."""
+def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bool = True,
+                       progress: bool | None = None) -> dict:
+    """Everything ``inspect`` reports. Problems (missing ranks, ...) are listed, not raised.
+
+    ``check_data`` reads every tensor the way the readers do (so the same checks run: CRC-32s, masters against
+    the module's copy, ...) and then every remaining byte of the files; ``report["usable"]`` says whether the
+    checkpoint can be exported as it is."""
     with open_checkpoint(paths, tag, strict=False) as checkpoint:
+        if check_data:
+            _check_data(checkpoint, progress)
         info = checkpoint.info
         report = asdict(info)
+        report["data_checked"] = check_data
+        report["usable"] = not info.problems and (len(checkpoint) > 0)
         kinds = {**{n: "trainable" for n in info.trainable}, **{n: "frozen" for n in info.frozen},
                  **{n: "tied" for n in info.tied}, **{n: "buffer" for n in info.buffers}}
         report["tensors"] = [
@@ -31,6 +42,21 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None) -> dict:
         folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
         report["models"] = recognise(checkpoint, info.metadata, folders) if len(checkpoint) else {}
     return report
+
+
+def _check_data(checkpoint: LazyCheckpoint, progress: bool | None) -> None:
+    """Load every tensor once (each problem recorded once), then check the bytes no tensor needed."""
+    problems = checkpoint.info.problems
+    unique = [name for name in checkpoint if name not in checkpoint.info.tied]
+    with byte_progress(sum(checkpoint[n].nbytes for n in unique), "checking", progress) as bar:
+        for name in unique:
+            try:
+                checkpoint[name].load()
+            except CogExportError as error:
+                problems.append(str(error))
+            bar.update(checkpoint[name].nbytes)
+    problems += checkpoint.check_stored_data()
+    problems[:] = list(dict.fromkeys(problems))
 
 
 def _names(names: list[str], limit: int = 6) -> str:
@@ -101,5 +127,8 @@ def render_inspect_text(report: dict) -> str:
     ]
     rows += [("note", note) for note in report["notes"]]
     rows += [("problem", problem) for problem in report["problems"]] or [("problems", "none")]
+    rows.append(("data", "every byte read and checked" if report["data_checked"] else
+                 "not read (--quick): CRC-32s and the masters' agreement with the module not checked"))
+    rows.append(("usable", "yes" if report["usable"] else "no (see problems)"))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

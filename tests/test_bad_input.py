@@ -114,7 +114,7 @@ def test_mixed_steps_in_a_zero2_tag(cli, tmp_path):
     shutil.copy(later, checkpoint / "global_step2" / name)
     assert_refused(cli, checkpoint, tmp_path, "mixed steps", name, "step 3")
     report = cli("inspect", checkpoint)
-    assert report.exit_code == 0 and "problem       mixed steps" in report.stdout
+    assert report.exit_code == 1 and "problem       mixed steps" in report.stdout
 
 
 def test_optimizer_files_of_another_run(cli, tmp_path):
@@ -140,7 +140,7 @@ def test_stage0_masters_that_cannot_be_placed(cli, tmp_path):
     checkpoint = copy_checkpoint(DeepSpeedVariant(0, "bf16", 1, model="ambiguous-frozen-norm"), tmp_path / "ckpt")
     assert_refused(cli, checkpoint, tmp_path, "cannot tell which parameter", "frozen_norm.weight", "norm.weight")
     report = cli("inspect", checkpoint)
-    assert report.exit_code == 0 and "cannot tell which parameter" in report.stdout
+    assert report.exit_code == 1 and "cannot tell which parameter" in report.stdout
 
 
 # Fields of the first central-directory entry (data.pkl's): zipfile reports each kind of damage differently.

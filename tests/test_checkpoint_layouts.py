@@ -127,7 +127,7 @@ def test_inspect_lists_problems_instead_of_failing(cli, tmp_path):
     shutil.copytree(deepspeed_checkpoint(ZERO2_WS3).checkpoint, checkpoint)
     (checkpoint / "global_step2" / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt").unlink()
     result = cli("inspect", checkpoint, "--json")
-    assert result.exit_code == 0
+    assert result.exit_code == 1  # listed, and the exit code says the checkpoint is not usable
     assert json.loads(result.stdout)["problems"] == [
         f"rank 2 of 3 missing: expected bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt in {checkpoint / 'global_step2'} "
         "(on a multi-node run, give every node's folder)"]

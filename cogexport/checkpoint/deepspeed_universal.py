@@ -86,9 +86,16 @@ class UniversalCheckpoint(LazyCheckpoint):
                                                             else len(module_order), n))
         self._tensors = {name: self._tensors[info.tied.get(name, name)] for name in names}
         info.notes += [f"DeepSpeed restores from it: {RESTORED}", f"DeepSpeed does not restore: {NOT_RESTORED}"]
+        unchecked = [a.path.name for a in self._archives if not a.records.has_crcs]
+        if unchecked:
+            info.notes.append(f"{len(unchecked)} file(s) saved without CRC-32 checksums, so damage to their data "
+                              f"cannot be detected: {', '.join(unchecked[:3])}{' ...' if len(unchecked) > 3 else ''}")
 
     def bytes_read(self) -> dict[str, int]:
         return {str(archive.path): archive.bytes_read for archive in self._archives}
+
+    def check_stored_data(self) -> list[str]:
+        return [problem for archive in self._archives for problem in archive.records.check_all()]
 
     def close(self) -> None:
         for archive in self._archives:

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from ..errors import CogExportError
+from ..errors import CogExportError, quoted
 from ..lazy import LazyTensor
 from .base import CheckpointInfo, LazyCheckpoint
-from .locate import RankFiles, locate, optim_file_name, zero3_model_file_name
+from .locate import RankFiles, locate, optim_file_name, rank_file_identity, zero3_model_file_name
 from .torch_archive import PickledObject, StoredTensor, TorchArchive, load_torch_file
 from .zero_layout import FlatGroupLayout, Zero3SubGroupLayout, gather_zero3_pieces
 
@@ -31,6 +31,7 @@ ENGINE_KEYS = frozenset({
     "checkpoint_parallel_dimensions", "ds_config", "ds_version",
 })
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
 def _summary(value: Any) -> str:
@@ -94,6 +95,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         self.entry = entry  # the model-states entry holding the weights: module, or a copy beside it (ema)
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
         self._archives: list[TorchArchive] = []
+        self._unchecked: list[str] = []  # files saved without CRC-32s
         self.groups: list[PartitionedGroup] = []  # ZeRO-1/2/3: the optimizer's partitioned parameter groups
         self._group_of: dict[str, PartitionedGroup] = {}
         self.optimizer_state: dict = {}  # ZeRO-1/2/3: rank 0's optimizer file, tensors as references
@@ -105,9 +107,16 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         except BaseException:
             self.close()
             raise
+        if self._unchecked:
+            self.info.notes.append(f"{len(self._unchecked)} file(s) saved without CRC-32 checksums (torch.serialization."
+                                   f"set_crc32_options(False)), so damage to their data cannot be detected: "
+                                   f"{', '.join(self._unchecked[:3])}{' ...' if len(self._unchecked) > 3 else ''}")
 
     def bytes_read(self) -> dict[str, int]:
         return {str(archive.path): archive.bytes_read for archive in self._archives}
+
+    def check_stored_data(self) -> list[str]:
+        return [problem for archive in self._archives for problem in archive.records.check_all()]
 
     def own_folders(self) -> list[Path]:
         return list(self.files.tag_dirs)
@@ -121,7 +130,35 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         archive, tree = load_torch_file(path)
         self._archives.append(archive)
         self.info.files.append(str(path))
+        saved_as = rank_file_identity(archive.root + ".pt")
+        if saved_as is not None and saved_as != rank_file_identity(path.name):
+            # torch.save names an archive's root folder after the file it wrote: this file was renamed.
+            raise CogExportError(f"{path} was saved as {archive.root}.pt (the name inside the archive): rank files "
+                                 "were renamed or swapped; put each rank's file back under its own name")
+        if not archive.records.has_crcs:
+            self._unchecked.append(path.name)
         return tree
+
+    def _load_rank_files(self, strict: bool, paths: list[Path]) -> list[Any] | None:
+        """Every file's object tree; without ``strict``, each unreadable file is a problem and the result None."""
+        trees = []
+        for path in paths:
+            try:
+                trees.append(self._load(path))
+            except CogExportError as error:
+                self._problem(strict, str(error))
+        return trees if len(trees) == len(paths) else None
+
+    def _check_distinct(self, strict: bool, paths: list[Path]) -> None:
+        """Two rank files with the same records (names, sizes, CRC-32s) are one file copied over another."""
+        first_with: dict[tuple, Path] = {}
+        for archive in self._archives:
+            if archive.path in paths and archive.records.has_crcs:
+                twin = first_with.setdefault(archive.fingerprint(), archive.path)
+                if twin != archive.path:
+                    self._problem(strict, f"{twin.name} and {archive.path.name} in {archive.path.parent} have the "
+                                          "same content: one rank's file was copied over another's; restore the "
+                                          "missing rank's own file")
 
     def _problem(self, strict: bool, message: str) -> None:
         if strict:
@@ -156,6 +193,15 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             self._open_zero3(states, module, config, strict)
         elif info.stage in (1, 2) and files.optim_states:
             self._open_zero12(states, module, config, strict)
+        elif info.stage in (1, 2) and states.get("param_shapes") is not None and "iteration" not in states:
+            # DeepSpeed records param_shapes only when it saves a ZeRO optimizer. SAT saves the same model states
+            # through DeepSpeed but never the optimizer (its client state carries "iteration"): its weights are
+            # the module's copy by design. Anyone else's missing files would silently cost the fp32 masters.
+            expected = optim_file_name(0, info.training_dtype == "bf16")
+            self._problem(strict, f"{main_path.name} records a ZeRO-{info.stage} optimizer but {files.where} holds none "
+                                  f"of its files (expected {expected} and the other ranks'): without them only the "
+                                  f"module's {info.training_dtype} copy is left, not the fp32 masters; copy the "
+                                  "optimizer files too (on a multi-node run, give every node's folder)")
         elif info.stage == 0 or info.stage is None:
             self._open_stage0(states, module, strict)
         else:
@@ -211,9 +257,13 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             self._problem(strict, f"mixed runs: {files.optim_states[0].name} in {files.where} is from a "
                                 f"{'bf16' if bf16_prefix else 'non-bf16'} run, the model states from a "
                                 f"{self.info.training_dtype} run; give one run's files")
+        paths = [files.optim_states[rank] for rank in range(world_size)]
+        trees = self._load_rank_files(strict, paths)
+        if trees is None:
+            return None
+        self._check_distinct(strict, paths)
         optim = {}
-        for rank in range(world_size):
-            saved = self._load(files.optim_states[rank])
+        for rank, saved in enumerate(trees):
             state = saved.get("optimizer_state_dict") if isinstance(saved, dict) else None
             if not isinstance(state, dict) or partitions_key not in state:
                 self._problem(True, f"{files.optim_states[rank]} is not a ZeRO-{self.info.stage} optimizer file (no "
@@ -280,6 +330,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         gaps_by_group = optim[0].get("param_alignment_paddings") or [None] * len(shapes)
         for index, group_shapes in enumerate(shapes):
             layout = FlatGroupLayout.build(group_shapes, info.world_size, gaps_by_group[index])
+            self._check_slice_mappings(strict, index, layout, optim)
             self._add_group(index, layout,
                             [optim[r]["single_partition_of_fp32_groups"][index] for r in range(info.world_size)],
                             [optim[r]["base_optimizer_state"]["state"].get(index, {}) for r in range(info.world_size)],
@@ -289,7 +340,59 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             # Stage 2 saves frozen params as full tensors; stage 1 saves none, they live only in `module`.
             return _stored(frozen_fragments[name] if name in frozen_fragments else module[name], f"frozen {name}")
 
-        self._assemble(module, self._master, frozen)
+        def master(name: str) -> LazyTensor:
+            lazy = self._master(name)
+            return LazyTensor(lazy.shape, lazy.dtype, lambda: self._rounds_to_module(name, lazy.load(), module),
+                              lazy.origin)
+
+        self._assemble(module, master, frozen)
+
+    def _check_slice_mappings(self, strict: bool, index: int, layout: FlatGroupLayout, optim: dict[int, dict]) -> None:
+        """Each ZeRO-1/2 optimizer file records which parameter slices it holds: they must be its own rank's."""
+        expected = {rank: layout.fragments(rank) for rank in range(layout.world_size)}
+        for rank, state in optim.items():
+            mappings = state.get("param_slice_mappings")
+            if not isinstance(mappings, list) or index >= len(mappings) or not isinstance(mappings[index], dict):
+                continue  # older DeepSpeed versions do not record them
+            recorded = {name: (address.get("start"), address.get("numel")) if isinstance(address, PickledObject)
+                        else None for name, address in mappings[index].items()}
+            if recorded == expected[rank]:
+                continue
+            owner = next((other for other, fragments in expected.items() if fragments == recorded), None)
+            what = f"rank {owner}'s parameter slices" if owner is not None else \
+                "parameter slices that fit no rank of this checkpoint's layout"
+            self._problem(strict, f"{self.files.optim_states[rank]} holds {what} (its param_slice_mappings), not rank "
+                                  f"{rank}'s: rank files were renamed, swapped or mixed with another run's; put each "
+                                  "rank's file back under its own name")
+
+    def _rounds_to_module(self, name: str, master: torch.Tensor, module: dict) -> torch.Tensor:
+        """The fp32 master, once a few of its elements from every rank holding it are seen to round to the
+        module's saved 16-bit copy (ZeRO-1/2 write the masters back into the module after each step): a master
+        from another rank's file or another save does not."""
+        stored, group = module.get(name), self._group_of[name]
+        if not isinstance(stored, StoredTensor) or stored.shape != master.shape or not stored.is_contiguous \
+                or stored.dtype not in _BITS:
+            return master
+        flat = master.reshape(-1)
+        for rank, start, stop in group.layout.pieces(name):
+            for low, high in {(start, min(stop, start + 4)), (max(start, stop - 4), stop)}:
+                saved = stored.read_flat(low, high, check=False)  # compared only, never written
+                cast = flat[low:high].to(stored.dtype)
+                if not torch.equal(cast.view(_BITS[cast.dtype]), saved.view(_BITS[saved.dtype])):
+                    self._blame_damage(name, stored)
+                    raise CogExportError(
+                        f"fp32 master of {name} in {self.files.optim_states[rank].name} does not round to the module's "
+                        f"{DTYPE_NAMES.get(stored.dtype, stored.dtype)} copy in {self.files.model_states} (element "
+                        f"{low}): the rank files are swapped or from another save; give one save's files, each under "
+                        "its own name")
+        return master
+
+    def _blame_damage(self, name: str, stored: StoredTensor) -> None:
+        """Before calling a mismatch a mix-up, finish the CRC-32 checks of the records compared: damage first."""
+        stored.finish_check()
+        group = self._group_of[name]
+        for rank, _, _ in group.layout.pieces(name):
+            group.masters[rank].finish_check()
 
     # ZeRO-3 -----------------------------------------------------------------------------------------------
     def _open_zero3(self, states: dict, module: dict, config: dict, strict: bool) -> None:
@@ -304,9 +407,10 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         if not models_ok or optim is None:
             return
         info.weights_source = "fp32 masters (ZeRO-3 partitions)"
-        rank_states = {0: states}
-        for rank in range(1, info.world_size):
-            rank_states[rank] = self._load(files.zero3_model_states[rank])
+        others = self._load_rank_files(strict, [files.zero3_model_states[r] for r in range(1, info.world_size)])
+        if others is None:
+            return
+        rank_states = {0: states, **dict(enumerate(others, start=1))}
         for rank in range(info.world_size):
             claimed = rank_states[rank].get("dp_world_size")
             if claimed is not None and int(claimed) != info.world_size:
@@ -334,7 +438,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             pieces = [rank_states[r]["frozen_param_fragments"][name] for r in range(info.world_size)]
             piece = pieces[0].numel
             if any(p.numel != piece for p in pieces) or piece * info.world_size < shape.numel():
-                self._problem(True, f"frozen parameter {name} has inconsistent fragments across ranks")
+                self._problem(True, f"frozen parameter {quoted(name)} has inconsistent fragments across ranks")
             dtype = pieces[0].dtype
             return LazyTensor(shape, dtype, lambda: gather_zero3_pieces(pieces, 0, piece, shape, dtype),
                               f"frozen {name} (ZeRO-3 fragments)")
@@ -394,11 +498,11 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             elif name in frozen_names:
                 self._tensors[name] = frozen(name)
             elif name not in info.tied:
-                raise CogExportError(f"{self.files.where}: module entry {name} is neither a trained, frozen or tied "
+                raise CogExportError(f"{self.files.where}: module entry {quoted(name)} is neither a trained, frozen or tied "
                                      "parameter nor a buffer; the checkpoint is inconsistent")
         for alias, source in info.tied.items():
             if source not in self._tensors:
-                raise CogExportError(f"tied parameter {alias} points at {source}, which the checkpoint does not hold")
+                raise CogExportError(f"tied parameter {quoted(alias)} points at {quoted(source)}, which the checkpoint does not hold")
         self._tensors = {name: self._tensors[name] if name not in info.tied else self._tensors[info.tied[name]]
                          for name in order if name in self._tensors or name in info.tied}
 

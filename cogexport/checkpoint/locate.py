@@ -11,13 +11,26 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import CogExportError
+from ..errors import CogExportError, quoted
 
 MODEL_STATES = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 ZERO3_MODEL_STATES = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 OPTIM_STATES = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 PIPELINE_LAYER = re.compile(r"^layer_\d+-model_states\.pt$")
 UNIVERSAL_OPTIMIZER_STATE = Path("zero") / "optimizer_state.pt"
+
+
+def rank_file_identity(file_name: str) -> tuple[str, int] | None:
+    """What a DeepSpeed file name says a file is: ("model states" | "optimizer states", data-parallel rank)."""
+    if MODEL_STATES.match(file_name):
+        return "model states", 0
+    found = ZERO3_MODEL_STATES.match(file_name)
+    if found:
+        return "model states", int(found.group(1))
+    found = OPTIM_STATES.match(file_name)
+    if found:
+        return "optimizer states", int(found.group(2))
+    return None
 
 
 def optim_file_name(rank: int, bf16: bool) -> str:
@@ -72,14 +85,33 @@ def list_tags(save_dir: Path) -> list[str]:
     return natural_sorted(p.name for p in save_dir.iterdir() if _is_tag_dir(p))
 
 
+_MAX_TAG_BYTES = 255  # a tag is one folder name
+
+
 def _read_latest(save_dir: Path) -> str | None:
     latest = save_dir / "latest"
     if not latest.is_file():
         return None
-    tag = latest.read_text(errors="replace").strip()
-    if not tag:
+    try:
+        with open(latest, "rb") as handle:
+            content = handle.read(_MAX_TAG_BYTES + 1)
+    except OSError as error:
+        raise CogExportError(f"cannot read {latest}: {error.strerror}") from None
+    if not content.strip():
         raise CogExportError(f"{latest} is empty; pass --tag to choose a checkpoint")
+    try:
+        tag = content.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        tag = None
+    if tag is None or len(content) > _MAX_TAG_BYTES or not is_tag_name(tag):
+        raise CogExportError(f"{latest} does not hold a tag name (it holds {quoted(content, 40)}; damaged?); pass "
+                             "--tag to choose a checkpoint")
     return tag
+
+
+def is_tag_name(tag: str) -> bool:
+    """A tag names one folder: no path separators, no '.' or '..', nothing unprintable."""
+    return bool(tag) and tag not in (".", "..") and "/" not in tag and "\\" not in tag and tag.isprintable()
 
 
 @dataclass
@@ -90,6 +122,7 @@ class _Place:
     tag_dir: Path | None
     latest: str | None
     tags: list[str]
+    damaged_latest: str | None = None  # why 'latest' could not be read: an error only when no --tag is given
 
 
 def _classify(path: Path) -> _Place:
@@ -102,22 +135,32 @@ def _classify(path: Path) -> _Place:
     if _is_tag_dir(path):
         return _Place(path, path, None, [path.name])
     tags = list_tags(path)
-    latest = _read_latest(path)
+    try:
+        latest, damaged = _read_latest(path), None
+    except CogExportError as error:
+        latest, damaged = None, str(error)
+    if damaged and not tags:
+        raise CogExportError(damaged)
     if not tags and latest is None:
         emptiness = "is empty" if not any(path.iterdir()) else "holds no checkpoint cogexport can read"
         raise CogExportError(
             f"{path} {emptiness}: expected a DeepSpeed or SAT save dir ('latest', tag folders with *_model_states.pt), "
             "a tag folder such as global_step100, a checkpoint-N folder, or safetensors weights"
         )
-    return _Place(path, None, latest, tags)
+    return _Place(path, None, latest, tags, damaged)
 
 
 def _choose_tag(places: list[_Place], tag: str | None) -> str:
     if tag is not None:
+        if not is_tag_name(tag):
+            raise CogExportError(f"--tag {quoted(tag)} is not a tag name (one folder name, such as global_step500)")
         return tag
+    damaged = next((p.damaged_latest for p in places if p.damaged_latest), None)
+    if damaged:
+        raise CogExportError(damaged)
     latests = {p.latest for p in places if p.latest is not None}
     if len(latests) > 1:
-        raise CogExportError(f"mixed tags: the 'latest' files name {', '.join(sorted(latests))}; pass --tag")
+        raise CogExportError(f"mixed tags: the 'latest' files name {', '.join(map(quoted, sorted(latests)))}; pass --tag")
     if latests:
         return latests.pop()
     named = {p.tag_dir.name for p in places if p.tag_dir is not None}
@@ -149,7 +192,7 @@ def ema_source(paths: list[Path], tag: str | None) -> tuple[list[Path], str | No
     chosen = _choose_tag(places, tag)
     ema = chosen if chosen.endswith("-ema") else f"{chosen}-ema"
     if not any((place.path / ema).is_dir() for place in places):
-        raise CogExportError(f"no EMA copy of tag {chosen}: expected {places[0].path / ema}")
+        raise CogExportError(f"no EMA copy of tag {quoted(chosen)}: expected {places[0].path / ema}")
     return paths, ema
 
 
@@ -170,15 +213,15 @@ def locate(paths: list[Path], tag: str | None = None) -> RankFiles:
         elif len(places) == 1 or place.latest is not None or tag is not None:
             source = "--tag" if tag is not None else f"{place.path / 'latest'}"
             available = ", ".join(place.tags) or "none"
-            raise CogExportError(f"{source} names tag '{chosen}' but {candidate} does not exist (tags here: {available})")
+            raise CogExportError(f"{source} names tag {quoted(chosen)} but {candidate} does not exist (tags here: {available})")
         else:
-            raise CogExportError(f"mixed tags: {place.path} has no tag '{chosen}' (it has {', '.join(place.tags)})")
+            raise CogExportError(f"mixed tags: {place.path} has no tag {quoted(chosen)} (it has {', '.join(place.tags)})")
     files = RankFiles(tag=chosen, tag_dirs=tag_dirs, tags_available=natural_sorted(t for p in places for t in p.tags),
                       save_dirs=[p.path for p in places if p.tag_dir is None])
     for tag_dir in tag_dirs:
         _collect(tag_dir, files)
     if files.model_states is None and not files.zero3_model_states:
-        raise CogExportError(f"no model-states file for tag '{chosen}' in {files.where}: expected mp_rank_00_model_states.pt "
+        raise CogExportError(f"no model-states file for tag {quoted(chosen)} in {files.where}: expected mp_rank_00_model_states.pt "
                              "(add the folder of the node that ran rank 0)")
     return files
 

@@ -8,13 +8,14 @@ process's resident set to the size of the file).
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
 
 import torch
 
-from ..errors import CogExportError
+from ..errors import CogExportError, quoted
 from ..lazy import LazyTensor
 from ..tensor_bytes import pread_into, tensor_buffer
 from ..write.safetensors_file import SAFETENSORS_DTYPES
@@ -51,9 +52,13 @@ def safetensors_files(folder: Path) -> list[Path]:
 def _indexed_files(index: Path) -> list[Path]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
-    except (ValueError, KeyError, TypeError):
+        names = list(dict.fromkeys(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise CogExportError(f"{index} is not a valid safetensors index") from None
-    return [index.parent / name for name in dict.fromkeys(weight_map.values())]
+    for name in names:  # file names beside the index, never paths elsewhere
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise CogExportError(f"{index} names {quoted(name)} as a weight file, which is not a file name beside it")
+    return [index.parent / name for name in names]
 
 
 class SafetensorsCheckpoint(LazyCheckpoint):
@@ -82,32 +87,13 @@ class SafetensorsCheckpoint(LazyCheckpoint):
         self._descriptors[file] = descriptor
         self._read[file] = 0
         self.info.files.append(str(file))
-        size = os.fstat(descriptor).st_size
-        prefix = os.pread(descriptor, 8, 0)
-        if len(prefix) < 8:
-            raise CogExportError(f"{file} is not a safetensors file (too short)")
-        (header_size,) = struct.unpack("<Q", prefix)
-        if header_size > min(_MAX_HEADER, size - 8):
-            raise CogExportError(f"{file} is not a safetensors file, or it is truncated")
-        try:
-            header = json.loads(os.pread(descriptor, header_size, 8))
-        except ValueError:
-            raise CogExportError(f"{file} has a corrupt safetensors header") from None
-        self.info.metadata.update(header.pop("__metadata__", None) or {})
-        data_start = 8 + header_size
-        for name, entry in header.items():
-            try:
-                dtype = _DTYPES[entry["dtype"]]
-                shape = torch.Size(entry["shape"])
-                start, stop = entry["data_offsets"]
-            except (KeyError, TypeError, ValueError):
-                raise CogExportError(f"{file}: entry {name!r} is not a valid safetensors tensor") from None
-            if stop - start != shape.numel() * dtype.itemsize or data_start + stop > size or start < 0:
-                raise CogExportError(f"{file} is truncated or corrupt: tensor {name} lies outside the file")
+        entries, metadata = read_header(file, descriptor)
+        self.info.metadata.update(metadata)
+        for name, (dtype, shape, offset) in entries.items():
             if name in self._tensors:
-                raise CogExportError(f"tensor {name} appears in two files ({file} and another shard)")
-            self._tensors[name] = LazyTensor(shape, dtype, self._reader(file, data_start + start, shape, dtype),
-                                             f"{name} in {file.name}")
+                raise CogExportError(f"tensor {quoted(name)} appears in two files ({file} and another shard)")
+            self._tensors[name] = LazyTensor(shape, dtype, self._reader(file, offset, shape, dtype),
+                                             f"{quoted(name)} in {file.name}")
 
     def _reader(self, file: Path, offset: int, shape: torch.Size, dtype: torch.dtype):
         def read() -> torch.Tensor:
@@ -128,3 +114,78 @@ class SafetensorsCheckpoint(LazyCheckpoint):
         for descriptor in self._descriptors.values():
             os.close(descriptor)
         self._descriptors.clear()
+
+
+def read_header(file: Path, descriptor: int) -> tuple[dict[str, tuple[torch.dtype, torch.Size, int]], dict[str, str]]:
+    """A safetensors file's tensors (dtype, shape, absolute byte offset) and ``__metadata__``, checked as strictly
+    as the safetensors library checks them: a JSON object of known dtypes and integer shapes and offsets whose
+    byte ranges match the shapes and tile the data exactly (no overlap, no gap, nothing past the end)."""
+    size = os.fstat(descriptor).st_size
+    prefix = os.pread(descriptor, 8, 0)
+    if len(prefix) < 8:
+        raise CogExportError(f"{file} is not a safetensors file (too short)")
+    (header_size,) = struct.unpack("<Q", prefix)
+    if header_size > min(_MAX_HEADER, size - 8):
+        raise CogExportError(f"{file} is not a safetensors file, or it is truncated")
+
+    def corrupt(what: str) -> CogExportError:
+        return CogExportError(f"{file} has a corrupt safetensors header: {what}; copy the file again")
+
+    try:
+        header = json.loads(os.pread(descriptor, header_size, 8).decode("utf-8"),
+                            object_pairs_hook=_unique_keys, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as error:
+        raise corrupt(f"not valid JSON ({quoted(str(error), 100)})") from None
+    if not isinstance(header, dict):
+        kind = {type(None): "null", list: "an array", str: "a string", bool: "a boolean"}.get(type(header), "a number")
+        raise corrupt(f"JSON {kind}, not an object")
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise corrupt("__metadata__ is not an object of strings")
+    data_start, data_size = 8 + header_size, size - 8 - header_size
+    entries, ranges = {}, []
+    for name, entry in header.items():
+        if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+            raise corrupt(f"entry {quoted(name)} is not a tensor (dtype, shape, data_offsets)")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in _DTYPES:
+            raise corrupt(f"tensor {quoted(name)} has dtype {quoted(dtype)}, which cogexport does not read")
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise corrupt(f"tensor {quoted(name)} has shape {quoted(shape)}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+                and offsets[0] <= offsets[1]):
+            raise corrupt(f"tensor {quoted(name)} has data_offsets {quoted(offsets)}")
+        dtype, needed = _DTYPES[dtype], math.prod(shape) * _DTYPES[dtype].itemsize
+        if offsets[1] - offsets[0] != needed or any(d >= 2**62 for d in shape):
+            raise corrupt(f"tensor {quoted(name)} spans {offsets[1] - offsets[0]} bytes but its shape "
+                          f"{quoted(shape)} and dtype need {needed}")
+        entries[name] = (dtype, torch.Size(shape), data_start + offsets[0])
+        ranges.append((offsets[0], offsets[1], name))
+    position = 0
+    for start, stop, name in sorted(ranges):
+        if start != position:
+            what = "overlaps the tensor before it" if start < position else f"leaves a gap of {start - position} bytes"
+            raise corrupt(f"tensor {quoted(name)} {what}")
+        position = stop
+    if position != data_size:
+        what = "the file is truncated" if position > data_size else f"{data_size - position} bytes after the last tensor"
+        raise CogExportError(f"{file} is truncated or corrupt: the tensors end at byte {position} of {data_size} "
+                             f"({what}); copy the file again")
+    return entries, metadata
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"key {quoted(next(k for k in keys if keys.count(k) > 1))} appears twice")
+    return dict(pairs)
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import collections
 import io
-import os
 import pickle
-import struct
-import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +20,13 @@ from typing import Any
 
 import torch
 
-from ..errors import CogExportError, UnsafeCheckpointError
+from ..errors import CogExportError, UnsafeCheckpointError, quoted
 from ..lazy import SizedTensor
-from ..tensor_bytes import pread_into, tensor_buffer
+from ..tensor_bytes import tensor_buffer
+from .zip_records import ZipRecords
 
 # torch.save's legacy (non-zip) format starts with a pickled magic number.
 _LEGACY_MAGIC_PREFIX = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
-_ZIP_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
 
 
 class PickledObject:
@@ -173,7 +170,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if qualified.startswith(_STAND_IN_PREFIXES):
             return _stand_in(qualified)
         raise UnsafeCheckpointError(
-            f"refused to load {self._archive.path}: it pickles '{qualified}', which would run code when loaded; "
+            f"refused to load {self._archive.path}: it pickles {quoted(qualified)}, which would run code when loaded; "
             "cogexport loads only tensors and plain data (if this file is yours, re-save its state dict with "
             "torch.save; if not, do not load it with torch.load(weights_only=False) either)"
         )
@@ -215,7 +212,7 @@ class StoredTensor(SizedTensor):
     def check_bounds(self, storage_numel: int) -> None:
         last = self.storage_offset + sum((d - 1) * s for d, s in zip(self.shape, self.stride)) if self.numel else -1
         if self.storage_offset < 0 or last >= storage_numel:
-            raise CogExportError(f"{self.archive.path} is corrupt: a tensor reaches past its storage '{self.key}'")
+            raise CogExportError(f"{self.archive.path} is corrupt: a tensor reaches past its storage {quoted(self.key)}")
 
     def read(self) -> torch.Tensor:
         """The whole tensor, as a new contiguous CPU tensor."""
@@ -225,23 +222,26 @@ class StoredTensor(SizedTensor):
         window = self.archive.read_elements(self.key, self.dtype, 0, span)
         return window.as_strided(self.shape, self.stride, self.storage_offset).contiguous()
 
-    def read_flat(self, start: int, stop: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Elements ``start:stop`` of the flattened tensor (contiguous tensors only), into ``out`` if given."""
+    def read_flat(self, start: int, stop: int, out: torch.Tensor | None = None, check: bool = True) -> torch.Tensor:
+        """Elements ``start:stop`` of the flattened tensor (contiguous tensors only), into ``out`` if given.
+        ``check=False``: see ``ZipRecords.read_into``."""
         if not self.is_contiguous:
             return self.read().reshape(-1)[start:stop].clone()
         if not 0 <= start <= stop <= self.numel:
             raise IndexError(f"range {start}:{stop} outside a tensor of {self.numel} elements")
-        return self.archive.read_elements(self.key, self.dtype, self.storage_offset + start, stop - start, out)
+        return self.archive.read_elements(self.key, self.dtype, self.storage_offset + start, stop - start, out, check)
+
+    def finish_check(self) -> None:
+        """Complete the CRC-32 check of the record holding this tensor (raises if it fails)."""
+        self.archive.records.finish(self.archive.member(self.key))
 
 
 class TorchArchive:
-    """One torch.save zip archive on disk: its member offsets, and reads of storage bytes by position."""
+    """One torch.save zip archive on disk: its pickle, and reads of storage bytes by position, each checked
+    against its record's CRC-32 (see ``zip_records``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._members: dict[str, tuple[int, int]] = {}
-        self._fd: int | None = None
-        self._lock = threading.Lock()
         self.bytes_read = 0  # tensor data read so far (small pickles not counted)
         self._pickle = self._read_directory()
 
@@ -258,34 +258,17 @@ class TorchArchive:
                     what = "looks truncated (its zip directory is missing)" if head.startswith(b"PK") else \
                         "is not a torch.save archive"
                     raise CogExportError(f"{self.path} {what}; copy it again or point at another checkpoint")
-                pickle_name = None
-                with zipfile.ZipFile(handle) as archive:
-                    for info in archive.infolist():
-                        handle.seek(info.header_offset)
-                        fields = _ZIP_LOCAL_HEADER.unpack(handle.read(_ZIP_LOCAL_HEADER.size))
-                        data_offset = info.header_offset + _ZIP_LOCAL_HEADER.size + fields[9] + fields[10]
-                        self._members[info.filename] = (data_offset, info.file_size)
-                        if info.compress_type != zipfile.ZIP_STORED and "/data/" in info.filename:
-                            raise CogExportError(f"{self.path}: tensor data is compressed; re-save it with torch.save")
-                        if info.filename.endswith("data.pkl") and info.filename.count("/") == 1:
-                            pickle_name = info.filename
-                    if pickle_name is None:
-                        raise CogExportError(f"{self.path} is a zip file but not a torch.save archive (no data.pkl)")
-                    self._prefix = pickle_name[: -len("data.pkl")]
-                    byteorder = self._prefix + "byteorder"
-                    if byteorder in self._members and archive.read(byteorder).strip() not in (b"", b"little"):
-                        raise CogExportError(f"{self.path} was saved on a big-endian machine, which is not supported")
-                    size = os.fstat(handle.fileno()).st_size
-                    for name, (offset, length) in self._members.items():
-                        if offset + length > size:
-                            raise CogExportError(f"{self.path} looks truncated: member {name} ends past the file")
-                    return archive.read(pickle_name)
-        except (zipfile.BadZipFile, struct.error, EOFError, UnicodeDecodeError, NotImplementedError, ValueError,
-                OverflowError) as error:
-            # zipfile reports a damaged directory in all of these ways (bad names, "versions", methods, offsets).
-            raise CogExportError(f"{self.path} is corrupt or truncated ({error}); copy it again") from None
         except OSError as error:
             raise CogExportError(f"cannot read {self.path}: {error.strerror}") from None
+        self.records = ZipRecords(self.path)
+        pickles = [name for name in self.records.records if name.endswith("/data.pkl") and name.count("/") == 1]
+        if len(pickles) != 1:
+            raise CogExportError(f"{self.path} is a zip file but not a torch.save archive (no single data.pkl)")
+        self.root = pickles[0][: -len("/data.pkl")]  # torch.save names it after the file it saved to
+        byteorder = f"{self.root}/byteorder"
+        if byteorder in self.records.records and self.records.read(byteorder).strip() not in (b"", b"little"):
+            raise CogExportError(f"{self.path} was saved on a big-endian machine, which is not supported")
+        return self.records.read(pickles[0])
 
     def load(self) -> Any:
         """The archive's object tree, tensors replaced by ``StoredTensor`` references."""
@@ -294,43 +277,41 @@ class TorchArchive:
         except CogExportError:
             raise
         except Exception as error:  # a malformed pickle can fail in many ways; all mean the same to the user
-            raise CogExportError(f"{self.path} is corrupt: its data.pkl does not unpickle ({error})") from None
+            raise CogExportError(f"{self.path} is corrupt: its data.pkl does not unpickle "
+                                 f"({quoted(str(error), 100)})") from None
+
+    def fingerprint(self) -> tuple:
+        """What the archive holds, from its directory alone: equal for two copies of one file."""
+        return tuple(sorted((name.split("/", 1)[-1], record.size, record.crc)
+                            for name, record in self.records.records.items()))
 
     def storage(self, key: str, dtype: torch.dtype, numel: int) -> _StorageRef:
-        member = f"{self._prefix}data/{key}"
-        if member not in self._members:
-            raise CogExportError(f"{self.path} is corrupt: storage '{key}' is missing")
-        if self._members[member][1] < numel * dtype.itemsize:
-            raise CogExportError(f"{self.path} is corrupt or truncated: storage '{key}' is short")
+        member = self.member(key)
+        if member not in self.records.records:
+            raise CogExportError(f"{self.path} is corrupt: storage {quoted(key)} is missing")
+        if self.records.records[member].size < numel * dtype.itemsize:
+            raise CogExportError(f"{self.path} is corrupt or truncated: storage {quoted(key)} is short")
         return _StorageRef(self, key, dtype, numel)
 
+    def member(self, key: str) -> str:
+        """The zip record holding storage ``key``."""
+        return f"{self.root}/data/{key}"
+
     def read_elements(self, key: str, dtype: torch.dtype, start: int, count: int,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, check: bool = True) -> torch.Tensor:
         """``count`` elements of storage ``key`` from element ``start``, read straight into a tensor."""
         if out is None:
             out = torch.empty(count, dtype=dtype)
         elif out.dtype != dtype or out.numel() != count or not out.is_contiguous():
             raise ValueError("output tensor does not match the requested range")
         if count:
-            offset = self._members[f"{self._prefix}data/{key}"][0] + start * dtype.itemsize
-            try:
-                pread_into(self._descriptor(), tensor_buffer(out), offset)
-            except (OSError, EOFError) as error:
-                raise CogExportError(f"cannot read {self.path}: {error}") from None
-            self.bytes_read += count * dtype.itemsize
+            self.records.read_into(self.member(key), start * dtype.itemsize, tensor_buffer(out), check)
+            if check:  # the few elements read only to cross-check others are not data used
+                self.bytes_read += count * dtype.itemsize
         return out
 
-    def _descriptor(self) -> int:
-        with self._lock:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            return self._fd
-
     def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        self.records.close()
 
 
 def load_torch_file(path: Path) -> tuple[TorchArchive, Any]:

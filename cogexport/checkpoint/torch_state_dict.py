@@ -51,5 +51,8 @@ class TorchStateDictCheckpoint(LazyCheckpoint):
     def bytes_read(self) -> dict[str, int]:
         return {str(self._archive.path): self._archive.bytes_read}
 
+    def check_stored_data(self) -> list[str]:
+        return self._archive.records.check_all()
+
     def close(self) -> None:
         self._archive.close()

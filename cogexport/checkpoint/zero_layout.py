@@ -70,6 +70,18 @@ class FlatGroupLayout:
             done += count
         return out.view(slot.shape)
 
+    def pieces(self, name: str) -> list[tuple[int, int, int]]:
+        """(rank, start, stop): which elements of parameter ``name`` each rank holding it has."""
+        slot, size = self.slots[name], self.partition_size
+        return [(rank, max(slot.offset, rank * size) - slot.offset, min(slot.offset + slot.numel, (rank + 1) * size)
+                 - slot.offset) for rank in self.ranks_holding(name) if slot.numel]
+
+    def fragments(self, rank: int) -> dict[str, tuple[int, int]]:
+        """What DeepSpeed records as rank ``rank``'s param_slice_mappings: {name: (start in the partition, numel)}."""
+        size = self.partition_size
+        return {name: (self.slots[name].offset + start - rank * size, stop - start)
+                for name in self.slots for piece_rank, start, stop in self.pieces(name) if piece_rank == rank}
+
     def ranks_holding(self, name: str) -> range:
         slot = self.slots[name]
         size = self.partition_size
