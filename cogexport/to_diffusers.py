@@ -146,7 +146,7 @@ def _transformer_target(shape: TransformerShape | None, base: BaseFolder | None,
     if shape is not None:
         kind = "i2v" if shape.image_to_video else "t2v"
         if options.model_type and options.model_type != kind:
-            name = published.name if published else f"an {kind.upper()} model"
+            name = published.name if published else f"a CogVideoX {kind.upper()} model of unpublished size"
             raise CogExportError(f"checkpoint is {name} (in_channels {shape.in_channels}) but --model-type "
                                  f"{options.model_type} was given")
         if shape.learned_positions and not config.get("use_learned_positional_embeddings"):
