@@ -5,14 +5,16 @@ ground truth taken inside their training processes.
 Memory is measured on the whole process tree (the command and every process it starts, however deep), by sampling
 /proc while it runs:
 
-- peak RSS: the largest value, over the run, of the sum of the resident set sizes of the processes alive at that
-  moment, sampled every 10 ms (and never less than the kernel's own high-water mark of the largest single process,
-  ru_maxrss from wait4, in case a sample missed a short spike). A page two processes share (a library, a forked
-  worker's memory still shared with its parent) counts once in each, so for a multi-process tool it is an upper
-  bound of the memory the tree holds.
-- peak PSS: the same sum of proportional set sizes (a page shared by n processes counts 1/n in each, so every page
-  counts once), sampled about every 0.5 s because the kernel takes longer to count it: the physical memory the tree
-  holds, to within what a 0.5 s sample can miss.
+- peak PSS (the headline figure): the largest value, over the run, of the sum of the proportional set sizes of the
+  processes alive at that moment. A page shared by n processes counts 1/n in each, so every page the tree holds
+  counts once: it is the tree's physical memory, as a cgroup would charge it (without the page cache of files it
+  only reads or writes). The kernel takes longer to count PSS the bigger a process is (about 13 ms per GB), so it
+  is sampled every 20 ms or, for big processes, as often as keeps the counting under a tenth of one core (every
+  ~0.6 s at 5 GB); these tools hold their peaks for seconds.
+- peak RSS: the same sum of resident set sizes, sampled every 10 ms (and never less than the kernel's own
+  high-water mark of the largest single process, ru_maxrss from wait4). A page two processes share (a library, a
+  forked worker's memory still shared with its parent) counts once in each, so for a multi-process tool it is an
+  upper bound; for one process it is that process's RSS.
 
 A harness must not import torch or hold tensors: it would add its own memory to the machine under test, and Linux
 hands a parent's RSS high-water mark to a child's ru_maxrss at exec (vfork shares the parent's mm).
@@ -40,17 +42,17 @@ SCRIPTS = ROOT / "scripts"
 BENCH_WIDTH, BENCH_LAYERS, BENCH_HEAD = 4096, 28, 1013  # make_deepspeed_checkpoint.py's BenchModel
 # make_deepspeed_checkpoint.py's bench models: (width, layers, head size).
 BENCH_MODELS = {"bench": (BENCH_WIDTH, BENCH_LAYERS, BENCH_HEAD), "bench-small": (256, 4, BENCH_HEAD)}
-RSS_INTERVAL, PSS_INTERVAL = 0.01, 0.5
+RSS_INTERVAL, PSS_MIN_INTERVAL, PSS_DUTY = 0.01, 0.02, 0.1
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """One run of one tool. ``peak_bytes`` is the peak RSS of the process tree (see the module docstring)."""
+    """One run of one tool: peak RSS and peak PSS of the process tree (see the module docstring)."""
 
     seconds: float
-    peak_bytes: int
+    peak_bytes: int  # peak RSS of the tree (what ``measure`` returns)
     peak_pss_bytes: int | None = None
     largest_process_bytes: int | None = None  # ru_maxrss of the largest single process the command waited for
     processes: int = 1  # processes of the tree seen over the run
@@ -117,8 +119,8 @@ def _pss(pid: int) -> int:
 
 
 class TreeSampler:
-    """Samples the tree's summed RSS every RSS_INTERVAL and summed PSS every PSS_INTERVAL, in two threads (a PSS
-    read of a big process takes the kernel tens of milliseconds and must not delay the RSS samples)."""
+    """Samples the tree's summed RSS and summed PSS in two threads (a PSS read of a big process takes the kernel
+    tens of milliseconds and must not delay the RSS samples)."""
 
     def __init__(self, root: int) -> None:
         self.tree = ProcessTree(root)
@@ -149,8 +151,10 @@ class TreeSampler:
 
     def _sample_pss(self) -> None:
         while True:
+            start = time.perf_counter()
             self.peak_pss = max(self.peak_pss, sum(_pss(pid) for pid in set(self.members)))
-            if self._stop.wait(PSS_INTERVAL):
+            counting = time.perf_counter() - start
+            if self._stop.wait(max(PSS_MIN_INTERVAL, counting * (1 - PSS_DUTY) / PSS_DUTY)):
                 return
 
 
@@ -200,8 +204,8 @@ def _as_measurement(value: Measurement | tuple[float, int]) -> Measurement:
 
 
 def summarize(samples: dict[str, list[Measurement | tuple[float, int]]], model_bytes: int, **labels) -> list[dict]:
-    """One row per tool: medians, peak RSS as a multiple of the fp32 model, ratios to the first tool (ours).
-    ``samples`` holds ``measure_tree`` results (or ``measure``'s (seconds, bytes) pairs)."""
+    """One row per tool: medians, peak memory as a multiple of the fp32 model, ratios to the first tool (ours).
+    ``samples`` holds ``measure_tree`` results (or ``measure``'s (seconds, peak RSS) pairs, then without PSS)."""
     rows = []
     for name, values in samples.items():
         runs = [_as_measurement(v) for v in values]
@@ -210,9 +214,9 @@ def summarize(samples: dict[str, list[Measurement | tuple[float, int]]], model_b
                "peak_rss_x_model": round(rss / model_bytes, 3), "runs": len(runs),
                "samples": [{"seconds": round(r.seconds, 2), "peak_rss_bytes": r.peak_bytes} for r in runs]}
         if all(r.peak_pss_bytes is not None for r in runs):
-            row["peak_pss_bytes"] = statistics.median(r.peak_pss_bytes for r in runs)
-            row["processes"] = max(r.processes for r in runs)
-            row["most_alive"] = max(r.most_alive for r in runs)
+            pss = statistics.median(r.peak_pss_bytes for r in runs)
+            row.update(peak_pss_bytes=pss, peak_pss_x_model=round(pss / model_bytes, 3),
+                       most_alive=max(r.most_alive for r in runs), processes=max(r.processes for r in runs))
             for sample, run in zip(row["samples"], runs):
                 sample.update(peak_pss_bytes=run.peak_pss_bytes, largest_process_bytes=run.largest_process_bytes,
                               processes=run.processes, most_alive=run.most_alive)
@@ -221,6 +225,8 @@ def summarize(samples: dict[str, list[Measurement | tuple[float, int]]], model_b
     for row in rows:
         row["time_ratio_vs_cogexport"] = round(row["seconds"] / ours["seconds"], 2)
         row["rss_ratio_vs_cogexport"] = round(row["peak_rss_bytes"] / ours["peak_rss_bytes"], 2)
+        if "peak_pss_bytes" in row and "peak_pss_bytes" in ours:
+            row["pss_ratio_vs_cogexport"] = round(row["peak_pss_bytes"] / ours["peak_pss_bytes"], 2)
     return rows
 
 
@@ -260,18 +266,22 @@ def run_json(command: list[str]) -> dict:
 
 
 def print_table(rows: list[dict], first_column: str, first_width: int, label) -> None:
-    """The human-readable table every benchmark prints."""
-    pss = all("peak_pss_bytes" in row for row in rows)
-    click.echo(f"{first_column:<{first_width}} {'wall s':>7} {'peak RSS':>9}" + (f" {'peak PSS':>9} {'procs':>5}" if pss else "")
-               + f" {'x fp32 model':>13} {'time / ours':>12} {'RSS / ours':>11}   per run: s / GB")
+    """The human-readable table every benchmark prints: memory is peak PSS when measured (else peak RSS)."""
+    pss = all("pss_ratio_vs_cogexport" in row for row in rows)
+    memory = "peak_pss_bytes" if pss else "peak_rss_bytes"
+    name = "PSS" if pss else "RSS"
+    tree = f" {'peak RSS':>9} {'procs':>5}" if pss else ""
+    click.echo(f"{first_column:<{first_width}} {'wall s':>7} {'peak ' + name:>9}{tree} {'x fp32 model':>13} "
+               f"{'time / ours':>12} {name + ' / ours':>11}   per run: s / {name} GB")
     for row in rows:
-        per_run = ", ".join(f"{s['seconds']:.1f}/{s['peak_rss_bytes'] / 1e9:.2f}" for s in row["samples"])
-        memory = f"{row['peak_rss_bytes'] / 1e9:>7.2f}GB" + (
-            f" {row['peak_pss_bytes'] / 1e9:>7.2f}GB {row['most_alive']:>5}" if pss else "")
-        click.echo(f"{label(row):<{first_width}} {row['seconds']:>7.1f} {memory} "
-                   f"{row['peak_rss_x_model']:>12.2f}x {row['time_ratio_vs_cogexport']:>11.2f}x "
-                   f"{row['rss_ratio_vs_cogexport']:>10.2f}x   {per_run}")
+        per_run = ", ".join(f"{s['seconds']:.1f}/{s[memory] / 1e9:.2f}" for s in row["samples"])
+        columns = f"{row[memory] / 1e9:>7.2f}GB" + (
+            f" {row['peak_rss_bytes'] / 1e9:>7.2f}GB {row['most_alive']:>5}" if pss else "")
+        click.echo(f"{label(row):<{first_width}} {row['seconds']:>7.1f} {columns} "
+                   f"{row[memory.replace('_bytes', '_x_model')]:>12.2f}x {row['time_ratio_vs_cogexport']:>11.2f}x "
+                   f"{row[name.lower() + '_ratio_vs_cogexport']:>10.2f}x   {per_run}")
     if pss:
-        click.echo("peak RSS: the peak of the summed RSS of the tool's whole process tree, sampled every 10 ms; "
-                   "peak PSS: the same with shared pages counted once, sampled every 0.5 s; procs: the most "
-                   "processes of the tree alive at once")
+        click.echo("peak PSS: the peak of the summed proportional set sizes of the tool's whole process tree (every "
+                   "page counted once); peak RSS: the same with resident set sizes (shared pages counted in each "
+                   "process); procs: the most processes of the tree alive at once. Medians over the runs.")
+

@@ -323,7 +323,8 @@ def write_truth_facts(truth: dict, spec: dict, out: Path, name: str = "truth") -
 @click.option("--optimizer", type=click.Choice(sorted(OPTIMIZER_STATES)), default="adam", show_default=True,
               help="sgd: a client torch SGD with momentum (per-parameter state momentum_buffer).")
 @click.option("--truth/--no-truth", default=True, show_default=True, help="Write truth.safetensors and truth.json.")
-@click.option("--stream-truth", is_flag=True, help="Write the truth one tensor at a time as it is gathered (big models).")
+@click.option("--stream-truth", is_flag=True,
+              help="Write the truth one tensor at a time as it is gathered (for big models).")
 def main(out: Path, **spec) -> None:
     """Train MODEL a few steps under real DeepSpeed on CPU and save a checkpoint to OUT/checkpoint."""
     out.mkdir(parents=True, exist_ok=True)
