@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from collections import Counter
 from functools import wraps
 from pathlib import Path
 
@@ -183,8 +184,10 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
         click.echo(f"  LoRA rank {lora['rank']}, alpha {lora['alpha']:g} ({lora['alpha_source']}), scale "
                    f"{lora['scale']:g}, {lora['modules']} modules in {lora['layers']} layers")
     if result.dropped:
-        reasons = sorted(set(result.dropped.values()))
-        click.echo(f"  dropped {len(result.dropped)} source key(s): {'; '.join(reasons)}")
+        # One reason a line: a reason may itself contain "; " or ", ".
+        click.echo(f"  dropped {len(result.dropped)} source key(s):")
+        for reason, count in sorted(Counter(result.dropped.values()).items()):
+            click.echo(f"    {reason} ({count} key{'' if count == 1 else 's'})")
     if result.ignored:
         click.echo(f"  ignored {result.ignored} key(s) outside the exported model (T5, VAE, ...)")
     if result.linked:

@@ -181,7 +181,7 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
     if recognised is not None and options.model_type:
         if options.model_type not in recognised.tasks:
             task = recognised.task
-            name = published.name if published else f"a {family.name} {task.upper()} model"
+            name = published.name if published else f"a {family.name} {task.upper()} model of unpublished size"
             raise CogExportError(f"checkpoint is {name} (in_channels {recognised.facts.get('in_channels')}) but "
                                  f"--model-type {options.model_type} was given")
         published = family.published_variant(recognised.facts, experts, options.model_type)

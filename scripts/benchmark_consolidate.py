@@ -1,12 +1,18 @@
 """Benchmark ``cogexport consolidate`` against DeepSpeed's own ``zero_to_fp32`` on the same checkpoints, in one run.
 
-    .venv/bin/python scripts/benchmark_consolidate.py [--runs 3] [--stages 2 3]
+    .venv/bin/python scripts/benchmark_consolidate.py [--runs 3] [--stages 2 3] [--model bench-small] [--json]
 
 Makes (once, cached in --work-dir) real DeepSpeed checkpoints of a ~1.9 GB (fp32) model, 28 x Linear(4096, 4096)
-plus an odd-sized head, trained under bf16 at world size 2, then runs each converter --runs times, alternating,
-each in a fresh process, and reports the median wall time and median peak RSS (from the kernel's accounting of
-the child process: ru_maxrss via wait4), peak RSS as a multiple of the fp32 model size, and the ratios.
-Both tools write fp32 safetensors (zero_to_fp32 with --safe_serialization) and its default .bin output too.
+plus an odd-sized head, trained under bf16 at world size 2, with the ground truth taken inside the training
+process (every fp32 master, gathered from the live engine). ``--model bench-small`` (4 x Linear(256, 256)) tries
+the whole benchmark in seconds.
+
+First, untimed, each tool converts each checkpoint once and its output is checked against the ground truth with
+check_against_truth.py (every tensor of the state dict present, fp32, torch.equal to the master); any difference
+fails the benchmark before anything is timed. Then each tool runs --runs times, alternating, each in a fresh
+process, and the report gives the median wall time and the median peak memory of the tool's whole process tree
+(benchmarking.py says how it is sampled), as a multiple of the fp32 model size, and the ratios to cogexport. Both
+tools write fp32 safetensors (zero_to_fp32 with --safe_serialization), and zero_to_fp32's default .bin output too.
 Timing is not a test: these machines are noisy, so only medians of several runs are quoted.
 """
 
@@ -21,7 +27,8 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import ROOT, bench_checkpoint, bench_model_bytes, measure, print_table, summarize  # noqa: E402
+from benchmarking import (BENCH_MODELS, ROOT, SCRIPTS, bench_checkpoint, bench_model_bytes, bench_truth,  # noqa: E402
+                          measure_tree, print_table, run_json, summarize)
 
 
 def tools(checkpoint: Path, output: Path) -> dict[str, list[str]]:
@@ -34,30 +41,47 @@ def tools(checkpoint: Path, output: Path) -> dict[str, list[str]]:
     }
 
 
+def check_against_truth(output: Path, truth: Path) -> dict:
+    """check_against_truth.py on one tool's fp32 output, in a child process (the harness never imports torch)."""
+    return run_json([sys.executable, str(SCRIPTS / "check_against_truth.py"), str(output), str(truth), "--json"])
+
+
 @click.command()
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=ROOT / ".bench",
               show_default=True, help="Where the benchmark checkpoints are made and kept.")
 @click.option("--runs", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--stages", type=click.IntRange(1, 3), multiple=True, default=(2, 3), show_default=True)
+@click.option("--model", type=click.Choice(sorted(BENCH_MODELS)), default="bench", show_default=True,
+              help="bench-small: a tiny model, to try the benchmark quickly.")
 @click.option("--json", "as_json", is_flag=True)
-def main(work_dir: Path, runs: int, stages: tuple[int, ...], as_json: bool) -> None:
+def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json: bool) -> None:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    model_bytes = bench_model_bytes()
-    results = []
+    model_bytes = bench_model_bytes(model)
+    results, checks = [], {}
     for stage in stages:
-        checkpoint = bench_checkpoint(work_dir, stage)
+        checkpoint = bench_checkpoint(work_dir, stage, model)
         output = work_dir / "output"
-        samples: dict[str, list[tuple[float, int]]] = {}
+        commands = tools(checkpoint, output)
+        checks[stage] = {}
+        for name, command in commands.items():  # untimed: each output checked before anything is timed
+            shutil.rmtree(output, ignore_errors=True)
+            measure_tree(command, env)
+            checks[stage][name] = check_against_truth(output, bench_truth(checkpoint))
+        samples: dict[str, list] = {name: [] for name in commands}
         for _ in range(runs):
-            for name, command in tools(checkpoint, output).items():
+            for name, command in commands.items():
                 shutil.rmtree(output, ignore_errors=True)
-                samples.setdefault(name, []).append(measure(command, env))
+                samples[name].append(measure_tree(command, env))
         shutil.rmtree(output, ignore_errors=True)
         results += summarize(samples, model_bytes, stage=stage)
     if as_json:
-        click.echo(json.dumps({"fp32_model_bytes": model_bytes, "results": results}, indent=2))
+        click.echo(json.dumps({"model": model, "fp32_model_bytes": model_bytes, "checks": checks,
+                               "results": results}, indent=2))
         return
-    click.echo(f"fp32 model: {model_bytes / 1e9:.2f} GB; bf16 training, world size 2; median of {runs} runs\n")
+    click.echo(f"fp32 model ({model}): {model_bytes / 1e9:.2f} GB; bf16 training, world size 2; median of {runs} runs")
+    for stage, checked in checks.items():
+        click.echo(f"ZeRO-{stage}, every tool's output: {next(iter(checked.values()))['summary']}")
+    click.echo()
     print_table(results, "stage tool", 42, lambda row: f"ZeRO-{row['stage']} {row['tool']}")
 
 

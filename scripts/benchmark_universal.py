@@ -1,20 +1,24 @@
 """Benchmark ``cogexport universal`` against DeepSpeed's own ``ds_to_universal`` on the same checkpoints, in one run.
 
-    .venv/bin/python scripts/benchmark_universal.py [--runs 3] [--stages 2 3] [--json]
+    .venv/bin/python scripts/benchmark_universal.py [--runs 3] [--stages 2 3] [--model bench-small] [--json]
 
 Uses the cached bf16, world size 2 DeepSpeed checkpoints of the ~1.9 GB (fp32) bench model that
 benchmark_consolidate.py makes (28 x Linear(4096, 4096) plus an odd-sized head; Adam, so every trainable parameter
-has an fp32 master, exp_avg and exp_avg_sq), then runs each converter --runs times, alternating, each in a fresh
-process:
+has an fp32 master, exp_avg and exp_avg_sq), with the ground truth taken inside the training process (every
+master and Adam state, gathered from the live engine), then runs each converter:
 
 - cogexport: ``cogexport universal SAVE_DIR OUT``;
 - ``python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state`` (needed for any checkpoint not saved
-  with universal-checkpoint metadata), with its default 4 extract and 2 merge workers, and with 1 of each.
+  with universal-checkpoint metadata), with its default 4 extract and 2 merge workers (worker processes), and with
+  1 of each (which DeepSpeed runs in its main process).
 
-After the first round the outputs are compared file by file (every zero/<param>/*.pt of DeepSpeed's output must
-equal cogexport's); any difference fails the benchmark. Reported: median wall time, median peak RSS (the kernel's
-ru_maxrss of the process and its workers, via wait4), peak RSS as a multiple of the fp32 model, the largest
-parameter's fp32 master plus optimizer states (the memory the issue allows beyond a constant), and ratios.
+First, untimed, each tool converts each checkpoint once and its output is checked against the ground truth: for
+every trainable parameter, zero/<name>/fp32.pt must equal the fp32 master and zero/<name>/<state>.pt each Adam
+state, in fp32, torch.equal (cogexport's tensors in the parameter's shape; DeepSpeed's ZeRO-3 output is flat, so
+its are compared flat); any difference fails the benchmark before anything is timed. Then each tool runs --runs
+times, alternating, each in a fresh process. Reported: median wall time, median peak memory of the tool's whole
+process tree (its workers included; benchmarking.py says how it is sampled), as a multiple of the fp32 model, the
+largest parameter's fp32 master plus optimizer states (the memory the issue allows beyond a constant), and ratios.
 """
 
 from __future__ import annotations
@@ -22,47 +26,52 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (BENCH_WIDTH, ROOT, bench_checkpoint, bench_model_bytes, measure, print_table,  # noqa: E402
-                          summarize)
+from benchmarking import (BENCH_MODELS, ROOT, bench_checkpoint, bench_model_bytes, bench_truth,  # noqa: E402
+                          measure_tree, print_table, run_json, summarize)
 
 
-def compare_outputs(ours: Path, theirs: Path) -> dict:
-    """Every per-parameter file DeepSpeed wrote, compared with cogexport's (runs in a helper process)."""
+class TruthMismatch(Exception):
+    """A universal checkpoint differs from the ground truth; the message lists how."""
+
+
+def check_universal(output: Path, truth_dir: Path, full_shapes: bool = True) -> dict:
+    """Every trainable parameter's master and optimizer states in ``output`` against the truth; raises on any
+    difference. ``full_shapes=False`` accepts flat tensors of the right length (DeepSpeed's ZeRO-3 output)."""
     import torch
+    from safetensors import safe_open
 
-    def value(path: Path) -> torch.Tensor:
-        saved = torch.load(path, weights_only=False)  # the tools' own output, made just now by this benchmark
-        return saved["param"] if isinstance(saved, dict) else saved
-
-    compared, differ = 0, []
-    for path in sorted((theirs / "zero").glob("*/*.pt")):
-        mine = ours / path.relative_to(theirs)
-        if not mine.is_file():
-            differ.append(f"{mine.relative_to(ours)} missing")
-            continue
-        expected, got = value(path), value(mine)  # DeepSpeed's ZeRO-3 output is flat, cogexport's full shape
-        if got.numel() != expected.numel() or not torch.equal(got.float().reshape(-1), expected.float().reshape(-1)):
-            differ.append(str(mine.relative_to(ours)))
-        compared += 1
-    if not compared or differ:
-        raise click.ClickException(f"cogexport and ds_to_universal differ ({compared} files compared): "
-                                   f"{', '.join(differ[:8]) or 'nothing to compare'}")
-    return {"files_compared": compared}
-
-
-def helper(*args: str) -> dict:
-    """This script's hidden helper mode in a child process (the harness never imports torch); its JSON."""
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], stdout=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        raise click.ClickException(f"{' '.join(args)} failed (its error is above)")
-    return json.loads(done.stdout)
+    facts = json.loads((truth_dir / "truth.json").read_text())
+    problems, compared = [], 0
+    with safe_open(truth_dir / "truth.safetensors", framework="pt") as truth:
+        states = sorted({key.split("/")[1] for key in truth.keys() if key.startswith("optimizer/")})
+        for name in facts["trainable"]:
+            for state, key in [("fp32", name)] + [(state, f"optimizer/{state}/{name}") for state in states]:
+                path = output / "zero" / name / f"{state}.pt"
+                if not path.is_file():
+                    problems.append(f"{path.relative_to(output)} missing")
+                    continue
+                saved = torch.load(path, weights_only=False)  # the tool's own output, made just now by this script
+                got, expected = (saved["param"] if isinstance(saved, dict) else saved), truth.get_tensor(key)
+                flat = not full_shapes and got.dim() == 1 and got.numel() == expected.numel()
+                if got.dtype != expected.dtype:
+                    problems.append(f"{path.relative_to(output)}: dtype {got.dtype}, expected {expected.dtype}")
+                elif got.shape != expected.shape and not flat:
+                    problems.append(f"{path.relative_to(output)}: shape {tuple(got.shape)}, expected "
+                                    f"{tuple(expected.shape)}")
+                elif not torch.equal(got.reshape(expected.shape), expected):
+                    problems.append(f"{path.relative_to(output)}: values differ from the ground truth")
+                compared += 1
+    if problems or not compared:
+        listed = "; ".join(problems[:10]) or "nothing to compare"
+        raise TruthMismatch(f"{output} differs from the ground truth in {len(problems)} place(s): {listed}"
+                            + (" ..." if len(problems) > 10 else ""))
+    return {"files_compared": compared, "states": ["fp32", *states]}
 
 
 def tools(save_dir: Path, work: Path) -> dict[str, tuple[list[str], Path]]:
@@ -80,42 +89,62 @@ def tools(save_dir: Path, work: Path) -> dict[str, tuple[list[str], Path]]:
     }
 
 
+def check(output: Path, truth: Path, full_shapes: bool) -> dict:
+    """check_universal in a child process (the harness never imports torch)."""
+    return run_json([sys.executable, str(Path(__file__).resolve()), "--check", str(output), str(truth)]
+                    + ([] if full_shapes else ["--flat-ok"]))
+
+
 @click.command()
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=ROOT / ".bench",
               show_default=True, help="Where the benchmark checkpoints are made and kept, and outputs written.")
 @click.option("--runs", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--stages", type=click.IntRange(1, 3), multiple=True, default=(2, 3), show_default=True)
+@click.option("--model", type=click.Choice(sorted(BENCH_MODELS)), default="bench", show_default=True,
+              help="bench-small: a tiny model, to try the benchmark quickly.")
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--compare", nargs=2, type=click.Path(path_type=Path), default=None, hidden=True)
-def main(work_dir: Path, runs: int, stages: tuple[int, ...], as_json: bool, compare: tuple[Path, Path] | None) -> None:
-    if compare:
-        click.echo(json.dumps(compare_outputs(*compare)))
+@click.option("--check", "check_only", nargs=2, type=click.Path(path_type=Path), default=None, hidden=True)
+@click.option("--flat-ok", is_flag=True, hidden=True)
+def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json: bool,
+         check_only: tuple[Path, Path] | None, flat_ok: bool) -> None:
+    if check_only:
+        try:
+            click.echo(json.dumps(check_universal(*check_only, full_shapes=not flat_ok)))
+        except TruthMismatch as mismatch:
+            raise click.ClickException(str(mismatch)) from None
         return
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore"}
-    model_bytes = bench_model_bytes()
-    largest_parameter_states = 3 * 4 * BENCH_WIDTH * BENCH_WIDTH  # fp32 master, exp_avg, exp_avg_sq
+    model_bytes = bench_model_bytes(model)
+    width = BENCH_MODELS[model][0]
+    largest_parameter_states = 3 * 4 * width * width  # fp32 master, exp_avg, exp_avg_sq
     results, checks = [], {}
     for stage in stages:
-        commands = tools(bench_checkpoint(work_dir, stage), work_dir)
-        samples: dict[str, list[tuple[float, int]]] = {name: [] for name in commands}
-        for round_ in range(runs):
+        checkpoint = bench_checkpoint(work_dir, stage, model)
+        commands = tools(checkpoint, work_dir)
+        checks[stage] = {}
+        for name, (command, output) in commands.items():  # untimed: each output checked before anything is timed
+            shutil.rmtree(output.parent, ignore_errors=True)
+            measure_tree(command, env)
+            checks[stage][name] = check(output, bench_truth(checkpoint), full_shapes=name.startswith("cogexport"))
+        samples: dict[str, list] = {name: [] for name in commands}
+        for _ in range(runs):
             for name, (command, output) in commands.items():
                 shutil.rmtree(output.parent, ignore_errors=True)
-                samples[name].append(measure(command, env))
-            if round_ == 0:  # check before spending time on more rounds
-                outputs = [str(output) for _, output in commands.values()]
-                checks[stage] = [helper("--compare", outputs[0], theirs) for theirs in outputs[1:]]
+                samples[name].append(measure_tree(command, env))
         for _, output in commands.values():
             shutil.rmtree(output.parent, ignore_errors=True)
         results += summarize(samples, model_bytes, stage=stage)
     if as_json:
-        click.echo(json.dumps({"fp32_model_bytes": model_bytes, "largest_parameter_states_bytes":
+        click.echo(json.dumps({"model": model, "fp32_model_bytes": model_bytes, "largest_parameter_states_bytes":
                                largest_parameter_states, "checks": checks, "results": results}, indent=2))
         return
-    compared = ", ".join(f"ZeRO-{stage}: {check[0]['files_compared']} files" for stage, check in checks.items())
-    click.echo(f"fp32 model: {model_bytes / 1e9:.2f} GB; bf16 training, world size 2, Adam; largest parameter with "
-               f"its optimizer states: {largest_parameter_states / 1e9:.2f} GB; median of {runs} runs")
-    click.echo(f"outputs equal ({compared})\n")
+    click.echo(f"fp32 model ({model}): {model_bytes / 1e9:.2f} GB; bf16 training, world size 2, Adam; largest "
+               f"parameter with its optimizer states: {largest_parameter_states / 1e9:.2f} GB; median of {runs} runs")
+    for stage, checked in checks.items():
+        first = next(iter(checked.values()))
+        click.echo(f"ZeRO-{stage}, every tool's output: {first['files_compared']} files ({', '.join(first['states'])} "
+                   "of every parameter) equal the ground truth taken inside the training process")
+    click.echo()
     print_table(results, "stage tool", 38, lambda row: f"ZeRO-{row['stage']} {row['tool']}")
 
 

@@ -1,19 +1,38 @@
-"""What the benchmark scripts share: timing a command in a fresh process, the medians and ratios they report, and
-the cached DeepSpeed checkpoints of the ~1.9 GB bench model.
+"""What the benchmark scripts share: timing a command in a fresh process while sampling the memory of its whole
+process tree, the medians and ratios they report, and the cached DeepSpeed checkpoints of the bench model with the
+ground truth taken inside their training processes.
 
-A harness must not import torch or hold tensors: Linux hands a parent's RSS high-water mark to a child's ru_maxrss
-at exec (vfork shares the parent's mm), so a big parent would inflate every measurement.
+Memory is measured on the whole process tree (the command and every process it starts, however deep), by sampling
+/proc while it runs:
+
+- peak PSS (the headline figure): the largest value, over the run, of the sum of the proportional set sizes of the
+  processes alive at that moment. A page shared by n processes counts 1/n in each, so every page the tree holds
+  counts once: it is the tree's physical memory, as a cgroup would charge it (without the page cache of files it
+  only reads or writes). The kernel takes longer to count PSS the bigger a process is (about 13 ms per GB), so it
+  is sampled every 20 ms or, for big processes, as often as keeps the counting under a tenth of one core (every
+  ~0.6 s at 5 GB); these tools hold their peaks for seconds.
+- peak RSS: the same sum of resident set sizes, sampled every 10 ms (and never less than the kernel's own
+  high-water mark of the largest single process, ru_maxrss from wait4). A page two processes share (a library, a
+  forked worker's memory still shared with its parent) counts once in each, so for a multi-process tool it is an
+  upper bound; for one process it is that process's RSS.
+
+A harness must not import torch or hold tensors: it would add its own memory to the machine under test, and Linux
+hands a parent's RSS high-water mark to a child's ru_maxrss at exec (vfork shares the parent's mm).
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -21,61 +40,248 @@ import click
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 BENCH_WIDTH, BENCH_LAYERS, BENCH_HEAD = 4096, 28, 1013  # make_deepspeed_checkpoint.py's BenchModel
+# make_deepspeed_checkpoint.py's bench models: (width, layers, head size).
+BENCH_MODELS = {"bench": (BENCH_WIDTH, BENCH_LAYERS, BENCH_HEAD), "bench-small": (256, 4, BENCH_HEAD)}
+RSS_INTERVAL, PSS_MIN_INTERVAL, PSS_DUTY = 0.01, 0.02, 0.1
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+PR_SET_CHILD_SUBREAPER = 36
 
 
-def measure(command: list[str], env: dict | None = None) -> tuple[float, int]:
-    """Run ``command``; return (wall seconds, peak RSS bytes of the process and its waited-for children)."""
+@dataclass(frozen=True)
+class Measurement:
+    """One run of one tool: peak RSS and peak PSS of the process tree (see the module docstring)."""
+
+    seconds: float
+    peak_bytes: int  # peak RSS of the tree (what ``measure`` returns)
+    peak_pss_bytes: int | None = None
+    largest_process_bytes: int | None = None  # ru_maxrss of the largest single process the command waited for
+    processes: int = 1  # processes of the tree seen over the run
+    most_alive: int = 1  # the most of them alive at one sample
+
+
+class ProcessTree:
+    """The live processes descended from ``root``, found by parent pid in /proc.
+
+    The harness makes itself a child subreaper, so a process whose parent exits is re-parented to the harness rather
+    than to init and is still recognised; a process, once recognised, stays in the tree until it is gone.
+    """
+
+    def __init__(self, root: int) -> None:
+        self.members: set[int] = {root}
+        self.outsiders: set[int] = set()
+        self.harness = os.getpid()
+        self.seen: set[int] = {root}
+
+    def refresh(self) -> set[int]:
+        alive = {int(entry) for entry in os.listdir("/proc") if entry.isdigit()}
+        self.members &= alive
+        self.outsiders &= alive  # a pid that disappears may come back as a process of ours
+        unknown = {pid: _parent(pid) for pid in alive - self.members - self.outsiders}
+        grew = True
+        while grew:  # a child and its own child may both be new since the last sample
+            grew = False
+            for pid, parent in list(unknown.items()):
+                if parent in self.members or parent == self.harness:
+                    self.members.add(pid)
+                    del unknown[pid]
+                    grew = True
+        self.outsiders |= unknown.keys()
+        self.seen |= self.members
+        return set(self.members)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its last ')'
+            return int(handle.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * PAGE_SIZE
+    except (OSError, IndexError, ValueError):
+        return 0  # exited between the listing and the read
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+class TreeSampler:
+    """Samples the tree's summed RSS and summed PSS in two threads (a PSS read of a big process takes the kernel
+    tens of milliseconds and must not delay the RSS samples)."""
+
+    def __init__(self, root: int) -> None:
+        self.tree = ProcessTree(root)
+        self.members: set[int] = {root}
+        self.peak_rss = self.peak_pss = 0
+        self.most_alive = 1
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._sample_rss, daemon=True),
+                         threading.Thread(target=self._sample_pss, daemon=True)]
+
+    def __enter__(self) -> "TreeSampler":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _sample_rss(self) -> None:
+        while True:
+            self.members = self.tree.refresh()
+            self.most_alive = max(self.most_alive, len(self.members))
+            self.peak_rss = max(self.peak_rss, sum(_rss(pid) for pid in self.members))
+            if self._stop.wait(RSS_INTERVAL):
+                return
+
+    def _sample_pss(self) -> None:
+        while True:
+            start = time.perf_counter()
+            self.peak_pss = max(self.peak_pss, sum(_pss(pid) for pid in set(self.members)))
+            counting = time.perf_counter() - start
+            if self._stop.wait(max(PSS_MIN_INTERVAL, counting * (1 - PSS_DUTY) / PSS_DUTY)):
+                return
+
+
+def _become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def _reap_orphans() -> None:
+    """Wait for descendants re-parented to the harness (their parent exited before them)."""
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def measure_tree(command: list[str], env: dict | None = None) -> Measurement:
+    """Run ``command`` in a fresh process and measure it (wall time, memory of its whole process tree)."""
     os.sync()  # start each run with no dirty pages from the previous run's output being written back
+    _become_subreaper()
     with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: a chatty child cannot block on a full pipe
         start = time.perf_counter()
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
-        _, status, usage = os.wait4(process.pid, 0)
-        elapsed = time.perf_counter() - start
-        if os.waitstatus_to_exitcode(status) != 0:
+        with TreeSampler(process.pid) as sampler:
+            _, status, usage = os.wait4(process.pid, 0)
+            elapsed = time.perf_counter() - start
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here; Popen must not wait again
+        _reap_orphans()
+        if process.returncode != 0:
             stderr.seek(0)
             raise click.ClickException(f"{' '.join(command)} failed:\n{stderr.read().decode()[-3000:]}")
-    return elapsed, usage.ru_maxrss * 1024
+    largest = usage.ru_maxrss * 1024
+    return Measurement(elapsed, max(sampler.peak_rss, largest), sampler.peak_pss or None, largest,
+                       len(sampler.tree.seen), sampler.most_alive)
 
 
-def summarize(samples: dict[str, list[tuple[float, int]]], model_bytes: int, **labels) -> list[dict]:
-    """One row per tool: medians, peak RSS as a multiple of the fp32 model, ratios to the first tool (ours)."""
+def measure(command: list[str], env: dict | None = None) -> tuple[float, int]:
+    """Run ``command``; return (wall seconds, peak RSS bytes of its whole process tree). ``measure_tree`` says more."""
+    measured = measure_tree(command, env)
+    return measured.seconds, measured.peak_bytes
+
+
+def _as_measurement(value: Measurement | tuple[float, int]) -> Measurement:
+    return value if isinstance(value, Measurement) else Measurement(*value)
+
+
+def summarize(samples: dict[str, list[Measurement | tuple[float, int]]], model_bytes: int, **labels) -> list[dict]:
+    """One row per tool: medians, peak memory as a multiple of the fp32 model, ratios to the first tool (ours).
+    ``samples`` holds ``measure_tree`` results (or ``measure``'s (seconds, peak RSS) pairs, then without PSS)."""
     rows = []
     for name, values in samples.items():
-        seconds, rss = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
-        rows.append({**labels, "tool": name, "seconds": round(seconds, 2), "peak_rss_bytes": rss,
-                     "peak_rss_x_model": round(rss / model_bytes, 3), "runs": len(values),
-                     "samples": [{"seconds": round(s, 2), "peak_rss_bytes": r} for s, r in values]})
+        runs = [_as_measurement(v) for v in values]
+        seconds, rss = statistics.median(r.seconds for r in runs), statistics.median(r.peak_bytes for r in runs)
+        row = {**labels, "tool": name, "seconds": round(seconds, 2), "peak_rss_bytes": rss,
+               "peak_rss_x_model": round(rss / model_bytes, 3), "runs": len(runs),
+               "samples": [{"seconds": round(r.seconds, 2), "peak_rss_bytes": r.peak_bytes} for r in runs]}
+        if all(r.peak_pss_bytes is not None for r in runs):
+            pss = statistics.median(r.peak_pss_bytes for r in runs)
+            row.update(peak_pss_bytes=pss, peak_pss_x_model=round(pss / model_bytes, 3),
+                       most_alive=max(r.most_alive for r in runs), processes=max(r.processes for r in runs))
+            for sample, run in zip(row["samples"], runs):
+                sample.update(peak_pss_bytes=run.peak_pss_bytes, largest_process_bytes=run.largest_process_bytes,
+                              processes=run.processes, most_alive=run.most_alive)
+        rows.append(row)
     ours = rows[0]
     for row in rows:
         row["time_ratio_vs_cogexport"] = round(row["seconds"] / ours["seconds"], 2)
         row["rss_ratio_vs_cogexport"] = round(row["peak_rss_bytes"] / ours["peak_rss_bytes"], 2)
+        if "peak_pss_bytes" in row and "peak_pss_bytes" in ours:
+            row["pss_ratio_vs_cogexport"] = round(row["peak_pss_bytes"] / ours["peak_pss_bytes"], 2)
     return rows
 
 
-def bench_model_bytes() -> int:
+def bench_model_bytes(model: str = "bench") -> int:
     """The bench model's size in fp32."""
-    return 4 * (BENCH_LAYERS * BENCH_WIDTH * BENCH_WIDTH + BENCH_HEAD * BENCH_WIDTH + BENCH_HEAD)
+    width, layers, head = BENCH_MODELS[model]
+    return 4 * (layers * width * width + head * width + head)
 
 
-def bench_checkpoint(work: Path, stage: int) -> Path:
-    """The save dir of a bf16, world size 2 DeepSpeed checkpoint of the bench model, made once per work dir."""
-    folder = work / f"bench-zero{stage}-bf16-ws2"
-    if not (folder / "truth.json").exists():
+def bench_checkpoint(work: Path, stage: int, model: str = "bench") -> Path:
+    """The save dir of a bf16, world size 2 DeepSpeed checkpoint of the bench model, made once per work dir.
+    Beside it (``bench_truth``) the ground truth taken inside the training process: every fp32 master and Adam
+    state, gathered from the live engine."""
+    folder = work / f"{model}-zero{stage}-bf16-ws2"
+    if not (folder / "complete").exists():
         shutil.rmtree(folder, ignore_errors=True)
-        click.echo(f"making the ZeRO-{stage} benchmark checkpoint (a few minutes)...", err=True)
+        click.echo(f"making the ZeRO-{stage} {model} checkpoint with its ground truth (a few minutes)...", err=True)
         subprocess.run([sys.executable, str(SCRIPTS / "make_deepspeed_checkpoint.py"), str(folder),
-                        "--model", "bench", "--stage", str(stage), "--dtype", "bf16", "--world-size", "2",
-                        "--steps", "1", "--no-truth"], check=True, stdout=subprocess.DEVNULL)
-        (folder / "truth.json").write_text("{}")  # written last: marks the checkpoint complete
+                        "--model", model, "--stage", str(stage), "--dtype", "bf16", "--world-size", "2",
+                        "--steps", "1", "--stream-truth"], check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, "DS_ACCELERATOR": "cpu"})
+        (folder / "complete").write_text("")  # written last: marks the checkpoint and its truth complete
     return folder / "checkpoint"
 
 
+def bench_truth(checkpoint: Path) -> Path:
+    """The folder holding truth.safetensors and truth.json of a ``bench_checkpoint``."""
+    return checkpoint.parent
+
+
+def run_json(command: list[str]) -> dict:
+    """Run a helper command in a child process (the harness never imports torch); the JSON it prints."""
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise click.ClickException(f"{' '.join(command[1:])} failed (its error is above)")
+    return json.loads(done.stdout)
+
+
 def print_table(rows: list[dict], first_column: str, first_width: int, label) -> None:
-    """The human-readable table every benchmark prints."""
-    click.echo(f"{first_column:<{first_width}} {'wall s':>7} {'peak RSS':>9} {'x fp32 model':>13} {'time / ours':>12} "
-               f"{'RSS / ours':>11}   per run: s / GB")
+    """The human-readable table every benchmark prints: memory is peak PSS when measured (else peak RSS)."""
+    pss = all("pss_ratio_vs_cogexport" in row for row in rows)
+    memory = "peak_pss_bytes" if pss else "peak_rss_bytes"
+    name = "PSS" if pss else "RSS"
+    tree = f" {'peak RSS':>9} {'procs':>5}" if pss else ""
+    click.echo(f"{first_column:<{first_width}} {'wall s':>7} {'peak ' + name:>9}{tree} {'x fp32 model':>13} "
+               f"{'time / ours':>12} {name + ' / ours':>11}   per run: s / {name} GB")
     for row in rows:
-        per_run = ", ".join(f"{s['seconds']:.1f}/{s['peak_rss_bytes'] / 1e9:.2f}" for s in row["samples"])
-        click.echo(f"{label(row):<{first_width}} {row['seconds']:>7.1f} {row['peak_rss_bytes'] / 1e9:>7.2f}GB "
-                   f"{row['peak_rss_x_model']:>12.2f}x {row['time_ratio_vs_cogexport']:>11.2f}x "
-                   f"{row['rss_ratio_vs_cogexport']:>10.2f}x   {per_run}")
+        per_run = ", ".join(f"{s['seconds']:.1f}/{s[memory] / 1e9:.2f}" for s in row["samples"])
+        columns = f"{row[memory] / 1e9:>7.2f}GB" + (
+            f" {row['peak_rss_bytes'] / 1e9:>7.2f}GB {row['most_alive']:>5}" if pss else "")
+        click.echo(f"{label(row):<{first_width}} {row['seconds']:>7.1f} {columns} "
+                   f"{row[memory.replace('_bytes', '_x_model')]:>12.2f}x {row['time_ratio_vs_cogexport']:>11.2f}x "
+                   f"{row[name.lower() + '_ratio_vs_cogexport']:>10.2f}x   {per_run}")
+    if pss:
+        click.echo("peak PSS: the peak of the summed proportional set sizes of the tool's whole process tree (every "
+                   "page counted once); peak RSS: the same with resident set sizes (shared pages counted in each "
+                   "process); procs: the most processes of the tree alive at once. Medians over the runs.")
+

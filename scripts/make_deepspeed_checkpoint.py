@@ -9,9 +9,13 @@ buffer, and (under ``optimizer/<state>/<name>``) every per-parameter optimizer s
 (``safe_get_full_optimizer_state``); OUT/truth.json lists the module's state_dict order, which names are
 trainable, frozen, tied aliases (alias -> source) and buffers, the optimizer step, lr and global step, the loss
 on a fixed evaluation batch, and the run's settings. resume_universal.py records the same after a resume.
+``--stream-truth`` writes truth.safetensors tensor by tensor as each is gathered (with cogexport's streaming
+safetensors writer) instead of holding the whole truth on every rank: for the benchmark model, whose masters and
+Adam moments are 5.7 GB.
 
 Models: ``toy`` has odd sizes (so partitions are padded), a frozen layer, a tied weight, a float and an int
-buffer; ``bench`` is 28 x Linear(4096, 4096) plus an odd-sized head (about 1.9 GB in fp32), for the benchmark.
+buffer; ``bench`` is 28 x Linear(4096, 4096) plus an odd-sized head (about 1.9 GB in fp32), for the benchmark;
+``bench-small`` is the same shape at 4 x Linear(256, 256), to try the benchmarks quickly.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import click
@@ -27,6 +32,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deepspeed_cpu import deepspeed_config, import_deepspeed, spawn_ranks  # noqa: E402
+
+from cogexport.lazy import LazyTensor  # noqa: E402
 
 
 class ToyModel(nn.Module):
@@ -67,23 +74,27 @@ class ToyModel(nn.Module):
 class BenchModel(nn.Module):
     """About 1.9 GB of fp32 parameters, shaped like a real transformer's big matrices."""
 
-    width = 4096
+    width, depth, head_size = 4096, 28, 1013
 
     def __init__(self) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(self.width, self.width, bias=False) for _ in range(28))
-        self.head = nn.Linear(self.width, 1013)
+        self.layers = nn.ModuleList(nn.Linear(self.width, self.width, bias=False) for _ in range(self.depth))
+        self.head = nn.Linear(self.width, self.head_size)
 
-    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: torch.Tensor, update_buffers: bool = True) -> torch.Tensor:  # it has no buffers
         hidden = batch.to(self.head.weight.dtype)
         for layer in self.layers:
             hidden = layer(hidden)
         return self.head(hidden).float().pow(2).mean()
 
-    @staticmethod
-    def batch(step: int, rank: int) -> torch.Tensor:
+    @classmethod
+    def batch(cls, step: int, rank: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(1000 * step + rank)
-        return torch.randn(1, BenchModel.width, generator=generator) * 1e-3
+        return torch.randn(1, cls.width, generator=generator) * 1e-3
+
+
+class SmallBenchModel(BenchModel):
+    width, depth = 256, 4
 
 
 class FrozenNormModel(nn.Module):
@@ -121,7 +132,7 @@ class AmbiguousFrozenNormModel(FrozenNormModel):
     ambiguous = True
 
 
-MODELS = {"toy": ToyModel, "bench": BenchModel, "frozen-norm": FrozenNormModel,
+MODELS = {"toy": ToyModel, "bench": BenchModel, "bench-small": SmallBenchModel, "frozen-norm": FrozenNormModel,
           "ambiguous-frozen-norm": AmbiguousFrozenNormModel}
 # The per-parameter state each optimizer keeps (what a universal checkpoint must carry).
 OPTIMIZER_STATES = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
@@ -172,12 +183,30 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
     engine = build_engine(deepspeed, spec)
     train(engine, spec, rank, range(spec["steps"]))
     engine.save_checkpoint(spec["save_dir"], tag=spec["tag"], client_state={"epoch": 3, "run_note": "cogexport test"})
-    if spec["truth"]:
+    if spec["stream_truth"]:
+        stream_truth(deepspeed, engine, spec, rank)
+    elif spec["truth"]:
         truth = collect_truth(deepspeed, engine, spec["stage"], OPTIMIZER_STATES[spec["optimizer"]])
         truth["eval_loss"] = eval_loss(engine, spec)
         if rank == 0:
             write_truth(truth, spec, Path(spec["out"]))
     deepspeed.comm.barrier()
+
+
+def stream_truth(deepspeed, engine, spec: dict, rank: int) -> None:
+    """The truth files of train_and_save, written one tensor at a time as it is gathered. Every rank takes part in
+    each gather, in the file's storage order; only rank 0 keeps (writes) the result."""
+    from cogexport.write.safetensors_file import storage_order, write_safetensors
+
+    tensors, facts = truth_sources(deepspeed, engine, spec["stage"], OPTIMIZER_STATES[spec["optimizer"]])
+    if rank == 0:
+        write_safetensors(Path(spec["out"]) / "truth.safetensors", tensors)
+    else:
+        for name in storage_order(tensors):
+            tensors[name].load()
+    facts["eval_loss"] = eval_loss(engine, spec)
+    if rank == 0:
+        write_truth_facts(facts, spec, Path(spec["out"]))
 
 
 def optimizer_step(engine) -> float | None:
@@ -191,6 +220,13 @@ def optimizer_step(engine) -> float | None:
 
 def collect_truth(deepspeed, engine, stage: int, optimizer_states: tuple[str, ...] = ()) -> dict:
     """What the consolidated state dict must hold, read from the live engine (a collective call at stage 3)."""
+    tensors, facts = truth_sources(deepspeed, engine, stage, optimizer_states)
+    return {"tensors": {name: tensor.load() for name, tensor in tensors.items()}, **facts}
+
+
+def truth_sources(deepspeed, engine, stage: int, optimizer_states: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """The truth tensors as LazyTensors that read the live engine when loaded (a collective call at stage > 0:
+    every rank loads the same names in the same order), and the facts about the module."""
     module = engine.module
     first_name_of: dict[int, str] = {}
     tied: dict[str, str] = {}
@@ -199,28 +235,40 @@ def collect_truth(deepspeed, engine, stage: int, optimizer_states: tuple[str, ..
             tied[name] = first_name_of[id(param)]
         else:
             first_name_of[id(param)] = name
-    tensors: dict[str, torch.Tensor] = {}
+
+    def copied(read, *args) -> torch.Tensor:
+        return read(*args).detach().clone().cpu()
+
+    def gathered(param) -> torch.Tensor:
+        with deepspeed.zero.GatheredParameters([param], enabled=stage == 3):
+            return param.detach().clone().cpu()
+
+    tensors: dict[str, LazyTensor] = {}
     trainable, frozen = [], []
     for name, param in module.named_parameters():
+        shape = torch.Size(getattr(param, "ds_shape", param.shape))  # ZeRO-3 leaves an empty placeholder
         if param.requires_grad:
-            tensors[name] = fp32_master(deepspeed, engine, param).detach().clone().cpu()
+            tensors[name] = LazyTensor(shape, torch.float32, partial(copied, fp32_master, deepspeed, engine, param),
+                                       f"fp32 master of {name}")
             trainable.append(name)
         else:
-            with deepspeed.zero.GatheredParameters([param], enabled=stage == 3):
-                tensors[name] = param.detach().clone().cpu()
+            tensors[name] = LazyTensor(shape, param.dtype, partial(gathered, param), f"frozen {name}")
             frozen.append(name)
     buffers = [name for name in module.state_dict() if name not in first_name_of.values() and name not in tied]
     persistent = dict(module.named_buffers())
     for name in buffers:
-        tensors[name] = persistent[name].detach().clone().cpu()
+        buffer = persistent[name].detach().clone().cpu()
+        tensors[name] = LazyTensor(buffer.shape, buffer.dtype, lambda value=buffer: value, f"buffer {name}")
     if stage > 0:
         parameters = dict(module.named_parameters())
         for key in optimizer_states:
             for name in trainable:
-                state = deepspeed.utils.safe_get_full_optimizer_state(parameters[name], key)
-                tensors[f"optimizer/{key}/{name}"] = state.detach().clone().cpu()
-    return {
-        "tensors": tensors,
+                # DeepSpeed keeps optimizer states beside the fp32 masters, in fp32 (load() checks).
+                tensors[f"optimizer/{key}/{name}"] = LazyTensor(
+                    tensors[name].shape, torch.float32,
+                    partial(copied, deepspeed.utils.safe_get_full_optimizer_state, parameters[name], key),
+                    f"{key} of {name}")
+    return tensors, {
         "order": list(module.state_dict().keys()),
         "trainable": trainable,
         "frozen": frozen,
@@ -252,6 +300,10 @@ def write_truth(truth: dict, spec: dict, out: Path, name: str = "truth") -> None
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in truth.pop("tensors").items()}, out / f"{name}.safetensors")
+    write_truth_facts(truth, spec, out, name)
+
+
+def write_truth_facts(truth: dict, spec: dict, out: Path, name: str = "truth") -> None:
     settings = {k: spec.get(k) for k in ("model", "stage", "dtype", "world_size", "steps", "tag", "sub_group_size",
                                          "parameter_alignment", "bf16_optimizer", "optimizer")}
     (out / f"{name}.json").write_text(json.dumps({**truth, "settings": settings}, indent=1))
@@ -271,6 +323,8 @@ def write_truth(truth: dict, spec: dict, out: Path, name: str = "truth") -> None
 @click.option("--optimizer", type=click.Choice(sorted(OPTIMIZER_STATES)), default="adam", show_default=True,
               help="sgd: a client torch SGD with momentum (per-parameter state momentum_buffer).")
 @click.option("--truth/--no-truth", default=True, show_default=True, help="Write truth.safetensors and truth.json.")
+@click.option("--stream-truth", is_flag=True,
+              help="Write the truth one tensor at a time as it is gathered (for big models).")
 def main(out: Path, **spec) -> None:
     """Train MODEL a few steps under real DeepSpeed on CPU and save a checkpoint to OUT/checkpoint."""
     out.mkdir(parents=True, exist_ok=True)

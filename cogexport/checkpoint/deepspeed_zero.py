@@ -482,7 +482,13 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         """Every entry of a module state dict as stored (tied aliases found by storage)."""
         info = self.info
         info.tied = dict(states.get("shared_params") or {}) or _aliases(module, info.buffers)
-        info.trainable = [n for n in module if n not in info.buffers and n not in info.tied]
+        params = [n for n in module if n not in info.buffers and n not in info.tied]
+        # ZeRO-1/2 record which parameters trained (param_shapes) and which were frozen (frozen_param_shapes, stage 2)
+        # even when no optimizer file was saved, as in SAT runs; without either, nothing says, so all count as trained.
+        trained = {n for group in states.get("param_shapes") or [] for n in group}
+        frozen = set(states.get("frozen_param_shapes") or ())
+        info.frozen = [n for n in params if n in frozen or (trained and n not in trained)]
+        info.trainable = [n for n in params if n not in info.frozen]
         self._assemble(module, lambda name: _stored(module[name], name), lambda name: _stored(module[name], name))
 
     def _assemble(self, module: dict, master, frozen) -> None:

@@ -1,0 +1,200 @@
+"""Each benchmark checks every tool's output against ground truth before timing it. Those checks must pass on a
+right output and refuse a wrong one: here each is fed real outputs at tiny sizes, then outputs spoiled in one
+place (a value, a dtype, a missing or extra tensor)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+from cogvideox_fixtures import tiny_transformer_config
+from fixtures import SCRIPTS, DeepSpeedVariant, deepspeed_checkpoint
+from safetensors.torch import load_file, save_file
+
+from cogexport.consolidate import consolidate
+from cogexport.to_diffusers import export
+from cogexport.universal import universal
+
+sys.path.insert(0, str(SCRIPTS))
+from benchmark_export import TruthMismatch as ExportMismatch  # noqa: E402
+from benchmark_export import check_export, meta_model, reference_export, write_run  # noqa: E402
+from benchmark_universal import TruthMismatch as UniversalMismatch  # noqa: E402
+from benchmark_universal import check_universal  # noqa: E402
+from check_against_truth import TruthMismatch, check_consolidated  # noqa: E402
+
+TOY = DeepSpeedVariant(3, "bf16", 2)  # frozen, tied, float and int buffers, Adam states, flat ZeRO-3 partitions
+
+
+def spoil(path, name, change) -> None:
+    """Rewrite one tensor of a safetensors file."""
+    tensors = load_file(path)
+    tensors[name] = change(tensors[name])
+    save_file(tensors, path)
+
+
+def flip_first(tensor: torch.Tensor) -> torch.Tensor:
+    """The same tensor with its first element changed (by more than any rounding)."""
+    spoiled = tensor.clone()
+    spoiled.view(-1)[0] += 1
+    return spoiled
+
+
+# consolidate: check_against_truth.py ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def toy():
+    return deepspeed_checkpoint(TOY)
+
+
+def test_consolidate_check_accepts_right_outputs_at_each_dtype(toy, tmp_path):
+    for dtype in ("fp32", "bf16"):
+        consolidate(toy.checkpoint, tmp_path / dtype, dtype=dtype)
+        assert check_consolidated(tmp_path / dtype, toy.root, dtype)["tensors"] == len(toy.truth["order"])
+    # zero_to_fp32's default output: a torch .bin file
+    torch.save(load_file(tmp_path / "fp32" / "model.safetensors"), tmp_path / "pytorch_model.bin")
+    check_consolidated(tmp_path / "pytorch_model.bin", toy.root)
+
+
+@pytest.mark.parametrize("spoiled, message", [
+    ("value", "values differ"), ("dtype", "dtype torch.bfloat16, expected torch.float32"), ("missing", "missing"),
+    ("extra", "not in the module's state_dict"), ("int buffer", "values differ"),
+])
+def test_consolidate_check_refuses_a_wrong_output(toy, tmp_path, spoiled, message):
+    consolidate(toy.checkpoint, tmp_path / "out", dtype="fp32")
+    path = tmp_path / "out" / "model.safetensors"
+    trained = toy.truth["trainable"][0]
+    if spoiled == "value":
+        spoil(path, trained, flip_first)
+    elif spoiled == "dtype":
+        spoil(path, trained, lambda tensor: tensor.to(torch.bfloat16))
+    elif spoiled == "int buffer":
+        spoil(path, "step_count", flip_first)
+    else:
+        tensors = load_file(path)
+        if spoiled == "missing":
+            del tensors[trained]
+        else:
+            tensors["stray.weight"] = torch.zeros(2)
+        save_file(tensors, path)
+    with pytest.raises(TruthMismatch, match=message):
+        check_consolidated(tmp_path / "out", toy.root)
+
+
+def test_a_bf16_consolidation_is_not_passed_as_fp32(toy, tmp_path):
+    """The old script cast the truth to whatever was written and called it bit for bit."""
+    consolidate(toy.checkpoint, tmp_path / "out", dtype="bf16")
+    with pytest.raises(TruthMismatch, match="expected torch.float32"):
+        check_consolidated(tmp_path / "out", toy.root, "fp32")
+
+
+# universal: benchmark_universal.check_universal -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def toy_universal(toy, tmp_path_factory):
+    output = tmp_path_factory.mktemp("universal") / "out"
+    universal(toy.checkpoint, output)
+    return output
+
+
+def rewrite_state(path, change) -> None:
+    saved = torch.load(path, weights_only=False)  # written by this test's own conversion
+    if isinstance(saved, dict):
+        saved["param"] = change(saved["param"])
+    else:
+        saved = change(saved)
+    torch.save(saved, path)
+
+
+def test_universal_check_accepts_the_right_output(toy, toy_universal):
+    checked = check_universal(toy_universal, toy.root)
+    assert checked["states"] == ["fp32", "exp_avg", "exp_avg_sq"]
+    assert checked["files_compared"] == 3 * len(toy.truth["trainable"])
+
+
+@pytest.mark.parametrize("spoiled, message", [
+    ("fp32", "values differ"), ("exp_avg_sq", "values differ"), ("dtype", "dtype torch.bfloat16"),
+    ("missing", "missing"), ("flat", "shape"),
+])
+def test_universal_check_refuses_a_wrong_output(toy, toy_universal, tmp_path, spoiled, message):
+    output = shutil.copytree(toy_universal, tmp_path / "out")
+    folder = output / "zero" / toy.truth["trainable"][0]
+    if spoiled == "missing":
+        (folder / "exp_avg.pt").unlink()
+    elif spoiled == "dtype":
+        rewrite_state(folder / "exp_avg.pt", lambda tensor: tensor.to(torch.bfloat16))
+    elif spoiled == "flat":
+        rewrite_state(folder / "fp32.pt", lambda tensor: tensor.reshape(-1))
+    else:
+        rewrite_state(folder / f"{spoiled}.pt", flip_first)
+    with pytest.raises(UniversalMismatch, match=message):
+        check_universal(output, toy.root)
+
+
+def test_universal_check_takes_flat_tensors_only_where_told(toy, toy_universal, tmp_path):
+    """DeepSpeed's ZeRO-3 output is flat: accepted flat when the benchmark says so, but only with the right values."""
+    output = shutil.copytree(toy_universal, tmp_path / "out")
+    for path in (output / "zero").glob("*/*.pt"):
+        if path.stem != "step":
+            rewrite_state(path, lambda tensor: tensor.reshape(-1))
+    check_universal(output, toy.root, full_shapes=False)
+    rewrite_state(output / "zero" / toy.truth["trainable"][0] / "fp32.pt", flip_first)
+    with pytest.raises(UniversalMismatch, match="values differ"):
+        check_universal(output, toy.root, full_shapes=False)
+
+
+# export: benchmark_export.check_export --------------------------------------------------------------------------
+
+CONFIG = tiny_transformer_config("2b")
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """A tiny SAT run written the benchmark's way, exported by cogexport and by the reference path."""
+    work = tmp_path_factory.mktemp("export")
+    write_run(work / "run", CONFIG)
+    meta_model(CONFIG).save_config(work / "base")
+    export(work / "run", work / "cogexport", base=work / "base", model_type="t2v")
+    reference_export(work / "run", work / "reference", CONFIG)
+    return work
+
+
+def test_export_check_accepts_both_tools_outputs(exports):
+    ours = check_export(exports / "cogexport", CONFIG, all_bf16=False)
+    # weight and bias of norm1.norm, norm2.norm, norm_q and norm_k in 2 blocks, of norm_final and norm_out.norm
+    assert ours["kept_fp32"] == 20 and ours["tensors"] == len(meta_model(CONFIG).state_dict())
+    check_export(exports / "reference", CONFIG, all_bf16=True)
+
+
+def test_export_check_holds_each_tool_to_its_own_dtypes(exports):
+    with pytest.raises(ExportMismatch, match="expected torch.bfloat16"):
+        check_export(exports / "cogexport", CONFIG, all_bf16=True)
+    with pytest.raises(ExportMismatch, match="norm1.norm.weight: dtype torch.bfloat16, expected torch.float32"):
+        check_export(exports / "reference", CONFIG, all_bf16=False)
+
+
+@pytest.mark.parametrize("spoiled, message", [
+    ("value", "values differ"), ("norm in bf16", "expected torch.float32"), ("missing", "missing"),
+    ("extra", "not in the model"), ("config", "config.json num_layers"),
+])
+def test_export_check_refuses_a_wrong_output(exports, tmp_path, spoiled, message):
+    output = shutil.copytree(exports / "cogexport", tmp_path / "out")
+    path = output / "diffusion_pytorch_model.safetensors"
+    if spoiled == "value":
+        spoil(path, "transformer_blocks.1.norm1.linear.weight", flip_first)
+    elif spoiled == "norm in bf16":
+        spoil(path, "norm_final.weight", lambda tensor: tensor.to(torch.bfloat16))
+    elif spoiled == "config":
+        config = json.loads((output / "config.json").read_text())
+        (output / "config.json").write_text(json.dumps({**config, "num_layers": 3}))
+    else:
+        tensors = load_file(path)
+        if spoiled == "missing":
+            del tensors["transformer_blocks.0.attn1.to_k.bias"]
+        else:
+            tensors["transformer_blocks.9.attn1.to_k.bias"] = torch.zeros(2)
+        save_file(tensors, path)
+    with pytest.raises(ExportMismatch, match=message):
+        check_export(output, CONFIG, all_bf16=False)
