@@ -26,6 +26,7 @@ import torch
 from ..errors import CogExportError, UnsafeCheckpointError
 from ..lazy import SizedTensor
 from ..tensor_bytes import pread_into, tensor_buffer
+from .byte_window import ByteWindow
 
 # torch.save's legacy (non-zip) format starts with a pickled magic number.
 _LEGACY_MAGIC_PREFIX = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
@@ -235,10 +236,14 @@ class StoredTensor(SizedTensor):
 
 
 class TorchArchive:
-    """One torch.save zip archive on disk: its member offsets, and reads of storage bytes by position."""
+    """One torch.save zip archive on disk: its member offsets, and reads of storage bytes by position.
 
-    def __init__(self, path: Path) -> None:
+    ``offset`` and ``length`` name an archive stored inside a bigger file (a DCP chunk in a ``.distcp`` file).
+    """
+
+    def __init__(self, path: Path, offset: int = 0, length: int | None = None) -> None:
         self.path = Path(path)
+        self.offset, self.length = offset, length
         self._members: dict[str, tuple[int, int]] = {}
         self._fd: int | None = None
         self._lock = threading.Lock()
@@ -247,7 +252,8 @@ class TorchArchive:
 
     def _read_directory(self) -> bytes:
         try:
-            with open(self.path, "rb") as handle:
+            with open(self.path, "rb") as whole:
+                handle = whole if self.length is None else ByteWindow(whole, self.offset, self.length)
                 head = handle.read(len(_LEGACY_MAGIC_PREFIX))
                 if head.startswith(_LEGACY_MAGIC_PREFIX):
                     raise CogExportError(
@@ -275,7 +281,7 @@ class TorchArchive:
                     byteorder = self._prefix + "byteorder"
                     if byteorder in self._members and archive.read(byteorder).strip() not in (b"", b"little"):
                         raise CogExportError(f"{self.path} was saved on a big-endian machine, which is not supported")
-                    size = os.fstat(handle.fileno()).st_size
+                    size = handle.seek(0, os.SEEK_END)
                     for name, (offset, length) in self._members.items():
                         if offset + length > size:
                             raise CogExportError(f"{self.path} looks truncated: member {name} ends past the file")
@@ -312,7 +318,7 @@ class TorchArchive:
         elif out.dtype != dtype or out.numel() != count or not out.is_contiguous():
             raise ValueError("output tensor does not match the requested range")
         if count:
-            offset = self._members[f"{self._prefix}data/{key}"][0] + start * dtype.itemsize
+            offset = self.offset + self._members[f"{self._prefix}data/{key}"][0] + start * dtype.itemsize
             try:
                 pread_into(self._descriptor(), tensor_buffer(out), offset)
             except (OSError, EOFError) as error:
