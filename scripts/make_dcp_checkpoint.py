@@ -165,9 +165,13 @@ def make_accelerator(spec: dict):
 def train_accelerate(spec: dict, rank: int, world_size: int) -> None:
     accelerator = make_accelerator(spec)
     plain = build_model(spec)
-    model = accelerator.prepare(plain)  # model first, then its optimizer: what accelerate asks for FSDP
+    if spec["writer"] == "accelerate-fsdp1":  # FSDP1 wants the model first, its optimizer built on the wrapped one
+        model = accelerator.prepare(plain)
+        optimizer = accelerator.prepare(torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2))
+    else:  # FSDP2 wants both at once, and moves the optimizer onto the sharded parameters itself
+        optimizer = torch.optim.AdamW([p for p in plain.parameters() if p.requires_grad], lr=1e-2)
+        model, optimizer = accelerator.prepare(plain, optimizer)
     inner = accelerator.unwrap_model(model)
-    optimizer = accelerator.prepare(torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2))
     run = Path(spec["out"]) / "run"
     for step in range(1, spec["steps"] + 1):
         loss = training_loss(model, inner, spec, step, rank)
