@@ -76,10 +76,12 @@ def _refuse_several_candidates(path: Path, dcp: DcpLocation | None, tag: str | N
     """A folder holding two sets of weights (a DCP step and a stray .safetensors, a DeepSpeed tag and an exported
     model.safetensors, a run's checkpoints and its ready exports) names them all instead of picking one."""
     found = []
-    if dcp is not None:
-        step = dcp.step_dir.relative_to(path) if dcp.step_dir != path else Path(".")
-        how = "--tag" if tag is None and dcp.steps else f"point at {dcp.step_dir}"
-        found.append(f"the DCP checkpoint {step if step != Path('.') else path.name} (pick with {how})")
+    if dcp is not None and dcp.steps:
+        run = dcp.step_dir.parent.relative_to(path)
+        found.append(f"DCP checkpoint steps {', '.join(dcp.steps)}{f' in {run}' if run.parts else ''} (pick one with "
+                     f"--tag {dcp.step_dir.name})" if tag is None else f"the DCP checkpoint {dcp.step_dir}")
+    elif dcp is not None:
+        found.append(f"the DCP checkpoint {dcp.step_dir} (point at {dcp.model})")
     if is_deepspeed_folder(path):
         found.append(f"the DeepSpeed checkpoint {path.name} (pick with --tag or point at its tag folder)")
     if tag is None:

@@ -246,7 +246,7 @@ class DcpCheckpoint(LazyCheckpoint):
             path = metadata.path_of(key)
             if key in model_paths or path[0] == OPTIMIZER_GROUP:
                 continue
-            described[key] = "pickled value, not loaded" if isinstance(entry, BytesEntry) else \
+            described[key] = "pickle, not loaded" if isinstance(entry, BytesEntry) else \
                 f"tensor {tuple(entry.size)} {dtype_name(entry.dtype)}"
         return described
 
