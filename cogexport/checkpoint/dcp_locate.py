@@ -46,17 +46,15 @@ def is_dcp_step(folder: Path) -> bool:
     return folder.is_dir() and (is_dcp_save(folder) or bool(accelerate_models(folder)))
 
 
-def dcp_steps(folder: Path) -> list[Path]:
-    """Step folders below a run folder: its children, else its children's children (torchtitan keeps its steps in
-    ``checkpoint/`` below the dump folder)."""
-    try:
-        children = [p for p in folder.iterdir() if p.is_dir()]
-    except OSError:
-        return []
-    steps = [p for p in children if is_dcp_step(p)]
-    if steps:
-        return steps
-    return [grandchild for child in children for grandchild in _subfolders(child) if is_dcp_step(grandchild)]
+def dcp_steps(folder: Path, depth: int = 3) -> list[Path]:
+    """Step folders up to ``depth`` levels below a folder (torchtitan keeps its steps in ``checkpoint/`` below the dump
+    folder; a folder of runs holds each run's steps one level further down); a step's own subfolders are not searched."""
+    steps, level = [], [folder]
+    for _ in range(depth):
+        children = [child for parent in level for child in _subfolders(parent)]
+        steps += [child for child in children if is_dcp_step(child)]
+        level = [child for child in children if not is_dcp_step(child)]
+    return steps
 
 
 def _subfolders(folder: Path) -> list[Path]:
