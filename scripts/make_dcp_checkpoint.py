@@ -30,7 +30,8 @@ checkpoint folder of that step, and the settings.
 
 Models: ``toy`` has sizes no world size divides (13, 29, 7, 2 rows: a zero-size chunk on 3 ranks), a frozen
 layer, a float and an int buffer; ``cogvideox-VARIANT`` is a tiny CogVideoX transformer (``--lora-rank`` adds a
-PEFT adapter and trains only it); ``bench`` is the ~1.9 GB model of the DeepSpeed benchmark.
+PEFT adapter and trains only it); ``bench`` is the ~1.9 GB model of the DeepSpeed benchmark (``bench-small`` the
+same at width 1024).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def build_model(spec: dict) -> nn.Module:
         from make_deepspeed_checkpoint import BenchModel
 
         return BenchModel()
+    if name == "bench-small":
+        return small_bench_model()
     from cogvideox_tiny_configs import build_tiny_transformer
 
     model = build_tiny_transformer(name[len("cogvideox-"):]).train()
@@ -101,11 +104,25 @@ def build_model(spec: dict) -> nn.Module:
     return model
 
 
+def small_bench_model() -> nn.Module:
+    """The bench model at width 1024 (about 0.12 GB in fp32), to check the benchmark quickly."""
+    from make_deepspeed_checkpoint import BenchModel
+
+    class SmallBenchModel(BenchModel):
+        width = 1024
+
+        @staticmethod
+        def batch(step: int, rank: int) -> torch.Tensor:
+            return torch.randn(1, 1024, generator=torch.Generator().manual_seed(1000 * step + rank)) * 1e-3
+
+    return SmallBenchModel()
+
+
 def training_loss(model: nn.Module, plain: nn.Module, spec: dict, step: int, rank: int) -> torch.Tensor:
     """One step's loss: ``model`` is what the trainer calls (maybe an FSDP1 wrapper), ``plain`` the inner module."""
     if spec["model"] == "toy":
         return model(step, rank)
-    if spec["model"] == "bench":
+    if spec["model"].startswith("bench"):
         return model(plain.batch(step, rank))
     from diffusers import CogVideoXDDIMScheduler
     from finetune_tiny_cogvideox import diffusion_loss
@@ -150,8 +167,9 @@ def make_accelerator(spec: dict):
     from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
     version = 1 if spec["writer"] == "accelerate-fsdp1" else 2
-    wrap = {"auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["CogVideoXBlock"]} \
-        if spec["model"].startswith("cogvideox") else {}
+    # One FSDP unit per block (per Linear for the bench model, so no rank ever gathers the whole 1.9 GB).
+    blocks = {"cogvideox": ["CogVideoXBlock"], "bench": ["Linear"]}.get(spec["model"].split("-")[0])
+    wrap = {"auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": blocks} if blocks else {}
     plugin = FullyShardedDataParallelPlugin(fsdp_version=version, state_dict_type="SHARDED_STATE_DICT",
                                             **({"use_orig_params": True} if version == 1 else {}), **wrap)
     accelerator = Accelerator(fsdp_plugin=plugin, kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
@@ -179,7 +197,8 @@ def train_accelerate(spec: dict, rank: int, world_size: int) -> None:
         optimizer.step()
         optimizer.zero_grad()
         accelerator.save_state(run / f"checkpoint-{step}")
-    record_truth(model, optimizer, inner, spec, rank, f"run/checkpoint-{spec['steps']}")
+    if spec["truth"]:
+        record_truth(model, optimizer, inner, spec, rank, f"run/checkpoint-{spec['steps']}")
 
 
 def train_dcp(spec: dict, rank: int, world_size: int) -> None:
@@ -227,8 +246,8 @@ def train_dcp(spec: dict, rank: int, world_size: int) -> None:
         dcp.save(state, checkpoint_id=str(folder))
         if spec["writer"] == "finetrainers" and spec["model"].startswith("cogvideox"):
             save_finetrainers_export(model, plain, run / "model_weights" / f"{step:06d}" / "transformer", rank)
-    relative = Path(*folder.relative_to(Path(spec["out"])).parts)
-    record_truth(model, optimizer, plain, spec, rank, str(relative))
+    if spec["truth"]:
+        record_truth(model, optimizer, plain, spec, rank, str(folder.relative_to(Path(spec["out"]))))
 
 
 def save_finetrainers_export(model: nn.Module, plain: nn.Module, folder: Path, rank: int) -> None:
@@ -299,11 +318,13 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 @click.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--writer", type=click.Choice(WRITERS), required=True)
-@click.option("--model", type=click.Choice(["toy", "bench", *COGVIDEOX_MODELS]), default="toy", show_default=True)
+@click.option("--model", type=click.Choice(["toy", "bench", "bench-small", *COGVIDEOX_MODELS]), default="toy",
+              show_default=True)
 @click.option("--world-size", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--lora-rank", type=click.IntRange(1), default=None, help="CogVideoX: train only a PEFT LoRA adapter.")
 @click.option("--compile", is_flag=True, help="FSDP2 writers: torch.compile each block (keys gain _orig_mod.).")
+@click.option("--truth/--no-truth", default=True, show_default=True, help="Write truth.safetensors and truth.json.")
 def main(out: Path, **spec) -> None:
     """Train MODEL a few steps on CPU ranks and save DCP checkpoints as WRITER does, into OUT/run."""
     if spec["lora_rank"] and not spec["model"].startswith("cogvideox"):
