@@ -57,8 +57,8 @@ def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | No
         if path.is_dir() and tag is not None and is_universal_folder(path / tag):  # --tag global_step9_universal
             return UniversalCheckpoint(path / tag)
         if path.is_dir():
-            dcp = locate_dcp(path, tag) if tag is None or (path / tag).is_dir() or not is_deepspeed_folder(path) \
-                else None
+            # --tag on a DeepSpeed folder names a DeepSpeed tag; anywhere else it may name a DCP step
+            dcp = None if tag is not None and is_deepspeed_folder(path) else locate_dcp(path, tag)
             _refuse_several_candidates(path, dcp, tag)
             if dcp is not None:
                 return DcpCheckpoint(dcp)

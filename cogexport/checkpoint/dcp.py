@@ -70,7 +70,10 @@ class DcpFiles:
         for (fqn, _), where in self.metadata.storage.items():
             if where.file not in sizes:
                 path = self.folder / where.file
-                if os.path.basename(where.file) != where.file or not path.is_file():
+                if os.path.basename(where.file) != where.file or where.file in ("", ".", ".."):
+                    raise CogExportError(f"{self.folder / METADATA_FILE} names {where.file!r} for {fqn}, a path outside "
+                                         "the checkpoint folder; the checkpoint is corrupt")
+                if not path.is_file():
                     rank = where.file[2:].split("_")[0] if where.file.startswith("__") else None
                     whose = f"rank {rank}'s file" if rank and rank.isdigit() else "file"
                     raise CogExportError(f"{whose} {where.file} is missing from {self.folder} (its .metadata names it, "
