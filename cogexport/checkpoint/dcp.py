@@ -205,6 +205,9 @@ class DcpCheckpoint(LazyCheckpoint):
             info.trainable = [n for n in self._tensors if n in self.optimizer_tensors]
             info.frozen = [n for n in self._tensors if n not in self.optimizer_tensors and self._tensors[n].dtype.is_floating_point]
             info.buffers = [n for n in self._tensors if not self._tensors[n].dtype.is_floating_point]
+            if info.frozen:
+                info.notes.append("a DCP save does not tell parameters from buffers: 'frozen' lists the floating "
+                                  "tensors that have no optimizer state")
         else:
             info.trainable = list(self._tensors)
         low = [d for d in dtypes if d != "fp32"]
