@@ -12,7 +12,7 @@ from dcp_fixtures import dcp_checkpoint
 from diffusers import CogVideoXTransformer3DModel
 from safetensors.torch import load_file
 
-from cogexport import consolidate, open_checkpoint
+from cogexport import open_checkpoint
 from cogexport.precision import PrecisionPolicy
 from cogexport.to_diffusers import export
 

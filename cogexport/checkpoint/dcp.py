@@ -11,7 +11,6 @@ Non-tensor entries (train state, schedulers, RNG, BytesIO) are listed by name an
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,10 +20,9 @@ from ..lazy import LazyTensor
 from .base import CheckpointInfo, LazyCheckpoint
 from .dcp_locate import ACCELERATE_MODEL, DcpLocation, STEP_NUMBER
 from .dcp_metadata import METADATA_FILE, BytesEntry, Chunk, DcpMetadata, TensorEntry, read_metadata
+from .deepspeed_zero import DTYPE_NAMES
 from .torch_archive import StoredTensor, TorchArchive
 
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-RANK_FILE = "__{rank}_{n}.distcp"
 # Module wrappers whose names can stay in saved keys: torch.compile, FSDP1 and activation checkpointing wrappers.
 WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
 MODEL_GROUP = "model"
@@ -143,15 +141,6 @@ class DcpFiles:
         return out
 
 
-@dataclass(frozen=True)
-class _Saved:
-    """One tensor entry of the save, with what its path says it is."""
-
-    key: str
-    entry: TensorEntry
-    files: DcpFiles
-
-
 class DcpCheckpoint(LazyCheckpoint):
     """A DCP save opened lazily: ``checkpoint[name]`` is the model weight under the module's own name;
     ``optimizer_tensors[name][state]`` the optimizer's state of that parameter (exp_avg, step, ...)."""
@@ -203,7 +192,8 @@ class DcpCheckpoint(LazyCheckpoint):
         info.training_dtype = "/".join(dtypes) or None
         if self.optimizer_tensors:
             info.trainable = [n for n in self._tensors if n in self.optimizer_tensors]
-            info.frozen = [n for n in self._tensors if n not in self.optimizer_tensors and self._tensors[n].dtype.is_floating_point]
+            info.frozen = [n for n, t in self._tensors.items()
+                           if n not in self.optimizer_tensors and t.dtype.is_floating_point]
             info.buffers = [n for n in self._tensors if not self._tensors[n].dtype.is_floating_point]
             if info.frozen:
                 info.notes.append("a DCP save does not tell parameters from buffers: 'frozen' lists the floating "
