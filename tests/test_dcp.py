@@ -11,6 +11,7 @@ import torch
 from dcp_fixtures import dcp_checkpoint
 from diffusers import CogVideoXTransformer3DModel
 from safetensors.torch import load_file
+from test_lora import assert_all_equal, diffusers_fuse, merged
 
 from cogexport import open_checkpoint
 from cogexport.precision import PrecisionPolicy
@@ -137,21 +138,26 @@ def test_export_straight_from_the_python_api_with_pipeline_defaults(tmp_path):
 
 
 def test_peft_lora_inside_a_dcp_save(tmp_path, cli):
+    """The adapter Diffusers loads from the export fuses to W + (alpha/r) B A of the weights taken in training, and so
+    does --lora fuse."""
     run = dcp_checkpoint("accelerate-fsdp2", "cogvideox-2b", 2, lora_rank=4)
-    result = cli(run.run, tmp_path / "adapter", "--base", run.base(tmp_path / "base"), "--lora-alpha", 8, "--dtype",
+    rank, alpha = 4, 8  # what make_dcp_checkpoint.py gives the adapter (alpha = 2 * rank); a DCP save records neither
+    result = cli(run.run, tmp_path / "adapter", "--base", run.base(tmp_path / "base"), "--lora-alpha", alpha, "--dtype",
                  "fp32", "--json")
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["lora"]["rank"] == 4
+    assert json.loads(result.stdout)["lora"]["rank"] == rank
     written = load_file(tmp_path / "adapter" / "pytorch_lora_weights.safetensors")
     lora = [name for name in run.weights if ".lora_" in name]
     assert lora and set(written) == {"transformer." + name.replace(".default", "") for name in lora}
     for name in lora:
         assert torch.equal(written["transformer." + name.replace(".default", "")], run.weights[name]), name
+
+    base = {name.replace(".base_layer", ""): t for name, t in run.weights.items() if ".lora_" not in name}
+    pairs = {name[: -len(".lora_A.default.weight")]: (run.weights[name], run.weights[name.replace("lora_A", "lora_B")])
+             for name in lora if ".lora_A." in name}
+    expected = merged(base, pairs, alpha, rank)
+    assert_all_equal(diffusers_fuse(tmp_path / "adapter", run.truth["config"], base), expected)
     fused = cli(run.run, tmp_path / "fused", "--base", run.base(tmp_path / "base2"), "--lora", "fuse",
-                "--lora-alpha", 8, "--dtype", "fp32", "--component", "transformer")
+                "--lora-alpha", alpha, "--dtype", "fp32", "--component", "transformer")
     assert fused.exit_code == 0, fused.stderr
-    merged = load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors")
-    for name in [n for n in run.weights if n.endswith(".to_q.base_layer.weight")]:
-        prefix = name[: -len(".base_layer.weight")]
-        down, up = run.weights[f"{prefix}.lora_A.default.weight"], run.weights[f"{prefix}.lora_B.default.weight"]
-        assert torch.equal(merged[f"{prefix}.weight"], run.weights[name] + (up @ down) * (8 / 4)), name
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), expected)
