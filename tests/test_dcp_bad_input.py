@@ -167,3 +167,10 @@ def test_checkpoints_of_two_runs(cli, tmp_path):
     before = snapshot(runs)
     assert_refused(cli, runs, tmp_path, "several runs", "first/checkpoint", "second")
     assert snapshot(runs) == before
+
+
+def test_universal_is_for_deepspeed(cli, tmp_path):
+    run = dcp_checkpoint("torchtitan", "toy", 3).run
+    result = cli("universal", run, tmp_path / "universal")
+    assert result.exit_code == 2 and len(result.error_lines) == 1, result.stderr
+    assert "is a PyTorch distributed checkpoint (DCP)" in result.stderr and not (tmp_path / "universal").exists()
