@@ -189,7 +189,6 @@ class DcpCheckpoint(LazyCheckpoint):
         info.writer = self._writer(groups)
         floating = [t for t in self._tensors.values() if t.dtype.is_floating_point]
         dtypes = sorted({dtype_name(t.dtype) for t in floating})
-        info.training_dtype = "/".join(dtypes) or None
         if self.optimizer_tensors:
             info.trainable = [n for n in self._tensors if n in self.optimizer_tensors]
             info.frozen = [n for n, t in self._tensors.items()
@@ -254,7 +253,9 @@ class DcpCheckpoint(LazyCheckpoint):
             held.append(f"optimizer states {', '.join(states)} of {len(self.optimizer_tensors)} parameters{where}")
         named = {"lr_scheduler": "lr scheduler", "lr_schedulers": "lr schedulers", "scheduler": "scheduler",
                  "dataloader": "dataloader state", "train_state": "train state"}
-        held += [named[str(g)] for g in sorted(map(str, groups)) if g in named]
+        # finetrainers numbers its schedulers: lr_scheduler_0, lr_scheduler_1, ...
+        held += sorted({named[g] if g in named else "lr schedulers" for g in map(str, groups)
+                        if g in named or g.startswith("lr_scheduler_")})
         siblings = self.location.step_dir
         extra = sorted(p.name for p in siblings.iterdir() if p.is_file() and p.suffix in (".pkl", ".bin", ".pt")) \
             if siblings != self.location.model else []
