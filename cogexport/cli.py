@@ -70,7 +70,8 @@ def main() -> None:
 
 checkpoint_paths = click.argument("checkpoint", nargs=-1, required=True, type=click.Path(path_type=Path))
 output_path = click.argument("output", type=click.Path(path_type=Path))
-tag_option = click.option("--tag", help="Tag to read instead of the one named by 'latest' (e.g. global_step500).")
+tag_option = click.option("--tag", help="Tag to read instead of the one named by 'latest' (e.g. global_step500), or "
+                                         "the step of a DCP run folder instead of the newest (e.g. checkpoint-500).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
 
 
@@ -85,10 +86,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON
 @json_option
 @_user_errors_exit_2
 def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, as_json) -> None:
-    """Consolidate a DeepSpeed ZeRO checkpoint into safetensors weights.
+    """Consolidate a DeepSpeed ZeRO or PyTorch distributed (DCP) checkpoint into safetensors weights.
 
     CHECKPOINT is the save dir (with 'latest'), a tag dir or a checkpoint-N folder; give several folders
-    when the rank files of a multi-node run sit on different disks. OUTPUT is the folder to create.
+    when the rank files of a multi-node run sit on different disks. A DCP save, or a run folder of them (the
+    newest step is read). OUTPUT is the folder to create.
     """
     from .consolidate import consolidate as run_consolidate
 

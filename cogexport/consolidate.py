@@ -53,7 +53,7 @@ def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Pat
     with open_checkpoint(paths, tag) as source:
         tensors = consolidation_dtypes(dict(source), set(source.info.buffers), target_dtype)
         if not tensors:
-            raise CogExportError(f"{source.files.where} holds no tensors to consolidate")
+            raise CogExportError(f"{', '.join(source.info.paths)} holds no tensors to consolidate")
         plan = plan_shards(tensors, WEIGHTS_NAME, max_shard_size)
         check_destination(output, source.own_folders(), [*paths, *source.info.files], overwrite)
         with staged_folder(output) as staging, byte_progress(plan.total_bytes, "consolidate", progress) as bar:

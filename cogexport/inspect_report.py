@@ -38,6 +38,8 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bo
         report["parameter_count"] = sum(t.numel for t in parameters) if len(checkpoint) else None
         report["fp32_bytes"] = sum(t.numel * 4 if t.dtype.is_floating_point else t.nbytes for t in unique) \
             if len(checkpoint) else None
+        report["stored_bytes"] = sum(t.nbytes for t in unique) if len(checkpoint) else None
+        report["stored_dtypes"] = sorted({DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", "")) for t in unique})
         folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
         folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
         report["models"] = recognise(checkpoint, info.metadata, folders) if len(checkpoint) else {}
@@ -67,6 +69,9 @@ def _names(names: list[str], limit: int = 6) -> str:
 
 
 def _format_row(report: dict) -> str:
+    if report["format"] == "dcp":
+        return (f"PyTorch distributed checkpoint (DCP), saved by {report['writer']}, world size "
+                f"{report['world_size'] or '?'}")
     if report["format"] != "deepspeed":
         return {"safetensors": "safetensors", "torch": "torch.save state dict",
                 "deepspeed-universal": f"DeepSpeed universal checkpoint (saved at world size {report['world_size']}; "
@@ -112,11 +117,14 @@ def render_inspect_text(report: dict) -> str:
         ("format", _format_row(report)),
         ("step", str(report["step"])),
         ("weights", report["weights_source"] or "cannot be assembled (see problems)"),
+        *([("holds", "; ".join(report["contents"]))] if report.get("contents") else []),
         *_model_rows(report.get("models", {})),
     ]
     if report["parameter_count"] is not None:
+        stored = f"{report['stored_bytes']:,} bytes as saved ({', '.join(report['stored_dtypes'])})"
         rows.append(("parameters", f"{report['parameter_count']:,} elements in {len(report['tensors'])} tensors, "
-                                   f"{report['fp32_bytes']:,} bytes as fp32"))
+                                   + (stored if report["stored_bytes"] == report["fp32_bytes"] else
+                                      f"{stored}, {report['fp32_bytes']:,} bytes as fp32")))
     rows += [
         ("trainable", f"{len(report['trainable'])} tensors"),
         ("frozen", _names(report["frozen"])),

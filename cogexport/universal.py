@@ -28,6 +28,7 @@ import torch
 
 from .checkpoint import as_paths
 from .checkpoint.deepspeed_universal import MODEL_STATES_NAMES, NOT_RESTORED, RESTORED
+from .checkpoint.dcp_locate import locate_dcp
 from .checkpoint.deepspeed_zero import DeepSpeedCheckpoint
 from .checkpoint.torch_archive import StoredTensor
 from .errors import CogExportError
@@ -161,6 +162,9 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
               tag: str | None = None, overwrite: bool = False, progress: bool | None = None) -> UniversalResult:
     """Write the universal checkpoint of ``checkpoint`` (default: next to its tag, as ``<tag>_universal``)."""
     paths = as_paths(checkpoint)
+    if len(paths) == 1 and locate_dcp(paths[0], tag) is not None:
+        raise CogExportError(f"{paths[0]} is a PyTorch distributed checkpoint (DCP), which loads at any world size "
+                             "as it is; cogexport universal converts DeepSpeed ZeRO checkpoints")
     with DeepSpeedCheckpoint(paths, tag) as source:
         info = source.info
         if info.stage not in (1, 2, 3) or not source.groups:

@@ -33,6 +33,8 @@ class CheckpointInfo:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)  # e.g. a safetensors file's __metadata__
+    writer: str | None = None  # the program that saved it, when the format tells (DCP: accelerate, torchtitan, ...)
+    contents: list[str] = field(default_factory=list)  # what the save holds beside the model (optimizer, ...)
 
 
 class LazyCheckpoint(Mapping[str, LazyTensor]):

@@ -145,7 +145,8 @@ def _classify(path: Path) -> _Place:
         emptiness = "is empty" if not any(path.iterdir()) else "holds no checkpoint cogexport can read"
         raise CogExportError(
             f"{path} {emptiness}: expected a DeepSpeed or SAT save dir ('latest', tag folders with *_model_states.pt), "
-            "a tag folder such as global_step100, a checkpoint-N folder, or safetensors weights"
+            "a tag folder such as global_step100, a checkpoint-N folder, a DCP save (.metadata beside __0_0.distcp "
+            "files) or a run folder of them, or safetensors weights"
         )
     return _Place(path, None, latest, tags, damaged)
 

@@ -23,6 +23,7 @@ import torch
 from ..errors import CogExportError, UnsafeCheckpointError, quoted
 from ..lazy import SizedTensor
 from ..tensor_bytes import tensor_buffer
+from .byte_window import ByteWindow
 from .zip_records import ZipRecords
 
 # torch.save's legacy (non-zip) format starts with a pickled magic number.
@@ -238,16 +239,21 @@ class StoredTensor(SizedTensor):
 
 class TorchArchive:
     """One torch.save zip archive on disk: its pickle, and reads of storage bytes by position, each checked
-    against its record's CRC-32 (see ``zip_records``)."""
+    against its record's CRC-32 (see ``zip_records``).
 
-    def __init__(self, path: Path) -> None:
+    ``offset`` and ``length`` name an archive stored inside a bigger file (a DCP chunk in a ``.distcp`` file).
+    """
+
+    def __init__(self, path: Path, offset: int = 0, length: int | None = None) -> None:
         self.path = Path(path)
+        self.offset, self.length = offset, length
         self.bytes_read = 0  # tensor data read so far (small pickles not counted)
         self._pickle = self._read_directory()
 
     def _read_directory(self) -> bytes:
         try:
-            with open(self.path, "rb") as handle:
+            with open(self.path, "rb") as whole:
+                handle = whole if self.length is None else ByteWindow(whole, self.offset, self.length)
                 head = handle.read(len(_LEGACY_MAGIC_PREFIX))
                 if head.startswith(_LEGACY_MAGIC_PREFIX):
                     raise CogExportError(
@@ -260,7 +266,7 @@ class TorchArchive:
                     raise CogExportError(f"{self.path} {what}; copy it again or point at another checkpoint")
         except OSError as error:
             raise CogExportError(f"cannot read {self.path}: {error.strerror}") from None
-        self.records = ZipRecords(self.path)
+        self.records = ZipRecords(self.path, self.offset, self.length)
         pickles = [name for name in self.records.records if name.endswith("/data.pkl") and name.count("/") == 1]
         if len(pickles) != 1:
             raise CogExportError(f"{self.path} is a zip file but not a torch.save archive (no single data.pkl)")

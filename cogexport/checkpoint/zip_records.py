@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from .byte_window import ByteWindow
 from ..errors import CogExportError, quoted
 from ..tensor_bytes import pread_into
 
@@ -130,14 +131,17 @@ class Record:
 class ZipRecords:
     """The records of one archive, opened and checked against their local headers; reads checked by CRC-32."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, offset: int = 0, length: int | None = None) -> None:
+        """``offset`` and ``length``: an archive stored inside a bigger file (its positions count from ``offset``)."""
         self.path = Path(path)
+        self.base = offset
         self.records: dict[str, Record] = {}
         self._fd: int | None = None
         self._lock = threading.RLock()
         try:
-            with open(self.path, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
+            with open(self.path, "rb") as whole:
+                size = os.fstat(whole.fileno()).st_size - offset if length is None else length
+                handle = ByteWindow(whole, offset, size) if offset or length is not None else whole
                 with zipfile.ZipFile(handle) as archive:
                     for info in archive.infolist():
                         self.records[info.filename] = self._check_entry(handle, info, size)
@@ -179,7 +183,7 @@ class ZipRecords:
         if info.CRC != recorded[0] or (info.compress_size, info.file_size) not in recorded[1]:
             raise CogExportError(f"{where}: its local CRC-32 or sizes differ from the zip directory's (damaged "
                                  "directory or header); copy it again")
-        return Record(info.filename, offset, info.file_size, info.CRC)
+        return Record(info.filename, self.base + offset, info.file_size, info.CRC)
 
     # -- reading ------------------------------------------------------------------------------------------
     def _descriptor(self) -> int:

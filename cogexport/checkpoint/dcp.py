@@ -1,0 +1,275 @@
+"""Read a torch.distributed.checkpoint (DCP) save (FSDP1/FSDP2 through accelerate, torchtitan, finetrainers, plain
+``dcp.save``) as a lazy mapping of the module's own names to tensors.
+
+Opening reads only ``.metadata`` (restricted unpickler, see dcp_metadata.py) and checks it against the files: every
+tensor's chunks lie inside it, do not overlap and fill it; every byte range they name exists. Loading a tensor
+allocates it once and reads each of its chunks (a small torch.save archive inside a ``.distcp`` file) straight into
+its place, so memory holds one tensor (plus one chunk when a chunk's box is not contiguous in the result).
+Non-tensor entries (train state, schedulers, RNG, BytesIO) are listed by name and never unpickled.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import CogExportError
+from ..lazy import LazyTensor
+from .base import CheckpointInfo, LazyCheckpoint
+from .dcp_locate import ACCELERATE_MODEL, DcpLocation, STEP_NUMBER
+from .dcp_metadata import METADATA_FILE, BytesEntry, Chunk, DcpMetadata, TensorEntry, read_metadata
+from .deepspeed_zero import DTYPE_NAMES
+from .torch_archive import StoredTensor, TorchArchive
+
+# Module wrappers whose names can stay in saved keys: torch.compile, FSDP1 and activation checkpointing wrappers.
+WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
+MODEL_GROUP = "model"
+OPTIMIZER_GROUP = "optimizer"
+# Top-level groups trainers save beside the model; with no "model" group, the remaining top-level tensors are it.
+TRAINING_STATE_GROUPS = frozenset({"optimizer", "lr_scheduler", "lr_schedulers", "scheduler", "dataloader",
+                                   "train_state", "rng", "sampler", "step", "epoch", "global_step"})
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def module_name(path: tuple) -> str:
+    """A saved name as the module calls it: without the wrappers' components and DDP's leading ``module.``."""
+    parts = [part for part in ".".join(str(p) for p in path).split(".") if part not in WRAPPER_COMPONENTS]
+    if parts[:1] == ["module"] and len(parts) > 1:
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+class DcpFiles:
+    """One DCP save folder: its metadata, checked against its files, and reads of tensors from its chunks."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.metadata: DcpMetadata = read_metadata(self.folder)
+        self.bytes_read: dict[str, int] = {}
+        self.sizes = self._check_files()
+
+    @property
+    def files(self) -> list[str]:
+        return [str(self.folder / METADATA_FILE), *(str(self.folder / name) for name in sorted(self.sizes))]
+
+    @property
+    def world_size(self) -> int | None:
+        ranks = [int(name.split("_")[2]) for name in self.sizes if name.count("_") == 3 and name.startswith("__")
+                 and name.split("_")[2].isdigit()]
+        return max(ranks) + 1 if ranks else None
+
+    def _check_files(self) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for (fqn, _), where in self.metadata.storage.items():
+            if where.file not in sizes:
+                path = self.folder / where.file
+                if os.path.basename(where.file) != where.file or where.file in ("", ".", ".."):
+                    raise CogExportError(f"{self.folder / METADATA_FILE} names {where.file!r} for {fqn}, a path outside "
+                                         "the checkpoint folder; the checkpoint is corrupt")
+                if not path.is_file():
+                    rank = where.file[2:].split("_")[0] if where.file.startswith("__") else None
+                    whose = f"rank {rank}'s file" if rank and rank.isdigit() else "file"
+                    raise CogExportError(f"{whose} {where.file} is missing from {self.folder} (its .metadata names it, "
+                                         f"for {fqn} and others); copy the whole checkpoint folder again")
+                sizes[where.file] = path.stat().st_size
+            if where.offset + where.length > sizes[where.file]:
+                raise CogExportError(f"{self.folder / where.file} is truncated: {fqn} lies at bytes {where.offset}-"
+                                     f"{where.offset + where.length} but the file has {sizes[where.file]}; copy it "
+                                     "again")
+            if where.transforms:
+                raise CogExportError(f"{fqn} in {self.folder} is stored through DCP extensions "
+                                     f"({', '.join(where.transforms)}), which cogexport does not read")
+        return sizes
+
+    def check_chunks(self, key: str, entry: TensorEntry) -> tuple[Chunk, ...]:
+        """The tensor's non-empty chunks, once they are shown to tile it exactly and each has its bytes."""
+        where = f"{key} in {self.folder / METADATA_FILE}"
+        chunks = tuple(dict.fromkeys(c for c in entry.chunks if c.numel))  # replicas of one box are one chunk
+        for chunk in chunks:
+            if len(chunk.offsets) != len(entry.size) or len(chunk.sizes) != len(entry.size) or any(
+                    o + s > d for o, s, d in zip(chunk.offsets, chunk.sizes, entry.size)):
+                raise CogExportError(f"{where}: a chunk at {list(chunk.offsets)} of size {list(chunk.sizes)} lies "
+                                     f"outside the tensor's shape {list(entry.size)}; the checkpoint is corrupt")
+            if (key, chunk.offsets) not in self.metadata.storage:
+                raise CogExportError(f"{where}: the chunk at {list(chunk.offsets)} has no stored bytes; the "
+                                     "checkpoint is corrupt")
+        ordered = sorted(chunks, key=lambda c: c.offsets)
+        for index, chunk in enumerate(ordered):  # sweep along dim 0: only chunks starting before this one ends
+            for other in ordered[index + 1:]:
+                if entry.size and other.offsets[0] >= chunk.offsets[0] + chunk.sizes[0]:
+                    break
+                if all(o1 < o2 + s2 and o2 < o1 + s1 for o1, s1, o2, s2 in
+                       zip(chunk.offsets, chunk.sizes, other.offsets, other.sizes)):
+                    raise CogExportError(f"{where}: chunks at {list(chunk.offsets)} and {list(other.offsets)} "
+                                         "overlap; the checkpoint is corrupt")
+        if sum(c.numel for c in chunks) != entry.size.numel():
+            raise CogExportError(f"{where}: its chunks hold {sum(c.numel for c in chunks)} of its "
+                                 f"{entry.size.numel()} elements; the checkpoint is incomplete or corrupt")
+        return chunks
+
+    def lazy(self, key: str, entry: TensorEntry, origin: str) -> LazyTensor:
+        chunks = self.check_chunks(key, entry)
+        return LazyTensor(entry.size, entry.dtype, lambda: self.assemble(key, entry, chunks), origin)
+
+    def assemble(self, key: str, entry: TensorEntry, chunks: tuple[Chunk, ...]) -> torch.Tensor:
+        out = torch.empty(entry.size, dtype=entry.dtype)
+        for chunk in chunks:
+            where = self.metadata.storage[(key, chunk.offsets)]
+            archive = TorchArchive(self.folder / where.file, where.offset, where.length)
+            try:
+                stored = archive.load()
+                if not isinstance(stored, StoredTensor) or stored.dtype != entry.dtype or \
+                        tuple(stored.shape) != chunk.sizes:
+                    found = f"{tuple(stored.shape)} {stored.dtype}" if isinstance(stored, StoredTensor) else \
+                        type(stored).__name__
+                    raise CogExportError(f"{self.folder / where.file}: the chunk of {key} at {list(chunk.offsets)} "
+                                         f"holds {found}, its .metadata says {chunk.sizes} {entry.dtype}; the "
+                                         "checkpoint is corrupt")
+                box = out[tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes))]
+                if box.is_contiguous() and stored.is_contiguous:
+                    stored.read_flat(0, stored.numel, out=box.view(-1))  # straight into place
+                else:
+                    box.copy_(stored.read())
+                self.bytes_read[where.file] = self.bytes_read.get(where.file, 0) + stored.nbytes
+            finally:
+                archive.close()
+        return out
+
+
+class DcpCheckpoint(LazyCheckpoint):
+    """A DCP save opened lazily: ``checkpoint[name]`` is the model weight under the module's own name;
+    ``optimizer_tensors[name][state]`` the optimizer's state of that parameter (exp_avg, step, ...)."""
+
+    def __init__(self, location: DcpLocation) -> None:
+        super().__init__()
+        self.location = location
+        self.model_files = DcpFiles(location.model)
+        self.optimizer_files = DcpFiles(location.optimizer) if location.optimizer not in (None, location.model) \
+            else None
+        self.optimizer_tensors: dict[str, dict[str, LazyTensor]] = {}
+        self.info = CheckpointInfo(format="dcp", paths=[str(location.model)], tag=location.step_dir.name,
+                                   tags=location.steps or [location.step_dir.name], step=location.step,
+                                   notes=list(location.notes))
+        self._open()
+
+    def optimizer_states(self, name: str) -> dict[str, LazyTensor]:
+        """The optimizer's per-element states of parameter ``name`` (exp_avg, ...), full shape, lazily."""
+        return {key: tensor for key, tensor in self.optimizer_tensors.get(name, {}).items() if len(tensor.shape)}
+
+    def bytes_read(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for files in filter(None, (self.model_files, self.optimizer_files)):
+            counts.update({str(files.folder / name): count for name, count in files.bytes_read.items()})
+        return counts
+
+    def own_folders(self) -> list[Path]:
+        return [self.location.step_dir, self.location.model]
+
+    # -- opening ------------------------------------------------------------------------------------------------
+    def _open(self) -> None:
+        info, metadata = self.info, self.model_files.metadata
+        groups = {metadata.path_of(key)[0] for key in metadata.entries}
+        model_paths = self._model_paths(metadata, groups)
+        for key, path in model_paths.items():
+            entry = metadata.entries[key]
+            name = module_name(path)
+            if not name or name in self._tensors:
+                raise CogExportError(f"{self.model_files.folder}: two saved entries are both the module's {name!r} "
+                                     f"(one is {key}); the checkpoint mixes models")
+            self._tensors[name] = self.model_files.lazy(key, entry, f"{name} (DCP chunks of {key})")
+        self._read_optimizer(self.optimizer_files or self.model_files)
+        info.world_size = self.model_files.world_size
+        info.files = self.model_files.files + (self.optimizer_files.files if self.optimizer_files else [])
+        info.client_state = self._other_entries(model_paths)
+        info.writer = self._writer(groups)
+        floating = [t for t in self._tensors.values() if t.dtype.is_floating_point]
+        dtypes = sorted({dtype_name(t.dtype) for t in floating})
+        if self.optimizer_tensors:
+            info.trainable = [n for n in self._tensors if n in self.optimizer_tensors]
+            info.frozen = [n for n, t in self._tensors.items()
+                           if n not in self.optimizer_tensors and t.dtype.is_floating_point]
+            info.buffers = [n for n in self._tensors if not self._tensors[n].dtype.is_floating_point]
+            if info.frozen:
+                info.notes.append("a DCP save does not tell parameters from buffers: 'frozen' lists the floating "
+                                  "tensors that have no optimizer state")
+        else:
+            info.trainable = list(self._tensors)
+        low = [d for d in dtypes if d != "fp32"]
+        info.weights_source = f"model weights as saved ({', '.join(dtypes) or 'no floating tensors'}, DCP shards)"
+        if low:
+            info.notes.append(f"the saved model weights are {'/'.join(low)}, not fp32 (the run kept its model in "
+                              f"{'/'.join(low)}); the export is exact to the {'/'.join(low)} values, no finer")
+        info.contents = self._contents(groups)
+
+    def _model_paths(self, metadata: DcpMetadata, groups: set) -> dict[str, tuple]:
+        """Flat key -> the module path of every model tensor: under the "model" group, else at the top level."""
+        # planner_data keeps the saved state dict's own order (the module's state_dict order); the entries do not.
+        order = [*metadata.paths, *(key for key in metadata.entries if key not in metadata.paths)]
+        tensors = {key: metadata.path_of(key) for key in order if isinstance(metadata.entries.get(key), TensorEntry)}
+        if MODEL_GROUP in groups:
+            return {key: path[1:] for key, path in tensors.items() if path[0] == MODEL_GROUP and len(path) > 1}
+        top = {key: path for key, path in tensors.items() if str(path[0]) not in TRAINING_STATE_GROUPS}
+        if not top:
+            raise CogExportError(f"{self.model_files.folder} holds no model weights (its top-level entries are "
+                                 f"{', '.join(sorted(map(str, groups)))}); point at the model's save, e.g. "
+                                 "pytorch_model_fsdp_0")
+        return top
+
+    def _read_optimizer(self, files: DcpFiles) -> None:
+        metadata = files.metadata
+        for key, entry in metadata.entries.items():
+            path = metadata.path_of(key)
+            if path[0] != OPTIMIZER_GROUP or not isinstance(entry, TensorEntry):
+                continue
+            joined = ".".join(str(p) for p in path[1:])
+            if not joined.startswith("state.") or "." not in joined[len("state."):]:
+                continue
+            fqn, state = joined[len("state."):].rsplit(".", 1)
+            self.optimizer_tensors.setdefault(module_name((fqn,)), {})[state] = files.lazy(
+                key, entry, f"{state} of {module_name((fqn,))} (DCP chunks of {key})")
+
+    def _other_entries(self, model_paths: dict) -> dict[str, str]:
+        """Everything that is neither a model weight nor an optimizer state, by name (never unpickled)."""
+        metadata = self.model_files.metadata
+        described = {}
+        for key, entry in metadata.entries.items():
+            path = metadata.path_of(key)
+            if key in model_paths or path[0] == OPTIMIZER_GROUP:
+                continue
+            described[key] = "pickle, not loaded" if isinstance(entry, BytesEntry) else \
+                f"tensor {tuple(entry.size)} {dtype_name(entry.dtype)}"
+        return described
+
+    def _contents(self, groups: set) -> list[str]:
+        held = [f"model ({len(self._tensors)} tensors)"]
+        if self.optimizer_tensors:
+            states = sorted({s for states in self.optimizer_tensors.values() for s in states})
+            where = f" in {self.optimizer_files.folder.name}/" if self.optimizer_files else ""
+            held.append(f"optimizer states {', '.join(states)} of {len(self.optimizer_tensors)} parameters{where}")
+        named = {"lr_scheduler": "lr scheduler", "lr_schedulers": "lr schedulers", "scheduler": "scheduler",
+                 "dataloader": "dataloader state", "train_state": "train state"}
+        # finetrainers numbers its schedulers: lr_scheduler_0, lr_scheduler_1, ...
+        held += sorted({named[g] if g in named else "lr schedulers" for g in map(str, groups)
+                        if g in named or g.startswith("lr_scheduler_")})
+        siblings = self.location.step_dir
+        extra = sorted(p.name for p in siblings.iterdir() if p.is_file() and p.suffix in (".pkl", ".bin", ".pt")) \
+            if siblings != self.location.model else []
+        if extra:
+            held.append(f"beside it (not read): {', '.join(extra)}")
+        return held
+
+    def _writer(self, groups: set) -> str:
+        location = self.location
+        if ACCELERATE_MODEL.match(location.model.name):
+            return "accelerate FSDP (SHARDED_STATE_DICT; FSDP1 and FSDP2 save alike)"
+        name = location.step_dir.name
+        if name.startswith("finetrainers_step_"):
+            return "finetrainers (ptd backend)"
+        if name.startswith("step-") and STEP_NUMBER.match(name) and MODEL_GROUP not in groups:
+            return "torchtitan"
+        return "torch.distributed.checkpoint (dcp.save)"

@@ -1,0 +1,195 @@
+"""Read a DCP checkpoint's ``.metadata`` pickle safely: what each entry is, its chunks, and where their bytes are.
+
+``.metadata`` is a plain pickle of torch.distributed.checkpoint's metadata dataclasses. It is unpickled with an
+allowlist of exactly those classes (and the torch types they hold: ``torch.Size``, dtypes, the tensor layout, the
+path of the save), each becoming an inert ``PickledObject`` stand-in that only records its state; anything else is
+refused before it can run. The stand-ins are then read into the plain records below, every field type-checked, so
+a damaged or hand-made file gives one line instead of a wrong model.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CogExportError, UnsafeCheckpointError
+from .torch_archive import _ALLOWED, PickledObject, _stand_in
+
+METADATA_FILE = ".metadata"
+_DCP = "torch.distributed.checkpoint.metadata"
+_OLD_PROPERTIES = "torch.distributed._shard.sharded_tensor.metadata"  # where TensorProperties lived before DCP's own
+_STAND_INS = (
+    *(f"{_DCP}.{name}" for name in ("Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata",
+                                    "MetadataIndex", "StorageMeta", "TensorProperties", "_MEM_FORMAT_ENCODING")),
+    f"{_OLD_PROPERTIES}.TensorProperties", f"{_OLD_PROPERTIES}.MEM_FORMAT_ENCODING",
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    # StorageMeta.checkpoint_id: the folder the save was written to (pathlib moved its classes in Python 3.13)
+    *(f"{module}.{name}" for module in ("pathlib", "pathlib._local")
+      for name in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")),
+)
+_LAYOUTS = {"torch.strided": torch.strided, "torch.sparse_coo": torch.sparse_coo}
+
+
+def _layout(name: str) -> torch.layout:
+    if name not in _LAYOUTS:
+        raise pickle.UnpicklingError(f"unknown tensor layout {name!r}")
+    return _LAYOUTS[name]
+
+
+_ALLOWED_HERE: dict[str, Any] = {
+    **{name: value for name, value in _ALLOWED.items() if isinstance(value, torch.dtype) or name == "torch.Size"},
+    "torch.serialization._get_layout": _layout,
+    "collections.OrderedDict": collections.OrderedDict,
+    **{name: _stand_in(name) for name in _STAND_INS},
+}
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One saved piece of a tensor: ``global[offsets[0]:offsets[0] + sizes[0], ...]``."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for size in self.sizes:
+            count *= size
+        return count
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    dtype: torch.dtype
+    size: torch.Size
+    chunks: tuple[Chunk, ...]
+
+
+@dataclass(frozen=True)
+class BytesEntry:
+    """A non-tensor value (a number, a list, a BytesIO, ...): a pickle we never load."""
+
+
+@dataclass(frozen=True)
+class StorageLocation:
+    file: str  # relative to the checkpoint folder, e.g. __1_0.distcp
+    offset: int
+    length: int
+    transforms: tuple[str, ...] = ()
+
+
+@dataclass
+class DcpMetadata:
+    entries: dict[str, TensorEntry | BytesEntry]
+    paths: dict[str, tuple]  # flat key -> its path in the saved nested dict (planner_data)
+    storage: dict[tuple[str, tuple[int, ...] | None], StorageLocation]  # (flat key, chunk offsets) -> bytes
+    version: str | None
+
+    def path_of(self, key: str) -> tuple:
+        return tuple(self.paths.get(key) or (key,))
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, path: Path) -> None:
+        super().__init__(io.BytesIO(data))
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        qualified = f"{module}.{name}"
+        if qualified in _ALLOWED_HERE:
+            return _ALLOWED_HERE[qualified]
+        raise UnsafeCheckpointError(
+            f"refused to load {self._path}: it pickles '{qualified}', which would run code when loaded; a DCP "
+            ".metadata holds only checkpoint metadata (if this save is not yours, do not load it with torch either)")
+
+
+def read_metadata(folder: Path) -> DcpMetadata:
+    """The checkpoint's metadata, from ``folder/.metadata``; nothing of the file's choosing runs."""
+    path = Path(folder) / METADATA_FILE
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise CogExportError(f"cannot read {path}: {error.strerror}") from None
+    try:
+        root = _MetadataUnpickler(data, path).load()
+    except CogExportError:
+        raise
+    except Exception as error:  # a damaged pickle fails in many ways; all mean the same to the user
+        raise CogExportError(f"{path} is corrupt: it does not unpickle ({error}); copy the checkpoint again") from None
+    try:
+        return _records(root)
+    except (_Malformed, TypeError, ValueError, AttributeError) as error:
+        raise CogExportError(f"{path} is corrupt: {error}; copy the checkpoint again") from None
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _state(obj: Any, *classes: str) -> dict:
+    if not isinstance(obj, PickledObject) or obj.type_name.rsplit(".", 1)[-1] not in classes:
+        raise _Malformed(f"expected {' or '.join(classes)}, found {getattr(obj, 'type_name', type(obj).__name__)}")
+    state = obj.state
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], (dict, type(None))):
+        state = {**(state[0] or {}), **(state[1] or {})}
+    if not isinstance(state, dict):
+        raise _Malformed(f"{obj.type_name} has no fields")
+    return state
+
+
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, (torch.Size, tuple, list)) or not all(type(v) is int and v >= 0 for v in value):
+        raise _Malformed(f"{what} is not a list of sizes")
+    return tuple(value)
+
+
+def _dtype(properties: Any) -> torch.dtype:
+    obj = properties
+    state = obj.state if isinstance(obj, PickledObject) else None
+    if not isinstance(obj, PickledObject) or not obj.type_name.endswith("TensorProperties"):
+        raise _Malformed("tensor properties missing")
+    dtype = state[0] if isinstance(state, tuple) and state else _state(obj, "TensorProperties").get("dtype")
+    if not isinstance(dtype, torch.dtype):
+        raise _Malformed("a tensor entry has no dtype")
+    return dtype
+
+
+def _records(root: Any) -> DcpMetadata:
+    fields = _state(root, "Metadata")
+    entries: dict[str, TensorEntry | BytesEntry] = {}
+    for key, value in (fields.get("state_dict_metadata") or {}).items():
+        if not isinstance(key, str):
+            raise _Malformed("an entry name is not a string")
+        if isinstance(value, PickledObject) and value.type_name.endswith("BytesStorageMetadata"):
+            entries[key] = BytesEntry()
+            continue
+        tensor = _state(value, "TensorStorageMetadata")
+        size = torch.Size(_ints(tensor.get("size"), f"the size of {key}"))
+        chunks = []
+        for chunk in tensor.get("chunks") or []:
+            box = _state(chunk, "ChunkStorageMetadata")
+            chunks.append(Chunk(_ints(box.get("offsets"), f"a chunk offset of {key}"),
+                                _ints(box.get("sizes"), f"a chunk size of {key}")))
+        entries[key] = TensorEntry(_dtype(tensor.get("properties")), size, tuple(chunks))
+    storage = {}
+    for index, where in (fields.get("storage_data") or {}).items():
+        index_fields, info = _state(index, "MetadataIndex"), _state(where, "_StorageInfo")
+        fqn, offset = index_fields.get("fqn"), index_fields.get("offset")
+        file, start, length = info.get("relative_path"), info.get("offset"), info.get("length")
+        if not isinstance(fqn, str) or not isinstance(file, str) or type(start) is not int or type(length) is not int \
+                or start < 0 or length < 0:
+            raise _Malformed(f"the storage record of {fqn!r} is not valid")
+        transforms = tuple(str(t) for t in info.get("transform_descriptors") or ())
+        storage[(fqn, None if offset is None else _ints(offset, f"the storage offset of {fqn}"))] = \
+            StorageLocation(file, start, length, transforms)
+    paths = {key: tuple(path) for key, path in (fields.get("planner_data") or {}).items()
+             if isinstance(key, str) and isinstance(path, (tuple, list))}
+    version = fields.get("version")
+    return DcpMetadata(entries, paths, storage, version if isinstance(version, str) else None)

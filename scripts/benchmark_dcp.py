@@ -1,0 +1,139 @@
+"""Benchmark ``cogexport consolidate`` on a PyTorch distributed checkpoint (DCP) against what users run today.
+
+    .venv/bin/python scripts/benchmark_dcp.py [--runs 3] [--model bench|bench-small]
+
+Makes (once, cached in --work-dir) a real FSDP2 checkpoint of the ~1.9 GB (fp32) bench model, 28 x Linear(4096,
+4096) plus an odd-sized head, trained one AdamW step at world size 2 and saved by ``accelerate``'s ``save_state``
+(SHARDED_STATE_DICT: ``checkpoint-1/pytorch_model_fsdp_0/`` and the Adam states in ``optimizer_0/``). Then:
+
+    cogexport consolidate   checkpoint-1 -> model.safetensors
+    dcp_to_torch            python -m torch.distributed.checkpoint.format_utils dcp_to_torch pytorch_model_fsdp_0 model.pt
+    accelerate merge-weights  pytorch_model_fsdp_0 -> model.safetensors
+
+Each output is first checked equal to cogexport's, tensor by tensor (in a separate process: the harness holds no
+tensors), then every tool runs --runs times, alternating, each in a fresh process; the table gives median wall time
+and median peak RSS (scripts/benchmarking.py measures it), peak RSS as a multiple of the fp32 model, and ratios to
+cogexport. ``--model bench-small`` (width 1024, 0.12 GB) checks the script quickly. Timing is not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarking import BENCH_HEAD, BENCH_LAYERS, ROOT, SCRIPTS, measure, print_table, summarize  # noqa: E402
+
+WIDTHS = {"bench": 4096, "bench-small": 1024}
+
+
+def model_bytes(model: str) -> int:
+    width = WIDTHS[model]
+    return 4 * (BENCH_LAYERS * width * width + BENCH_HEAD * width + BENCH_HEAD)
+
+
+def dcp_bench_checkpoint(work: Path, model: str) -> Path:
+    """accelerate's checkpoint-1 of the bench model under FSDP2 at world size 2, made once per work dir."""
+    folder = work / f"dcp-{model}-fsdp2-ws2"
+    done = folder / "complete"
+    if not done.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        click.echo(f"making the FSDP2 {model} checkpoint (a few minutes)...", err=True)
+        subprocess.run([sys.executable, str(SCRIPTS / "make_dcp_checkpoint.py"), str(folder), "--writer",
+                        "accelerate-fsdp2", "--model", model, "--world-size", "2", "--steps", "1", "--no-truth"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done.write_text("")
+    return folder / "run" / "checkpoint-1"
+
+
+def tools(checkpoint: Path, output: Path) -> dict[str, list[str]]:
+    bin_dir = Path(sys.executable).parent
+    model = checkpoint / "pytorch_model_fsdp_0"
+    return {
+        "cogexport consolidate": [str(bin_dir / "cogexport"), "consolidate", str(checkpoint), str(output),
+                                  "--dtype", "fp32"],
+        "dcp_to_torch": [sys.executable, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch", str(model),
+                         str(output / "model.pt")],
+        "accelerate merge-weights": [str(bin_dir / "accelerate"), "merge-weights", str(model), str(output)],
+    }
+
+
+def prepare(name: str, output: Path) -> None:
+    shutil.rmtree(output, ignore_errors=True)
+    if name == "dcp_to_torch":  # it writes a file, into a folder that must exist
+        output.mkdir(parents=True)
+
+
+COMPARE = r"""
+import sys, torch
+from safetensors import safe_open
+ours, theirs = sys.argv[1], sys.argv[2:]
+with safe_open(ours, "pt") as reference:
+    names = list(reference.keys())
+    for path in theirs:
+        if path.endswith(".pt"):
+            tree = torch.load(path, mmap=True, weights_only=True)
+            other = {k[len("model."):] if k.startswith("model.") else k: v for k, v in tree["model"].items()} \
+                if "model" in tree else tree
+            get, keys = other.__getitem__, set(other)
+        else:
+            handle = safe_open(path, "pt")
+            get, keys = handle.get_tensor, set(handle.keys())
+        assert keys == set(names), f"{path}: other names"
+        for name in names:
+            assert torch.equal(reference.get_tensor(name), get(name)), f"{path}: {name} differs"
+print(len(names))
+"""
+
+
+def check_outputs_equal(checkpoint: Path, work: Path) -> int:
+    """Run each tool once and compare every tensor with cogexport's; returns the tensor count."""
+    outputs = {}
+    for name in tools(checkpoint, work):
+        output = work / f"compare-{name.split()[0]}"
+        command = tools(checkpoint, output)[name]
+        prepare(name, output)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        outputs[name] = output / ("model.pt" if name == "dcp_to_torch" else "model.safetensors")
+    done = subprocess.run([sys.executable, "-c", COMPARE, *map(str, outputs.values())], check=True,
+                          capture_output=True, text=True)
+    for output in outputs.values():
+        shutil.rmtree(output.parent, ignore_errors=True)
+    return int(done.stdout.strip())
+
+
+@click.command()
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=ROOT / ".bench",
+              show_default=True, help="Where the benchmark checkpoint is made and kept.")
+@click.option("--runs", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--model", type=click.Choice(sorted(WIDTHS)), default="bench", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def main(work_dir: Path, runs: int, model: str, as_json: bool) -> None:
+    env = dict(os.environ)
+    checkpoint = dcp_bench_checkpoint(work_dir, model)
+    count = check_outputs_equal(checkpoint, work_dir)
+    output = work_dir / "output"
+    samples: dict[str, list[tuple[float, int]]] = {}
+    for _ in range(runs):
+        for name, command in tools(checkpoint, output).items():
+            prepare(name, output)
+            samples.setdefault(name, []).append(measure(command, env))
+    shutil.rmtree(output, ignore_errors=True)
+    size = model_bytes(model)
+    results = summarize(samples, size, model=model)
+    if as_json:
+        click.echo(json.dumps({"fp32_model_bytes": size, "tensors": count, "results": results}, indent=2))
+        return
+    click.echo(f"{model}: fp32 model {size / 1e9:.2f} GB, FSDP2 through accelerate, world size 2, Adam states in "
+               f"optimizer_0/; outputs equal: {count} tensors; median of {runs} runs\n")
+    print_table(results, "tool", 26, lambda row: row["tool"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Real DCP checkpoints for tests, made by scripts/make_dcp_checkpoint.py on CPU gloo ranks and cached like the
+DeepSpeed fixtures, with the ground truth gathered inside training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from cogvideox_fixtures import config_folder
+from fixtures import SCRIPTS, GroundTruth, cached_fixture
+
+SCRIPTS_USED = ("make_dcp_checkpoint.py", "deepspeed_cpu.py", "cogvideox_tiny_configs.py", "finetune_tiny_cogvideox.py",
+                "make_deepspeed_checkpoint.py")
+
+
+class DcpFixture(GroundTruth):
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def last_step(self) -> Path:
+        """The folder of the last save (accelerate: checkpoint-N; others: the DCP folder itself)."""
+        return self.root / self.truth["checkpoint"]
+
+    @property
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The model's full state dict gathered inside training, in state_dict order."""
+        return {name: self.tensors[name] for name in self.truth["order"]}
+
+    @property
+    def optimizer(self) -> dict[str, torch.Tensor]:
+        return {name[len("optimizer."):]: t for name, t in self.tensors.items() if name.startswith("optimizer.")}
+
+    def base(self, folder: Path) -> Path:
+        """A --base folder with the trained transformer's config."""
+        from diffusers import CogVideoXTransformer3DModel
+
+        return config_folder(folder, CogVideoXTransformer3DModel.from_config(self.truth["config"]))
+
+
+def dcp_checkpoint(writer: str, model: str = "toy", world_size: int = 2, lora_rank: int | None = None,
+                   compile: bool = False) -> DcpFixture:
+    name = f"dcp-{writer}-{model}-ws{world_size}" + (f"-lora{lora_rank}" if lora_rank else "") + \
+        ("-compile" if compile else "")
+    command = [str(SCRIPTS / "make_dcp_checkpoint.py"), "--writer", writer, "--model", model, "--world-size",
+               str(world_size)] + (["--lora-rank", str(lora_rank)] if lora_rank else []) + \
+        (["--compile"] if compile else [])
+    return DcpFixture(cached_fixture(name, SCRIPTS_USED, command))
