@@ -503,8 +503,9 @@ def _write_pipeline(staging: Path, parts: list[ModelExport], base: BaseFolder, v
 
 def _source_line(source: LazyCheckpoint) -> str:
     info = source.info
-    described = {"deepspeed": "DeepSpeed checkpoint", "safetensors": "safetensors weights",
-                 "torch": "torch state dict"}.get(info.format, info.format)
+    described = {"deepspeed": "DeepSpeed checkpoint", "safetensors": "safetensors weights", "torch": "torch state dict",
+                 "dcp": "PyTorch distributed checkpoint", "deepspeed-universal": "DeepSpeed universal checkpoint"
+                 }.get(info.format, info.format)
     where = f"{described} {', '.join(Path(p).name for p in info.paths)}"
     if info.tag:
         where += f", tag {info.tag}"
