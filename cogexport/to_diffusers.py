@@ -375,8 +375,10 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
                 names = tuple(folder.name for folder in experts.values())
                 for name, each in sources.items():
                     part_where = str(experts[name]) if experts else where
-                    part, variant = plan_transformer(each, base, options, part_where, _search_folders(paths, each),
-                                                     name, names)
+                    # an expert's own config.json sits in its subfolder
+                    part_paths = [experts[name]] if experts else paths
+                    part, variant = plan_transformer(each, base, options, part_where,
+                                                     _search_folders(part_paths, each), name, names)
                     parts.append(part)
             family = parts[0].family
         if component == "pipeline":

@@ -76,11 +76,13 @@ def export_original(checkpoint: str | Path | Sequence[str | Path], output: str |
                 raise CogExportError(f"cogexport knows no original layout for {family.name}")
             if table.name == layout.table:
                 raise CogExportError(f"{where} is already in the original {family.name} layout ({table.name})")
-            recognised = _recognise(source, table, family)
+            # the release's expert subfolders (high_noise_model/, ...) when writing several experts
+            experts = tuple(_expert_folder(family, name, len(folders)) for name in folders) if len(folders) > 1 else ()
+            recognised = _recognise(source, table, family, experts)
             if recognised is None:
                 raise CogExportError(f"{where} holds no transformer weights to write back (a LoRA adapter alone?)")
             search = [*sources, *_search_folders(sources, source)]
-            chosen = _transformer_target(recognised, family, base, options, where, search, component)
+            chosen = _transformer_target(recognised, family, base, options, where, search, component, experts)
             diffusers = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where)
             policy = _policy(family.transformer.keep_fp32, options)
             original = plan_translation(load_table(layout.table).inverted(), policy.apply(diffusers.tensors), None,
