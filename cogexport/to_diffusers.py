@@ -208,13 +208,19 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
 def _config_beside(family: ModelFamily, folders: Sequence[Path], facts: dict) -> dict | None:
     """The config a checkpoint keeps beside its weights: a Diffusers config.json of the family's transformer class
     (a save_pretrained folder), else the original layout's own config, read by the family."""
+    return _diffusers_config_beside(family.transformer.class_name, folders) or \
+        family.shapes.config_beside(folders, facts)
+
+
+def _diffusers_config_beside(class_name: str, folders: Sequence[Path]) -> dict | None:
+    """The config.json a save_pretrained folder of ``class_name`` keeps beside its weights, if any."""
     for folder in folders:
         path = Path(folder) / "config.json"
         if path.is_file():
             config = read_json(path)
-            if config.get("_class_name") == family.transformer.class_name:
+            if config.get("_class_name") == class_name:
                 return config
-    return family.shapes.config_beside(folders, facts)
+    return None
 
 
 def _recognise(source: LazyCheckpoint, table: KeyMapTable, family: ModelFamily,
@@ -287,12 +293,16 @@ def _vae_config(family: ModelFamily, table: KeyMapTable, source: LazyCheckpoint,
 
 
 def plan_vae(source: LazyCheckpoint, base: BaseFolder | None, family: ModelFamily | None, variant: Variant | None,
-             options: ExportOptions, where: str) -> ModelExport:
+             options: ExportOptions, where: str, folders: Sequence[Path] = ()) -> ModelExport:
+    """The VAE to export into: --base's config, else the Diffusers config.json beside the weights (a save_pretrained
+    folder), else the published variant's (or the one variant config this VAE fits)."""
     family, table = choose_table(source, "vae", "VAE", where, family)
     config = base.config("vae") if base else None
     if base is not None and config is None:
         raise CogExportError(f"--base {base.path} has no VAE config.json (give a pipeline folder with vae/, or a VAE "
                              "folder)")
+    if config is None and variant is None:
+        config = _diffusers_config_beside(family.vae.class_name, folders)
     if config is None:
         config = _vae_config(family, table, source, variant, where)
     target = build_target(family.vae.class_name, config)
@@ -390,7 +400,7 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
                                      f"{' and '.join(f'{sub}/' for sub in variant.experts.values())}, or export "
                                      "--component transformer")
         if component == "vae":
-            parts.append(plan_vae(source, base, family, variant, options, where))
+            parts.append(plan_vae(source, base, family, variant, options, where, _search_folders(paths, source)))
         if component == "pipeline" and options.vae is not None:
             vae_source = stack.enter_context(open_checkpoint(as_paths(options.vae)))
             parts.append(plan_vae(vae_source, base, family, variant, options, str(options.vae)))

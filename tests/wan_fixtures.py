@@ -67,3 +67,19 @@ def same_files(ours: Path, theirs: Path) -> list[str]:
         {str(p.relative_to(theirs)) for p in theirs.rglob("*") if p.is_file()}
     return sorted(n for n in names if not ((ours / n).is_file() and (theirs / n).is_file()
                                            and (ours / n).read_bytes() == (theirs / n).read_bytes()))
+
+
+def diffsynth_wan_vae_module():
+    """DiffSynth-Studio's Wan VAE module (VideoVAE_ for 2.1, VideoVAE38_ for 2.2): an independent implementation in
+    the original names, which loads Wan2.1_VAE.pth and Wan2.2_VAE.pth as they are. Loaded from its file alone: the
+    diffsynth package's __init__ pulls in far more than this module needs (torch, einops, tqdm)."""
+    import importlib.util
+    import sysconfig
+
+    path = Path(sysconfig.get_paths()["purelib"]) / "diffsynth" / "models" / "wan_video_vae.py"
+    if not path.is_file():
+        pytest.skip("diffsynth is not installed (scripts/setup_venv.sh installs it without its dependencies)")
+    spec = importlib.util.spec_from_file_location("diffsynth_wan_video_vae", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
