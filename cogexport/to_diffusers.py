@@ -27,7 +27,8 @@ from .lora import LORA_WEIGHTS_NAME, PIPELINE_PREFIX, LoraAdapter, adapter_file_
     plan_fused, read_adapter
 from .models.base_folder import BaseFolder, open_base, read_json
 from .models.family import ModelFamily, Variant, family_of_variant, families
-from .models.recognize import Recognised, choose_table, lora_key, read_facts
+from .models.recognize import (Recognised, choose_table, config_beside, diffusers_config_beside, lora_key,
+                               read_facts)
 from .models.target import TargetModel, build_target
 from .precision import PrecisionPolicy
 from .progress import byte_progress
@@ -178,7 +179,7 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
         raise CogExportError(f"--base {base.path} has no {component} config.json (give a pipeline folder with "
                              f"{component}/, or a transformer folder)")
     beside = None if base_config is not None or options.model_name or recognised is None else \
-        _config_beside(family, folders, recognised.facts)
+        config_beside(family, folders, recognised.facts)
     if base_config is not None or beside is not None:
         config = base_config if base_config is not None else beside
         variant = family.layout_variant(config, experts, base.settings if base else None)
@@ -199,28 +200,14 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
             facts = recognised.facts
             raise CogExportError(f"checkpoint is {name} (in_channels {facts.get('in_channels')}) but --model-type "
                                  f"{options.model_type} was given")
+        if base_config is not None and task != variant.task:  # e.g. a Wan 2.1 T2V run given a 2.2 TI2V base
+            raise CogExportError(f"{where} is a {family.name} {task.upper()} model (in_channels "
+                                 f"{recognised.facts.get('in_channels')}), but --base {base.path} is a {variant.name}-layout "
+                                 f"{variant.task.upper()} model; give the base the checkpoint was trained from")
         family.shapes.check_target(recognised.facts, config, where)
     is_published = published == variant if recognised else base_config is None
     label = variant.name if is_published else f"custom-size {family.name} ({variant.name} layout)"
     return _TransformerTarget(family, build_target(family.transformer.class_name, config), variant, label, is_published)
-
-
-def _config_beside(family: ModelFamily, folders: Sequence[Path], facts: dict) -> dict | None:
-    """The config a checkpoint keeps beside its weights: a Diffusers config.json of the family's transformer class
-    (a save_pretrained folder), else the original layout's own config, read by the family."""
-    return _diffusers_config_beside(family.transformer.class_name, folders) or \
-        family.shapes.config_beside(folders, facts)
-
-
-def _diffusers_config_beside(class_name: str, folders: Sequence[Path]) -> dict | None:
-    """The config.json a save_pretrained folder of ``class_name`` keeps beside its weights, if any."""
-    for folder in folders:
-        path = Path(folder) / "config.json"
-        if path.is_file():
-            config = read_json(path)
-            if config.get("_class_name") == class_name:
-                return config
-    return None
 
 
 def _recognise(source: LazyCheckpoint, table: KeyMapTable, family: ModelFamily,
@@ -302,7 +289,7 @@ def plan_vae(source: LazyCheckpoint, base: BaseFolder | None, family: ModelFamil
         raise CogExportError(f"--base {base.path} has no VAE config.json (give a pipeline folder with vae/, or a VAE "
                              "folder)")
     if config is None and variant is None:
-        config = _diffusers_config_beside(family.vae.class_name, folders)
+        config = diffusers_config_beside(family.vae.class_name, folders)
     if config is None:
         config = _vae_config(family, table, source, variant, where)
     target = build_target(family.vae.class_name, config)

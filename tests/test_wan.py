@@ -20,6 +20,10 @@ from safetensors.torch import load_file, save_file
 from wan_fixtures import (CONVERTER_GAPS, EXPERTS, build_tiny_transformer, diffusers_reads_original, real_wan,
                           same_files, tiny_wan_pipeline, weights)
 
+from cogexport.keymap.table import load_table
+from cogexport.models.family import family_named
+from cogexport.models.recognize import read_facts
+from cogexport.models.target import build_target
 from cogexport.to_diffusers import export
 from cogexport.to_original import export_original
 
@@ -199,3 +203,28 @@ def test_original_pth_state_dict(tmp_path):
     truth = load_file(real / "base" / "transformer" / "ground_truth.safetensors")
     written = load_file(tmp_path / "out" / "diffusion_pytorch_model.safetensors")
     assert list(written) == list(truth) and all(torch.equal(written[n], t) for n, t in truth.items())
+
+
+# -- which model it is --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", [v.name for v in family_named("wan").variants])
+def test_published_variants_are_told_apart_by_shapes(name):
+    """Each published variant's Diffusers config, built on the meta device, reads back as that variant."""
+    family = family_named("wan")
+    variant = family.variant_named(name)
+    target = build_target(family.transformer.class_name, family.transformer_config(variant))
+    recognised = read_facts(family, load_table("wan/diffusers_transformer"), target.schema,
+                            tuple(variant.experts.values()))
+    assert recognised.variant is not None and recognised.variant.name == name
+    assert recognised.task == variant.task
+
+
+def test_inspect_names_family_and_variant(cli):
+    real = real_wan()
+    text = cli("inspect", real / "original")
+    assert text.exit_code == 0, text.stderr
+    row = next(line for line in text.stdout.splitlines() if line.startswith("transformer"))
+    assert "custom-size Wan (Wan2.1-T2V-1.3B layout) (t2v, 2 layers, hidden 32)" in row
+    assert "Wan original layout" in row
+    report = json.loads(cli("inspect", "--json", real / "original_sharded").stdout)["models"]["transformer"]
+    assert (report["family"], report["layout"], report["model_type"], report["layout_variant"], report["variant"]) == \
+        ("Wan", "wan/original_transformer", "t2v", "Wan2.1-T2V-1.3B", None)
