@@ -96,7 +96,7 @@ def prepare(work: Path, layers: int) -> dict:
     from diffusers import WanTransformer3DModel
 
     folder = work / f"bench-wan21-t2v-1.3b-{layers}layers"
-    marker = folder.with_suffix(".done")
+    marker = folder.with_name(folder.name + ".done")
     if not marker.exists():
         shutil.rmtree(folder, ignore_errors=True)
         click.echo(f"making the {VARIANT} release ({layers} layers) in {folder}...", err=True)
