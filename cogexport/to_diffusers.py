@@ -25,7 +25,7 @@ from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
 from .lora import LORA_WEIGHTS_NAME, PIPELINE_PREFIX, LoraAdapter, adapter_file_metadata, is_lora_key, plan_adapter, \
     plan_fused, read_adapter
-from .models.base_folder import BaseFolder, open_base, read_json
+from .models.base_folder import BaseFolder, open_base
 from .models.family import ModelFamily, Variant, family_of_variant, families
 from .models.recognize import (Recognised, choose_table, config_beside, diffusers_config_beside, lora_key,
                                read_facts)
@@ -202,8 +202,9 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
                                  f"{options.model_type} was given")
         if base_config is not None and task != variant.task:  # e.g. a Wan 2.1 T2V run given a 2.2 TI2V base
             raise CogExportError(f"{where} is a {family.name} {task.upper()} model (in_channels "
-                                 f"{recognised.facts.get('in_channels')}), but --base {base.path} is a {variant.name}-layout "
-                                 f"{variant.task.upper()} model; give the base the checkpoint was trained from")
+                                 f"{recognised.facts.get('in_channels')}), but --base {base.path} is a "
+                                 f"{variant.name}-layout {variant.task.upper()} model; give the base the checkpoint "
+                                 "was trained from")
         family.shapes.check_target(recognised.facts, config, where)
     is_published = published == variant if recognised else base_config is None
     label = variant.name if is_published else f"custom-size {family.name} ({variant.name} layout)"

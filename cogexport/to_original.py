@@ -23,6 +23,7 @@ from .lazy import LazyTensor
 from .models.base_folder import BaseFolder, open_base, read_json
 from .models.family import ModelFamily, ModelSpec, OriginalLayout
 from .models.recognize import choose_table
+from .precision import PrecisionPolicy
 from .progress import byte_progress
 from .to_diffusers import (ExportOptions, ExportResult, _family_hint, _policy, _recognise, _search_folders,
                            _transformer_target, open_source, plan_vae)
@@ -47,7 +48,7 @@ class _Part:
     config: dict  # its Diffusers config
     task: str | None
     tensors: dict[str, LazyTensor]
-    policy: object
+    policy: PrecisionPolicy
 
 
 def _model_folders(paths: list[Path], component: str) -> dict[str, list[Path]]:
@@ -85,14 +86,14 @@ def _original_tensors(spec: ModelSpec, tensors: dict[str, LazyTensor], counts: d
     raise CogExportError(failures[0])
 
 
-def _plan_transformer(source, sources: list[Path], component: str, experts_total: int, base: BaseFolder | None,
-                      options: ExportOptions, where: str) -> _Part:
+def _plan_transformer(source, sources: list[Path], component: str, components: tuple[str, ...],
+                      base: BaseFolder | None, options: ExportOptions, where: str) -> _Part:
     family, table = choose_table(source, "transformer", "transformer", where, _family_hint(base, options))
     spec = family.transformer
     _check_layouts(spec, table, family, where)
     # the release's expert subfolders (high_noise_model/, ...) when writing several experts
-    experts = tuple(_expert_folder(family, name, experts_total) for name in _PIPELINE_PARTS["transformer"]
-                    [:experts_total]) if experts_total > 1 else ()
+    experts = tuple(_expert_folder(family, name, len(components)) for name in components) \
+        if len(components) > 1 else ()
     recognised = _recognise(source, table, family, experts)
     if recognised is None:
         raise CogExportError(f"{where} holds no transformer weights to write back (a LoRA adapter alone?)")
@@ -142,7 +143,7 @@ def export_original(checkpoint: str | Path | Sequence[str | Path], output: str |
             source = stack.enter_context(open_source(sources, options))
             where = ", ".join(map(str, sources))
             parts.append(_plan_vae(source, sources, base, options, where) if component == "vae" else
-                         _plan_transformer(source, sources, name, len(folders), base, options, where))
+                         _plan_transformer(source, sources, name, tuple(folders), base, options, where))
             inputs += source.info.files
             own += source.own_folders()
         check_destination(output, own, inputs, options.overwrite)

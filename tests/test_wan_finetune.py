@@ -9,7 +9,6 @@ from diffusers import WanTransformer3DModel
 from wan_fixtures import diffusers_reads_original, wan_finetune, weights
 
 from cogexport.precision import PrecisionPolicy
-from cogexport.to_diffusers import export
 from cogexport.to_original import export_original
 
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import WanTransformer3DModel
-from fixtures import SCRIPTS  # noqa: F401  (puts scripts/ on the path through wan_fixtures)
 from wan_fixtures import same_files, tiny_wan_pipeline
 
 from cogexport.to_original import export_original
-from render_pipeline import render
+from render_pipeline import render  # scripts/, on the path through wan_fixtures
 
 LINKED = {"t2v": ["text_encoder", "tokenizer", "vae"], "ti2v": ["text_encoder", "tokenizer", "vae"],
           "t2v-a14b": ["text_encoder", "tokenizer", "vae"], "i2v-a14b": ["text_encoder", "tokenizer", "vae"],

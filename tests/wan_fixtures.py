@@ -14,8 +14,7 @@ from fixtures import ROOT, SCRIPTS, GroundTruth, cached_fixture
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(SCRIPTS))
-from wan_tiny_configs import (SHAPE_CLASSES, TINY_VAE21, TINY_VAE22, build_tiny_transformer,  # noqa: E402,F401
-                              build_tiny_vae, tiny_transformer_config, transformer_forward_inputs)
+from wan_tiny_configs import TINY_VAE21, TINY_VAE22, build_tiny_transformer, build_tiny_vae  # noqa: E402,F401
 
 SHARED = Path(os.environ.get("COGEXPORT_SHARED", ROOT.parent / "shared"))
 REAL_WAN = SHARED / "fixtures" / "wan21-t2v"
