@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from wan_fixtures import (CONVERTER_GAPS, EXPERTS, build_tiny_transformer, diffusers_reads_original, real_wan,
                           same_files, tiny_wan_pipeline, weights)
 
+from cogexport.keymap.plan import translate_shapes
 from cogexport.keymap.table import load_table
 from cogexport.models.family import family_named
 from cogexport.models.recognize import read_facts
@@ -228,3 +229,20 @@ def test_inspect_names_family_and_variant(cli):
     report = json.loads(cli("inspect", "--json", real / "original_sharded").stdout)["models"]["transformer"]
     assert (report["family"], report["layout"], report["model_type"], report["layout_variant"], report["variant"]) == \
         ("Wan", "wan/original_transformer", "t2v", "Wan2.1-T2V-1.3B", None)
+
+
+@pytest.mark.parametrize("name", ["Wan2.2-TI2V-5B", "Wan2.2-I2V-A14B"])
+def test_diffusers_single_file_detection_bug(name):
+    """Diffusers' from_single_file picks the config by patch_embedding alone (facts page 1.5, huggingface/diffusers
+    #12329): TI2V-5B and the 2.2 I2V-A14B experts both come out as "wan-i2v-14B" (a 2.1 I2V with a CLIP branch they do
+    not have). cogexport reads the variant from all the shapes (and the expert folders)."""
+    from diffusers.loaders.single_file_utils import infer_diffusers_model_type
+
+    family = family_named("wan")
+    variant = family.variant_named(name)
+    target = build_target(family.transformer.class_name, family.transformer_config(variant))
+    original_table = load_table("wan/original_transformer")
+    shapes = translate_shapes(original_table.inverted(), target.schema)  # the release's names, shapes only
+    assert infer_diffusers_model_type({n: torch.empty(s, device="meta") for n, s in shapes.items()}) == "wan-i2v-14B"
+    recognised = read_facts(family, original_table, shapes, tuple(variant.experts.values()))
+    assert recognised.variant.name == name and not recognised.facts["image_branch"]
