@@ -154,8 +154,9 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
                                   "alone.")
 @click.option("--base-model", help="Hub id the model card names as the base model [default: the published one].")
 @click.option("--to", "layout", type=click.Choice(["diffusers", "original"]), default="diffusers", show_default=True,
-              help="Write Diffusers folders, or (from Diffusers weights) the family's original layout: the safetensors "
-                   "the Wan repo and ComfyUI load, SAT's model-states file for CogVideoX.")
+              help="Write Diffusers folders, or (from Diffusers weights: a model or pipeline folder, a training "
+                   "checkpoint) the family's original layout: the safetensors the Wan repo and ComfyUI load (and with "
+                   "--component vae Wan's VAE .pth), SAT's model-states file for CogVideoX.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
 @click.option("--push-to-hub", metavar="REPO", help="Upload the finished folder to this Hub repository.")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repository private.")

@@ -24,9 +24,10 @@ from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
 from .lora import LORA_WEIGHTS_NAME, PIPELINE_PREFIX, LoraAdapter, adapter_file_metadata, is_lora_key, plan_adapter, \
     plan_fused, read_adapter
-from .models.base_folder import BaseFolder, open_base, read_json
+from .models.base_folder import BaseFolder, open_base
 from .models.family import ModelFamily, Variant, family_of_variant, families
-from .models.recognize import Recognised, choose_table, lora_key, read_facts
+from .models.recognize import (Recognised, choose_table, config_beside, diffusers_config_beside, lora_key,
+                               read_facts)
 from .models.target import TargetModel, build_target
 from .precision import PrecisionPolicy
 from .progress import byte_progress
@@ -186,7 +187,7 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
                                  f"--model-type {options.model_type} was given")
         published = family.published_variant(recognised.facts, experts, options.model_type)
     beside = None if base_config is not None or options.model_name or recognised is None else \
-        _config_beside(family, folders, recognised.facts)
+        config_beside(family, folders, recognised.facts)
     notes = []
     if base_config is not None or beside is not None:
         config = base_config if base_config is not None else beside
@@ -209,23 +210,16 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
         raise CogExportError(f"--model-type {options.model_type} was given, but {told} describes {variant.name}, a "
                              f"{variant.task} model")
     if recognised is not None:
+        if base_config is not None and variant.task not in recognised.tasks:  # e.g. a Wan 2.1 T2V run, a 2.2 TI2V base
+            raise CogExportError(f"{where} is a {family.name} {recognised.task.upper()} model (in_channels "
+                                 f"{recognised.facts.get('in_channels')}), but --base {base.path} is a "
+                                 f"{variant.name}-layout {variant.task.upper()} model; give the base the checkpoint "
+                                 "was trained from")
         family.shapes.check_target(recognised.facts, config, where)
     is_published = published == variant if recognised else base_config is None
     label = variant.name if is_published else f"custom-size {family.name} ({variant.name} layout)"
     return _TransformerTarget(family, build_target(family.transformer.class_name, config), variant, label, is_published,
                               notes)
-
-
-def _config_beside(family: ModelFamily, folders: Sequence[Path], facts: dict) -> dict | None:
-    """The config a checkpoint keeps beside its weights: a Diffusers config.json of the family's transformer class
-    (a save_pretrained folder), else the original layout's own config, read by the family."""
-    for folder in folders:
-        path = Path(folder) / "config.json"
-        if path.is_file():
-            config = read_json(path)
-            if config.get("_class_name") == family.transformer.class_name:
-                return config
-    return family.shapes.config_beside(folders, facts)
 
 
 def _recognise(source: LazyCheckpoint, table: KeyMapTable, family: ModelFamily,
@@ -298,12 +292,16 @@ def _vae_config(family: ModelFamily, table: KeyMapTable, source: LazyCheckpoint,
 
 
 def plan_vae(source: LazyCheckpoint, base: BaseFolder | None, family: ModelFamily | None, variant: Variant | None,
-             options: ExportOptions, where: str) -> ModelExport:
+             options: ExportOptions, where: str, folders: Sequence[Path] = ()) -> ModelExport:
+    """The VAE to export into: --base's config, else the Diffusers config.json beside the weights (a save_pretrained
+    folder), else the published variant's (or the one variant config this VAE fits)."""
     family, table = choose_table(source, "vae", "VAE", where, family)
     config = base.config("vae") if base else None
     if base is not None and config is None:
         raise CogExportError(f"--base {base.path} has no VAE config.json (give a pipeline folder with vae/, or a VAE "
                              "folder)")
+    if config is None and variant is None:
+        config = diffusers_config_beside(family.vae.class_name, folders)
     if config is None:
         config = _vae_config(family, table, source, variant, where)
     target = build_target(family.vae.class_name, config)
@@ -386,8 +384,10 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
                 names = tuple(folder.name for folder in experts.values())
                 for name, each in sources.items():
                     part_where = str(experts[name]) if experts else where
-                    part, variant = plan_transformer(each, base, options, part_where, _search_folders(paths, each),
-                                                     name, names)
+                    # an expert's own config.json sits in its subfolder
+                    part_paths = [experts[name]] if experts else paths
+                    part, variant = plan_transformer(each, base, options, part_where,
+                                                     _search_folders(part_paths, each), name, names)
                     parts.append(part)
             family = parts[0].family
         if component == "pipeline":
@@ -399,7 +399,7 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
                                      f"{' and '.join(f'{sub}/' for sub in variant.experts.values())}, or export "
                                      "--component transformer")
         if component == "vae":
-            parts.append(plan_vae(source, base, family, variant, options, where))
+            parts.append(plan_vae(source, base, family, variant, options, where, _search_folders(paths, source)))
         if component == "pipeline" and options.vae is not None:
             vae_source = stack.enter_context(open_checkpoint(as_paths(options.vae)))
             parts.append(plan_vae(vae_source, base, family, variant, options, str(options.vae)))

@@ -1,16 +1,17 @@
-"""The way back (``--to original``): Diffusers weights of a family's transformer written in the family's original
-layout, by running the same key-map table backwards. For Wan, the single or sharded safetensors (with the WanModel
-config.json) that the Wan repo and ComfyUI load; for CogVideoX, the SAT model-states file SAT's loader reads.
+"""The way back (``--to original``): Diffusers weights of a family's transformer (or VAE) written in the family's
+original layout, by running the same key-map table backwards. For Wan, the single or sharded safetensors (with the
+WanModel config.json) that the Wan repo and ComfyUI load, and the VAE's .pth; for CogVideoX, the SAT model-states
+file SAT's loader reads.
 
-read (a save_pretrained folder, a pipeline's transformer, or a training checkpoint in Diffusers names) -> check it
-against the Diffusers model it claims to be (every tensor present, every shape right) -> cast (the family's dtype
+read (a save_pretrained folder, a pipeline's transformer or VAE, or a training checkpoint in Diffusers names) -> check
+it against the Diffusers model it claims to be (every tensor present, every shape right) -> cast (the family's dtype
 policy, decided on the Diffusers names) -> the original table inverted -> write, a tensor at a time, staged.
 """
 
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -19,29 +20,48 @@ from .errors import CogExportError
 from .keymap.plan import plan_translation
 from .keymap.table import load_table
 from .lazy import LazyTensor
-from .models.base_folder import open_base, read_json
-from .models.family import ModelFamily, OriginalLayout
+from .models.base_folder import BaseFolder, open_base, read_json
+from .models.family import ModelFamily, ModelSpec, OriginalLayout
+from .models.recognize import choose_table
+from .precision import PrecisionPolicy
 from .progress import byte_progress
 from .to_diffusers import (ExportOptions, ExportResult, _family_hint, _policy, _recognise, _search_folders,
-                           _transformer_target, open_source)
-from .models.recognize import choose_table
+                           _transformer_target, open_source, plan_vae)
 from .write.diffusers_folders import write_config_json
 from .write.model_states_file import write_model_states
 from .write.sat_file import write_sat_model_states
 from .write.shards import plan_shards, write_shards
 from .write.staging import check_destination, staged_folder
+from .write.torch_archive import write_torch_archive
+
+# pipeline components a --to original run reads from a pipeline folder, per --component
+_PIPELINE_PARTS = {"transformer": ("transformer", "transformer_2"), "vae": ("vae",)}
 
 
-def _transformer_folders(paths: list[Path]) -> dict[str, list[Path]]:
-    """A pipeline folder stands for its transformer(s); anything else is the transformer's checkpoint itself."""
+@dataclass
+class _Part:
+    """One model to write back: where it goes, its layout and its tensors in original names."""
+
+    component: str  # the pipeline component it came from (transformer, transformer_2, vae)
+    family: ModelFamily
+    layout: OriginalLayout
+    label: str
+    config: dict  # its Diffusers config
+    task: str | None
+    tensors: dict[str, LazyTensor]
+    policy: PrecisionPolicy
+
+
+def _model_folders(paths: list[Path], component: str) -> dict[str, list[Path]]:
+    """A pipeline folder stands for its transformer(s) or VAE; anything else is the model's checkpoint itself."""
     if len(paths) == 1 and (paths[0] / "model_index.json").is_file():
         index = read_json(paths[0] / "model_index.json")
-        found = {name: [paths[0] / name] for name in ("transformer", "transformer_2")
+        found = {name: [paths[0] / name] for name in _PIPELINE_PARTS[component]
                  if isinstance(index.get(name), list) and index[name][0] is not None}
         if not found:
-            raise CogExportError(f"{paths[0]}/model_index.json names no transformer to write back")
+            raise CogExportError(f"{paths[0]}/model_index.json names no {component} to write back")
         return found
-    return {"transformer": paths}
+    return {component: paths}
 
 
 def _expert_folder(family: ModelFamily, component: str, experts: int) -> str:
@@ -54,65 +74,111 @@ def _expert_folder(family: ModelFamily, component: str, experts: int) -> str:
     return layouts[0][component]
 
 
+def _original_tensors(spec: ModelSpec, tensors: dict[str, LazyTensor], counts: dict,
+                      where: str) -> tuple[OriginalLayout, dict[str, LazyTensor]]:
+    """The first of the model's original layouts whose table, run backwards, takes every tensor."""
+    failures = []
+    for layout in spec.originals:
+        try:
+            return layout, plan_translation(load_table(layout.table).inverted(), tensors, None, counts,
+                                            what=where).tensors
+        except CogExportError as error:
+            failures.append(str(error))
+    raise CogExportError(failures[0])
+
+
+def _plan_transformer(source, sources: list[Path], component: str, components: tuple[str, ...],
+                      base: BaseFolder | None, options: ExportOptions, where: str) -> _Part:
+    family, table = choose_table(source, "transformer", "transformer", where, _family_hint(base, options))
+    spec = family.transformer
+    _check_layouts(spec, table, family, where)
+    # the release's expert subfolders (high_noise_model/, ...) when writing several experts
+    experts = tuple(_expert_folder(family, name, len(components)) for name in components) \
+        if len(components) > 1 else ()
+    recognised = _recognise(source, table, family, experts)
+    if recognised is None:
+        raise CogExportError(f"{where} holds no transformer weights to write back (a LoRA adapter alone?)")
+    search = [*sources, *_search_folders(sources, source)]
+    chosen = _transformer_target(recognised, family, base, options, where, search, component, experts)
+    diffusers = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where)
+    policy = _policy(spec.keep_fp32, options)
+    layout, tensors = _original_tensors(spec, policy.apply(diffusers.tensors), chosen.target.counts, where)
+    return _Part(component, family, layout, chosen.label, chosen.target.config, chosen.variant.task, tensors, policy)
+
+
+def _plan_vae(source, sources: list[Path], base: BaseFolder | None, options: ExportOptions, where: str) -> _Part:
+    family, table = choose_table(source, "vae", "VAE", where, _family_hint(base, options))
+    _check_layouts(family.vae, table, family, where)
+    part = plan_vae(source, base, family, None, options, where, [*sources, *_search_folders(sources, source)])
+    layout, tensors = _original_tensors(family.vae, part.tensors, part.target.counts, where)
+    return _Part("vae", family, layout, part.label.removesuffix(" VAE"), part.target.config, None, tensors,
+                 part.policy)
+
+
+def _check_layouts(spec: ModelSpec, table, family: ModelFamily, where: str) -> None:
+    if not spec.originals:
+        raise CogExportError(f"cogexport knows no original layout for the {family.name} {spec.class_name}")
+    if table.name in {layout.table for layout in spec.originals}:
+        raise CogExportError(f"{where} is already in the original {family.name} layout ({table.name}); export it "
+                             "without --to original to get Diffusers weights")
+
+
 def export_original(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
                     options: ExportOptions | None = None, **overrides) -> ExportResult:
-    """Write the transformer of ``checkpoint`` (Diffusers names) into ``output`` in its family's original layout."""
+    """Write the transformer (or with component="vae" the VAE) of ``checkpoint`` (Diffusers names) into ``output`` in
+    its family's original layout."""
     options = replace(options or ExportOptions(), **overrides)
-    if options.component not in (None, "transformer"):
-        raise CogExportError(f"--to original writes the transformer; --component {options.component} has no original "
-                             "layout here")
+    component = options.component or "transformer"
+    if component not in _PIPELINE_PARTS:
+        raise CogExportError(f"--to original writes a transformer or a VAE; --component {component} has no original "
+                             "layout")
     if options.lora or options.vae or options.push_to_hub:
-        raise CogExportError("--to original writes a full transformer; it takes no --lora, --vae or --push-to-hub")
+        raise CogExportError("--to original writes a full model; it takes no --lora, --vae or --push-to-hub")
     paths, output = as_paths(checkpoint), Path(output)
     base = open_base(options.base) if options.base else None
     with ExitStack() as stack:
-        parts, inputs, own = [], [*paths, *([base.path] if base else [])], []
-        folders = _transformer_folders(paths)
-        for component, sources in folders.items():
+        parts: list[_Part] = []
+        inputs, own = [*paths, *([base.path] if base else [])], []
+        folders = _model_folders(paths, component)
+        for name, sources in folders.items():
             source = stack.enter_context(open_source(sources, options))
             where = ", ".join(map(str, sources))
-            family, table = choose_table(source, "transformer", "transformer", where, _family_hint(base, options))
-            layout = family.transformer.original
-            if layout is None:
-                raise CogExportError(f"cogexport knows no original layout for {family.name}")
-            if table.name == layout.table:
-                raise CogExportError(f"{where} is already in the original {family.name} layout ({table.name})")
-            recognised = _recognise(source, table, family)
-            if recognised is None:
-                raise CogExportError(f"{where} holds no transformer weights to write back (a LoRA adapter alone?)")
-            search = [*sources, *_search_folders(sources, source)]
-            chosen = _transformer_target(recognised, family, base, options, where, search, component)
-            diffusers = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where)
-            policy = _policy(family.transformer.keep_fp32, options)
-            original = plan_translation(load_table(layout.table).inverted(), policy.apply(diffusers.tensors), None,
-                                        chosen.target.counts, what=where).tensors
-            parts.append((component, family, layout, chosen, original, policy))
+            parts.append(_plan_vae(source, sources, base, options, where) if component == "vae" else
+                         _plan_transformer(source, sources, name, tuple(folders), base, options, where))
             inputs += source.info.files
             own += source.own_folders()
         check_destination(output, own, inputs, options.overwrite)
-        _, family, _, chosen, _, policy = parts[0]
-        total = sum(t.nbytes for part in parts for t in part[4].values())
-        result = ExportResult(str(output), "original transformer", chosen.label, [], sum(len(p[4]) for p in parts),
-                              total, policy.describe(), family=family.name, source=asdict(source.info),
-                              notes=list(source.info.notes))
+        first = parts[0]
+        total = sum(t.nbytes for part in parts for t in part.tensors.values())
+        result = ExportResult(str(output), f"original {'VAE' if component == 'vae' else component}", first.label, [],
+                              sum(len(p.tensors) for p in parts), total, first.policy.describe(),
+                              family=first.family.name, source=asdict(source.info), notes=list(source.info.notes))
         with staged_folder(output) as staging, byte_progress(total, "export", options.progress) as bar:
-            for component, family, layout, chosen, tensors, _ in parts:
-                folder = staging / _expert_folder(family, component, len(parts))
+            for part in parts:
+                folder = staging / (_expert_folder(part.family, part.component, len(parts))
+                                    if component == "transformer" else "")
                 folder.mkdir(parents=True, exist_ok=True)
-                written = _write(folder, family, layout, chosen, tensors, options, lambda _n, size: bar.update(size))
+                written = _write(folder, part, options, lambda _n, size: bar.update(size))
                 result.files += [str((folder / name).relative_to(staging)) for name in written]
         return result
 
 
-def _write(folder: Path, family: ModelFamily, layout: OriginalLayout, chosen, tensors: dict[str, LazyTensor],
-           options: ExportOptions, on_tensor) -> list[str]:
+def _write(folder: Path, part: _Part, options: ExportOptions, on_tensor) -> list[str]:
+    layout = part.layout
     if layout.writer == "sat":
-        return write_sat_model_states(folder, {layout.prefix + name: t for name, t in tensors.items()}, on_tensor)
+        return write_sat_model_states(folder, {layout.prefix + name: t for name, t in part.tensors.items()},
+                                      on_tensor)
     if layout.writer == "model_states":
-        return write_model_states(folder / layout.file, {layout.prefix + name: t for name, t in tensors.items()},
+        return write_model_states(folder / layout.file, {layout.prefix + name: t for name, t in part.tensors.items()},
                                   on_tensor)
-    plan = plan_shards(tensors, layout.file, options.max_shard_size)
-    written = write_shards(folder, tensors, plan, on_tensor)
-    config = family.shapes.original_config(chosen.target.config, chosen.variant.task)
+    if layout.writer == "torch":  # one plain state dict, as torch.save(model.state_dict()) writes it
+        write_torch_archive(folder / layout.file, {layout.prefix + name: t for name, t in part.tensors.items()},
+                            on_tensor)
+        return [layout.file]
+    plan = plan_shards(part.tensors, layout.file, options.max_shard_size)
+    written = write_shards(folder, part.tensors, plan, on_tensor)
+    config = part.family.shapes.original_config(part.config, part.task)
+    if config is None:
+        return written
     write_config_json(folder / "config.json", config)
     return ["config.json", *written]

@@ -45,23 +45,11 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deepspeed_cpu import deepspeed_config, import_deepspeed, spawn_ranks  # noqa: E402
-from make_deepspeed_checkpoint import collect_truth  # noqa: E402
+from accelerate_finetune import (TRAIN_DTYPES, collect_truth, prepare, save_checkpoint,  # noqa: E402
+                                 start_accelerator, write_truth)
+from deepspeed_cpu import spawn_ranks  # noqa: E402
 
-TAG = "pytorch_model"  # accelerate's DeepSpeed tag for the first prepared model
 LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # finetune/'s default target_modules
-TRAIN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def finetune_config(stage: int, dtype: str, lr: float) -> dict:
-    """DeepSpeed config in the spirit of finetune/configs/zero{2,3}.yaml, with concrete numbers for CPU."""
-    config = deepspeed_config(stage, dtype, lr=lr)
-    config["gradient_clipping"] = 1.0
-    if stage == 3:
-        # Keep even the tiny parameters partitioned (the real default persists params < 1e5 elements whole),
-        # so every trainable tensor really is split across ranks in the checkpoint.
-        config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    return config
 
 
 def load_transformer(base: Path, spec: dict):
@@ -165,31 +153,14 @@ def save_lora_file(deepspeed, module, stage: int, out_dir: Path, rank: int) -> N
 
 
 def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
-    deepspeed = import_deepspeed()  # initialises gloo through deepspeed.comm; accelerate then reuses it
-    from accelerate import Accelerator, DeepSpeedPlugin
-    from accelerate.utils import DummyOptim, InitProcessGroupKwargs
+    deepspeed, accelerator = start_accelerator(spec, rank, world_size)
     from diffusers import CogVideoXDDIMScheduler
-    from diffusers.utils import logging as diffusers_logging
-
-    diffusers_logging.disable_progress_bar()
-    config = finetune_config(spec["stage"], spec["dtype"], spec["lr"])
-    accelerator = Accelerator(
-        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config),
-        mixed_precision="bf16" if spec["dtype"] == "bf16" else "no",
-        # Without an explicit backend accelerate finds no GPU backend, treats every rank as process 0 of 1
-        # and all ranks would write rank 0's files; naming gloo makes it read rank and size from torch.
-        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")],
-    )
-    if (accelerator.num_processes, accelerator.process_index) != (world_size, rank):
-        raise RuntimeError(f"accelerate sees rank {accelerator.process_index} of {accelerator.num_processes}")
 
     base = Path(spec["base"])
     torch.manual_seed(0)  # LoRA A init must match on every rank
     transformer = load_transformer(base, spec)
     scheduler = CogVideoXDDIMScheduler.from_pretrained(base / "scheduler")
-    trainable = [param for param in transformer.parameters() if param.requires_grad]
-    # The optimizer lives in the DeepSpeed config (as in finetune/'s zero*.yaml): accelerate wants a DummyOptim.
-    engine, _ = accelerator.prepare(transformer, DummyOptim(trainable, lr=spec["lr"]))
+    engine = prepare(accelerator, transformer, spec["lr"])
     dtype = TRAIN_DTYPES[spec["dtype"]]
 
     if spec["lora_rank"]:
@@ -204,31 +175,20 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
         loss = diffusion_loss(engine, engine.module.config, scheduler, step, rank, dtype)
         accelerator.backward(loss)  # under DeepSpeed this is engine.backward + engine.step
 
-    checkpoint = Path(spec["out"]) / f"checkpoint-{spec['steps']}"
-    accelerator.save_state(checkpoint)
+    checkpoint = save_checkpoint(accelerator, spec)
     truth = collect_truth(deepspeed, engine, spec["stage"])
     if spec["lora_rank"]:
         save_lora_file(deepspeed, engine.module, spec["stage"], Path(spec["out"]), rank)
     if rank == 0:
-        write_truth(truth, spec, checkpoint)
+        pipeline_class = json.loads((base / "model_index.json").read_text())["_class_name"]
+        settings = {
+            **{k: spec[k] for k in ("base", "stage", "dtype", "world_size", "steps", "lr", "lora_rank", "lora_alpha")},
+            "pipeline_class": pipeline_class,
+            "checkpoint": checkpoint.name,
+            "lora_target_modules": LORA_TARGETS if spec["lora_rank"] else None,
+        }
+        write_truth(truth, spec, settings)
     accelerator.wait_for_everyone()
-
-
-def write_truth(truth: dict, spec: dict, checkpoint: Path) -> None:
-    from safetensors.torch import save_file
-
-    out = Path(spec["out"])
-    save_file({k: v.contiguous() for k, v in truth.pop("tensors").items()}, out / "truth.safetensors")
-    pipeline_class = json.loads((Path(spec["base"]) / "model_index.json").read_text())["_class_name"]
-    settings = {
-        **{k: spec[k] for k in ("base", "stage", "dtype", "world_size", "steps", "lr", "lora_rank", "lora_alpha")},
-        "pipeline_class": pipeline_class,
-        "tag": TAG,
-        "checkpoint": checkpoint.name,
-        "driver": "accelerate",
-        "lora_target_modules": LORA_TARGETS if spec["lora_rank"] else None,
-    }
-    (out / "truth.json").write_text(json.dumps({**truth, "settings": settings}, indent=1))
 
 
 def finetune(

@@ -1,4 +1,4 @@
-"""Render a few frames from a CogVideoX pipeline folder on CPU: proof that a folder loads and runs.
+"""Render a few frames from a CogVideoX or Wan pipeline folder on CPU: proof that a folder loads and runs.
 
     python scripts/render_pipeline.py FOLDER --out frames.gif --steps 2
 
@@ -20,7 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder must never reach 
 import click
 import torch
 
-PIPELINES = {"CogVideoXPipeline": "t2v", "CogVideoXImageToVideoPipeline": "i2v"}
+PIPELINES = {"CogVideoXPipeline": "t2v", "CogVideoXImageToVideoPipeline": "i2v", "WanPipeline": "t2v",
+             "WanImageToVideoPipeline": "i2v"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -40,6 +41,19 @@ def gradient_image(width: int, height: int):
     ys, xs = np.mgrid[0:height, 0:width]
     rgb = np.stack([xs * 255 // max(width - 1, 1), ys * 255 // max(height - 1, 1), np.full_like(xs, 128)], axis=-1)
     return Image.fromarray(rgb.astype("uint8"), "RGB")
+
+
+def _sample_size(pipeline) -> tuple[int, int, int, int]:
+    """Height, width, frames and text length to render at: CogVideoX's transformer records its sample size (and its
+    text positions are sized for exactly max_text_seq_length tokens); Wan's does not, so the smallest clip its VAE and
+    patching take (2x3 patches, 2 latent frames) and the tokenizer's own length."""
+    config = pipeline.transformer.config
+    spatial = pipeline.vae_scale_factor_spatial
+    if "sample_height" in config:
+        return config.sample_height * spatial, config.sample_width * spatial, config.sample_frames, \
+            config.max_text_seq_length
+    unit = spatial * config.patch_size[-1]
+    return 2 * unit, 3 * unit, pipeline.vae_scale_factor_temporal + 1, pipeline.tokenizer.model_max_length
 
 
 def save_frames(frames: list, out: Path, fps: int = 8) -> None:
@@ -71,21 +85,21 @@ def render(
     pipeline = getattr(diffusers, name).from_pretrained(str(folder), dtype=DTYPES[dtype])
     pipeline.set_progress_bar_config(disable=True)
     config = pipeline.transformer.config
-    spatial = pipeline.vae_scale_factor_spatial
-    height = height or config.sample_height * spatial
-    width = width or config.sample_width * spatial
+    default_height, default_width, default_frames, text_length = _sample_size(pipeline)
+    height, width = height or default_height, width or default_width
     kwargs = {}
     if PIPELINES[name] == "i2v":
         kwargs["image"] = gradient_image(width, height)
+        if config.get("pos_embed_seq_len"):  # Wan FLF2V: conditioned on the first and the last frame
+            kwargs["last_image"] = gradient_image(width, height).transpose(0)
     result = pipeline(
         prompt=prompt,
         height=height,
         width=width,
-        num_frames=num_frames or config.sample_frames,
+        num_frames=num_frames or default_frames,
         num_inference_steps=steps,
         guidance_scale=guidance_scale,
-        # The transformer's text positions are sized for exactly this many tokens.
-        max_sequence_length=config.max_text_seq_length,
+        max_sequence_length=text_length,
         generator=torch.Generator().manual_seed(seed),
         output_type="pil",
         **kwargs,

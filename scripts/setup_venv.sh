@@ -10,3 +10,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
 fi
 .venv/bin/python -m pip install --quiet -e ".[test]"
+# DiffSynth-Studio's Wan VAE module (torch, einops, tqdm only) is the tests' independent reader of the Wan 2.2 VAE's
+# original layout, which no Diffusers converter reads; the rest of the package (and its heavy dependencies) is unused.
+.venv/bin/python -m pip install --quiet --no-deps "diffsynth==2.1.12"

@@ -54,8 +54,9 @@ class OriginalLayout:
     """How the family's own code stores the model: the table that runs backwards and the writer of the file."""
 
     table: str
-    # "safetensors" (single or sharded files), "sat" (a SAT folder: latest + 1/mp_rank_00_model_states.pt) or
-    # "model_states" (one torch.save file `file` holding {"module": state dict})
+    # "safetensors" (single or sharded files with the family's config.json), "sat" (a SAT folder: latest +
+    # 1/mp_rank_00_model_states.pt), "model_states" (one torch.save file `file` holding {"module": state dict}) or
+    # "torch" (one torch.save state dict, e.g. Wan2.1_VAE.pth)
     writer: str
     prefix: str = ""
     file: str = ""
@@ -68,7 +69,13 @@ class ModelSpec:
     class_name: str
     tables: tuple[str, ...]
     keep_fp32: tuple[str, ...] = ()
-    original: OriginalLayout | None = None
+    # the original layouts, in the order tried: the first whose inverted table takes every tensor is written (a family
+    # may have several, e.g. Wan's 2.1 and 2.2 VAEs)
+    originals: tuple[OriginalLayout, ...] = ()
+
+    @property
+    def original(self) -> OriginalLayout | None:
+        return self.originals[0] if self.originals else None
 
 
 @dataclass(frozen=True)
@@ -160,13 +167,16 @@ def _require(condition: bool, family: str, message: str) -> None:
 
 def _model_spec(data: dict, key: str, what: str) -> ModelSpec:
     _require(isinstance(data.get("class"), str), key, f"[{what}] needs class")
-    original = data.get("original")
+    originals = data.get("original", [])
+    originals = [originals] if isinstance(originals, dict) else originals
+    _require(all(isinstance(o, dict) and {"table", "writer"} <= set(o) for o in originals), key,
+             f"[{what}] original needs table and writer (one inline table or a list of them)")
     return ModelSpec(
         class_name=data["class"],
         tables=tuple(f"{key}/{name}" for name in data.get("tables", ())),
         keep_fp32=tuple(data.get("keep_fp32", ())),
-        original=OriginalLayout(f"{key}/{original['table']}", original["writer"], original.get("prefix", ""),
-                                original.get("file", "")) if original else None,
+        originals=tuple(OriginalLayout(f"{key}/{o['table']}", o["writer"], o.get("prefix", ""), o.get("file", ""))
+                        for o in originals),
     )
 
 

@@ -6,12 +6,14 @@ key map and by ``inspect``. Readers never decide this: they hand out names, the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import CogExportError
 from ..keymap.plan import translate_shapes
 from ..keymap.table import KeyMapTable, load_table
 from ..lazy import LazyTensor
+from .base_folder import read_json
 from .family import ModelFamily, Variant, families
 
 # Name fragments only LoRA checkpoints have (SAT's LoRA mixin, PEFT, kohya-style files).
@@ -94,6 +96,24 @@ def read_facts(family: ModelFamily, table: KeyMapTable, shapes: Mapping[str, Any
     return Recognised(family, table, facts, family.published_variant(facts, experts))
 
 
+def config_beside(family: ModelFamily, folders: Sequence, facts: Mapping[str, Any]) -> dict | None:
+    """The config a checkpoint keeps beside its weights: a Diffusers config.json of the family's transformer class
+    (a save_pretrained folder), else the original layout's own config, read by the family."""
+    return diffusers_config_beside(family.transformer.class_name, folders) or \
+        family.shapes.config_beside(folders, facts)
+
+
+def diffusers_config_beside(class_name: str, folders: Sequence) -> dict | None:
+    """The config.json a save_pretrained folder of ``class_name`` keeps beside its weights, if any."""
+    for folder in folders:
+        path = Path(folder) / "config.json"
+        if path.is_file():
+            config = read_json(path)
+            if config.get("_class_name") == class_name:
+                return config
+    return None
+
+
 def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None = None,
               folders: Sequence = ()) -> dict:
     """A description of the models in a checkpoint, for ``inspect`` (never raises for unknown content)."""
@@ -129,8 +149,19 @@ def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | No
                 except CogExportError as error:
                     entry["problem"] = str(error)
                 else:
-                    entry.update(model=recognised.model, model_type=" or ".join(recognised.tasks),
+                    model = recognised.model
+                    layout = recognised.variant
+                    if layout is None:  # a custom size: the published variant its own config is built like
+                        try:
+                            config = config_beside(family, folders, recognised.facts)
+                        except CogExportError:
+                            config = None
+                        if config is not None:
+                            layout = family.layout_variant(config)
+                            model = f"custom-size {family.name} ({layout.name} layout)"
+                    entry.update(model=model, model_type=" or ".join(recognised.tasks),
                                  variant=recognised.variant.name if recognised.variant else None,
+                                 layout_variant=layout.name if layout else None,
                                  description_of_shape=family.shapes.describe(recognised.facts),
                                  layers=recognised.facts.get("layers"), hidden_size=recognised.facts.get("hidden"),
                                  in_channels=recognised.facts.get("in_channels"))

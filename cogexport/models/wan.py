@@ -26,6 +26,8 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
     per_patch = patch[2:].numel()
     layers = {int(name.split(".")[1]) for name in shapes if name.startswith("blocks.")}
     ffn = shapes.get("blocks.0.ffn.net.0.proj.weight")
+    image_norm, image_positions = shapes.get(f"{IMAGE_EMBEDDER}norm1.weight"), shapes.get(f"{IMAGE_EMBEDDER}pos_embed")
+    added_k = shapes.get("blocks.0.attn2.add_k_proj.weight")
     return {
         "hidden": patch[0],
         "in_channels": patch[1],
@@ -34,8 +36,13 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
         "layers": max(layers) + 1 if layers else 0,
         "ffn": ffn[0] if ffn is not None else None,
         "text_dim": shapes["condition_embedder.text_embedder.linear_1.weight"][1],
-        "image_branch": f"{IMAGE_EMBEDDER}norm1.weight" in shapes,
-        "image_positions": f"{IMAGE_EMBEDDER}pos_embed" in shapes,
+        "image_branch": image_norm is not None,
+        "image_positions": image_positions is not None,
+        # what the original config.json leaves out: CLIP's width (1280 in the releases), the added k/v input width
+        # and FLF2V's image token count (2 x 257), all visible in the shapes
+        "image_dim": image_norm[0] if image_norm is not None else None,
+        "added_kv_dim": added_k[1] if added_k is not None else None,
+        "image_tokens": image_positions[1] if image_positions is not None else None,
     }
 
 
@@ -94,13 +101,15 @@ def config_beside(folders: Sequence[Path], facts: Mapping[str, Any]) -> dict | N
         except (OSError, ValueError):
             raise CogExportError(f"{path} is not valid JSON") from None
         if isinstance(original, dict) and original.get("_class_name") == ORIGINAL_CLASS:
-            return diffusers_config({"text_dim": facts["text_dim"], "patch_size": facts["patch_size"], **original}, path)
+            return diffusers_config({"text_dim": facts["text_dim"], "patch_size": facts["patch_size"], **original},
+                                    facts, path)
     return None
 
 
-def diffusers_config(original: Mapping[str, Any], where: Path | str) -> dict:
+def diffusers_config(original: Mapping[str, Any], facts: Mapping[str, Any], where: Path | str) -> dict:
     """WanModel's constructor arguments as WanTransformer3DModel's. text_dim, patch_size, qk_norm and
-    cross_attn_norm are left out of the released files: their defaults (4096, [1, 2, 2], true, true) hold."""
+    cross_attn_norm are left out of the released files: their defaults (4096, [1, 2, 2], true, true) hold. The image
+    branch is read off the shapes, not model_type: Wan 2.2's I2V-A14B experts say "i2v" and have none."""
     try:
         heads, dim = int(original["num_heads"]), int(original["dim"])
         config = {
@@ -117,10 +126,10 @@ def diffusers_config(original: Mapping[str, Any], where: Path | str) -> dict:
         config["qk_norm"] = None
     if not original.get("cross_attn_norm", True):
         config["cross_attn_norm"] = False
-    if original.get("model_type") in ("i2v", "flf2v"):
-        config.update(image_dim=1280, added_kv_proj_dim=dim)
-    if original.get("model_type") == "flf2v":
-        config["pos_embed_seq_len"] = 514  # 2 frames x 257 CLIP tokens
+    if facts["image_branch"]:
+        config.update(image_dim=int(facts["image_dim"]), added_kv_proj_dim=int(facts["added_kv_dim"]))
+    if facts["image_positions"]:
+        config["pos_embed_seq_len"] = int(facts["image_tokens"])
     return config
 
 
