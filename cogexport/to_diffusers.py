@@ -181,7 +181,10 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
         _config_beside(family, folders, recognised.facts)
     if base_config is not None or beside is not None:
         config = base_config if base_config is not None else beside
-        variant = family.layout_variant(config, experts, base.settings if base else None)
+        variant = family.layout_variant(config, experts, base.settings if base else None,
+                                        base.configs if base else None)
+        if base is None and published is not None and family.has_config(published, config):
+            variant = published  # a release whose own config is its published variant's config is that release
     else:
         variant = family.variant_named(options.model_name) if options.model_name else published
         if variant is None:
@@ -222,7 +225,7 @@ def _recognise(source: LazyCheckpoint, table: KeyMapTable, family: ModelFamily,
     shapes = {name: tensor.shape for name, tensor in source.items()}
     if not any(not is_lora_key(name) for name in translate_shapes(table, shapes)):
         return None  # an adapter alone: no base weights to read facts from
-    return read_facts(family, table, shapes, experts)
+    return read_facts(family, table, shapes, experts, source.info.metadata)
 
 
 def plan_transformer(source: LazyCheckpoint, base: BaseFolder | None, options: ExportOptions, where: str,

@@ -1,6 +1,7 @@
 """The way back (``--to original``): Diffusers weights of a family's transformer written in the family's original
 layout, by running the same key-map table backwards. For Wan, the single or sharded safetensors (with the WanModel
-config.json) that the Wan repo and ComfyUI load; for CogVideoX, the SAT model-states file SAT's loader reads.
+config.json) that the Wan repo and ComfyUI load; for CogVideoX, the SAT model-states file SAT's loader reads; for
+LTX-Video, the single release file (and, from a pipeline, its VAE in the same file); for Mochi, dit.safetensors.
 
 read (a save_pretrained folder, a pipeline's transformer, or a training checkpoint in Diffusers names) -> check it
 against the Diffusers model it claims to be (every tensor present, every shape right) -> cast (the family's dtype
@@ -25,10 +26,39 @@ from .progress import byte_progress
 from .to_diffusers import (ExportOptions, ExportResult, _family_hint, _policy, _recognise, _search_folders,
                            _transformer_target, open_source)
 from .models.recognize import choose_table
+from .models.target import build_target
 from .write.diffusers_folders import write_config_json
+from .write.safetensors_file import write_safetensors
 from .write.sat_file import write_sat_model_states
 from .write.shards import plan_shards, write_shards
 from .write.staging import check_destination, staged_folder
+
+
+def _pipeline_vae(paths: list[Path]) -> Path | None:
+    """A pipeline folder's VAE (written back beside the transformer by a single-file layout)."""
+    if len(paths) == 1 and (paths[0] / "model_index.json").is_file() and (paths[0] / "vae" / "config.json").is_file():
+        return paths[0] / "vae"
+    return None
+
+
+def _original_vae(folder: Path, family: ModelFamily, options: ExportOptions, stack: ExitStack) -> dict[str, LazyTensor]:
+    """The pipeline's VAE in the family's original names (under its prefix), cast by the VAE's dtype policy. Where the
+    original layout has one table per version, the version's table is the one under which every name translates."""
+    source = stack.enter_context(open_source([folder], options))
+    _, table = choose_table(source, "vae", "VAE", str(folder), family)
+    target = build_target(family.vae.class_name, read_json(folder / "config.json"))
+    diffusers = plan_translation(table, source, target.schema, target.counts, what=str(folder)).tensors
+    cast = _policy(family.vae.keep_fp32, options).apply(diffusers)
+    layout, fitting = family.vae.original, []
+    for name in layout.candidates:
+        try:
+            fitting.append(plan_translation(load_table(name).inverted(), cast, None, target.counts, what=str(folder)))
+        except CogExportError:
+            continue
+    if len(fitting) != 1:
+        raise CogExportError(f"{folder} is an {family.vae.class_name} that {'no' if not fitting else 'more than one'} "
+                             f"original {family.name} VAE layout describes; its config does not match a release")
+    return {layout.prefix + name: tensor for name, tensor in fitting[0].tensors.items()}
 
 
 def _transformer_folders(paths: list[Path]) -> dict[str, list[Path]]:
@@ -88,27 +118,39 @@ def export_original(checkpoint: str | Path | Sequence[str | Path], output: str |
             parts.append((component, family, layout, chosen, original, policy))
             inputs += source.info.files
             own += source.own_folders()
+        beside = {}
+        vae_folder = _pipeline_vae(paths)
+        if layout.writer == "single_file" and vae_folder is not None and family.vae and family.vae.original:
+            beside = _original_vae(vae_folder, family, options, stack)
         check_destination(output, own, inputs, options.overwrite)
         _, family, _, chosen, _, policy = parts[0]
-        total = sum(t.nbytes for part in parts for t in part[4].values())
-        result = ExportResult(str(output), "original transformer", chosen.label, [], sum(len(p[4]) for p in parts),
-                              total, policy.describe(), family=family.name, source=asdict(source.info),
-                              notes=list(source.info.notes))
+        total = sum(t.nbytes for part in parts for t in part[4].values()) + sum(t.nbytes for t in beside.values())
+        result = ExportResult(str(output), "original transformer" + (" and VAE" if beside else ""), chosen.label, [],
+                              sum(len(p[4]) for p in parts) + len(beside), total, policy.describe(), family=family.name,
+                              source=asdict(source.info), notes=list(source.info.notes))
         with staged_folder(output) as staging, byte_progress(total, "export", options.progress) as bar:
             for component, family, layout, chosen, tensors, _ in parts:
                 folder = staging / _expert_folder(family, component, len(parts))
                 folder.mkdir(parents=True, exist_ok=True)
-                written = _write(folder, family, layout, chosen, tensors, options, lambda _n, size: bar.update(size))
+                written = _write(folder, family, layout, chosen, tensors, options, lambda _n, size: bar.update(size),
+                                 beside)
                 result.files += [str((folder / name).relative_to(staging)) for name in written]
         return result
 
 
 def _write(folder: Path, family: ModelFamily, layout: OriginalLayout, chosen, tensors: dict[str, LazyTensor],
-           options: ExportOptions, on_tensor) -> list[str]:
+           options: ExportOptions, on_tensor, beside: dict[str, LazyTensor] | None = None) -> list[str]:
     if layout.writer == "sat":
         return write_sat_model_states(folder, {layout.prefix + name: t for name, t in tensors.items()}, on_tensor)
+    if layout.writer == "single_file":  # one file: the transformer under its prefix, the VAE (if any) under its own
+        everything = {**{layout.prefix + name: t for name, t in tensors.items()}, **(beside or {})}
+        metadata = family.shapes.original_metadata(chosen.target.config, chosen.variant.task)
+        write_safetensors(folder / layout.file, everything, metadata, on_tensor)
+        return [layout.file]
     plan = plan_shards(tensors, layout.file, options.max_shard_size)
     written = write_shards(folder, tensors, plan, on_tensor)
     config = family.shapes.original_config(chosen.target.config, chosen.variant.task)
+    if config is None:  # the original release keeps no config file beside its weights (Mochi)
+        return written
     write_config_json(folder / "config.json", config)
     return ["config.json", *written]

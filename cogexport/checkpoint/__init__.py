@@ -30,9 +30,12 @@ def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | No
     """Open a checkpoint as a lazy mapping of names to ``LazyTensor`` (shape and dtype known, data read on load).
 
     DeepSpeed save dirs, tag dirs and model-states files (several paths for multi-node runs), safetensors files
-    and folders, and plain torch.save state-dict files are recognised by what they are.
+    and folders (several files: one model's parts, their tensors named after each file), and plain torch.save
+    state-dict files are recognised by what they are.
     """
     paths = as_paths(checkpoint)
+    if len(paths) > 1 and all(p.is_file() and p.suffix == ".safetensors" for p in paths):
+        return SafetensorsCheckpoint(paths)  # one model's parts, one file each
     if len(paths) == 1 and paths[0].exists():
         path = paths[0]
         if path.is_file() and path.suffix == ".safetensors":

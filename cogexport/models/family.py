@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import sys
 from dataclasses import dataclass, field
 from functools import cache
@@ -54,9 +55,16 @@ class OriginalLayout:
     """How the family's own code stores the model: the table that runs backwards and the writer of the file."""
 
     table: str
-    writer: str  # "safetensors" (single or sharded files) or "sat" (SAT's mp_rank_00_model_states.pt)
+    writer: str  # "safetensors" (single or sharded files), "sat" (SAT's mp_rank_00_model_states.pt), "single_file"
+    # (one safetensors file holding the transformer and, for a pipeline, its VAE, each under its prefix: LTX-Video),
+    # or "" for a VAE written beside the transformer by a single_file writer
     prefix: str = ""
     file: str = ""
+    tables: tuple[str, ...] = ()  # the candidates when the layout has one table per version (LTX-Video's VAE)
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        return self.tables or (self.table,)
 
 
 @dataclass(frozen=True)
@@ -110,10 +118,25 @@ class ModelFamily:
         return None
 
     def layout_variant(self, config: Mapping[str, Any], experts: tuple[str, ...] = (),
-                       pipeline: Mapping[str, Any] | None = None) -> Variant:
+                       pipeline: Mapping[str, Any] | None = None,
+                       components: Mapping[str, Mapping[str, Any]] | None = None) -> Variant:
         """The published variant a (possibly resized) transformer config, with its pipeline's settings if known, is
-        built like: it decides the pipeline, the scheduler and the VAE's latent scaling of a custom-size model."""
-        return self.variant_named(self.shapes.layout_variant(config, experts, pipeline))
+        built like: it decides the pipeline, the scheduler and the VAE's latent scaling of a custom-size model.
+
+        ``components`` are the other model configs of a --base pipeline ({"vae": ...}); a family whose releases
+        differ only there (LTX-Video's 2B versions: same transformer, another VAE) refines its choice with the
+        shapes module's optional ``variant_of_components(name, components)``."""
+        name = self.shapes.layout_variant(config, experts, pipeline)
+        refine = getattr(self.shapes, "variant_of_components", None)
+        if components and refine is not None:
+            name = refine(name, components)
+        return self.variant_named(name)
+
+    def has_config(self, variant: Variant, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` is the variant's published transformer config (lists and tuples alike)."""
+        published = json.loads(json.dumps(self.transformer_config(variant)))
+        given = json.loads(json.dumps({key: config.get(key) for key in published}))
+        return published == given
 
     # -- configs -------------------------------------------------------------------------------------------
     def transformer_config(self, variant: Variant) -> dict:
@@ -155,8 +178,9 @@ def _model_spec(data: dict, key: str, what: str) -> ModelSpec:
         class_name=data["class"],
         tables=tuple(f"{key}/{name}" for name in data.get("tables", ())),
         keep_fp32=tuple(data.get("keep_fp32", ())),
-        original=OriginalLayout(f"{key}/{original['table']}", original["writer"], original.get("prefix", ""),
-                                original.get("file", "")) if original else None,
+        original=OriginalLayout(f"{key}/{original['table']}", original.get("writer", ""), original.get("prefix", ""),
+                                original.get("file", ""), tuple(f"{key}/{t}" for t in original.get("tables", ())))
+        if original else None,
     )
 
 
