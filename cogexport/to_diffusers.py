@@ -27,7 +27,7 @@ from .lora import LORA_WEIGHTS_NAME, PIPELINE_PREFIX, LoraAdapter, adapter_file_
     plan_fused, read_adapter
 from .models.base_folder import BaseFolder, open_base, read_json
 from .models.family import ModelFamily, Variant, family_of_variant, families
-from .models.recognize import Recognised, choose_table, lora_key, read_facts
+from .models.recognize import Recognised, choose_table, component_tables, fitting_tables, lora_key, read_facts
 from .models.target import TargetModel, build_target
 from .precision import PrecisionPolicy
 from .progress import byte_progress
@@ -305,6 +305,17 @@ def plan_vae(source: LazyCheckpoint, base: BaseFolder | None, family: ModelFamil
                        variant.name + " VAE" if variant else f"{family.name} VAE")
 
 
+def _count_shared_keys_once(parts: list[ModelExport], keys: list[str]) -> None:
+    used = {key for part in parts for key in part.table.select(keys)[0].values()}
+    for part in parts:
+        part.plan.ignored = [key for key in part.plan.ignored if key not in used]
+
+
+def _holds_vae(source: LazyCheckpoint, family: ModelFamily) -> bool:
+    """Whether the checkpoint holds the family's VAE beside the transformer (one of its VAE layouts fits)."""
+    return bool(fitting_tables(list(source), component_tables("vae", family)))
+
+
 # -- the job ------------------------------------------------------------------------------------------------------
 def _lora_mode(source: LazyCheckpoint, options: ExportOptions, where: str) -> str | None:
     marker = lora_key(list(source))
@@ -382,16 +393,20 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
                                                      name, names)
                     parts.append(part)
             family = parts[0].family
+        vae_inside = component == "pipeline" and options.vae is None and family.vae_from_checkpoint and \
+            _holds_vae(source, family)
         if component == "pipeline":
-            base.check_pipeline(linked=(*family.from_base(variant), *(() if options.vae else ("vae",))))
+            base.check_pipeline(linked=(*family.from_base(variant), *(() if options.vae or vae_inside else ("vae",))))
             if variant.experts and not experts:
                 raise CogExportError(f"--base {base.path} is a {variant.name} pipeline, whose {len(variant.experts)} "
                                      f"experts ({', '.join(variant.experts.values())}) all come from the checkpoint, but "
                                      f"{where} is one model; give the folder holding "
                                      f"{' and '.join(f'{sub}/' for sub in variant.experts.values())}, or export "
                                      "--component transformer")
-        if component == "vae":
+        if component == "vae" or vae_inside:  # a release that holds its VAE too gives the pipeline that VAE
             parts.append(plan_vae(source, base, family, variant, options, where))
+        if vae_inside:  # the two models share the file: a key one of them reads is not ignored
+            _count_shared_keys_once(parts, list(source))
         if component == "pipeline" and options.vae is not None:
             vae_source = stack.enter_context(open_checkpoint(as_paths(options.vae)))
             parts.append(plan_vae(vae_source, base, family, variant, options, str(options.vae)))

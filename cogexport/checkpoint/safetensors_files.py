@@ -88,7 +88,7 @@ class SafetensorsCheckpoint(LazyCheckpoint):
             raise
         self.info.trainable = list(self._tensors)
 
-    def _open_file(self, file: Path, prefix: str = "") -> None:
+    def _open_file(self, file: Path, name_prefix: str = "") -> None:
         try:
             descriptor = os.open(file, os.O_RDONLY)
         except OSError as error:
@@ -110,7 +110,7 @@ class SafetensorsCheckpoint(LazyCheckpoint):
         self.info.metadata.update(header.pop("__metadata__", None) or {})
         data_start = 8 + header_size
         for name, entry in header.items():
-            name = prefix + name
+            name = name_prefix + name
             try:
                 dtype = _DTYPES[entry["dtype"]]
                 shape = torch.Size(entry["shape"])

@@ -100,6 +100,7 @@ class ModelFamily:
     scheduler_config: Mapping[str, Any]
     tasks: Mapping[str, Task]
     variants: tuple[Variant, ...]
+    vae_from_checkpoint: bool = False  # releases hold the VAE beside the transformer (LTX-Video's single file)
 
     # -- variants ------------------------------------------------------------------------------------------
     def variant_named(self, name: str) -> Variant:
@@ -209,7 +210,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
         lora_tables=tuple(f"{key}/{name}" for name in lora.get("tables", ())),
         lora_keep_fp32=tuple(lora.get("keep_fp32", ())), lora_names_from=lora.get("names_from"),
         scheduler_class=pipeline.get("scheduler", ""), scheduler_config=pipeline.get("scheduler_config", {}),
-        tasks=tasks, variants=variants,
+        tasks=tasks, variants=variants, vae_from_checkpoint=bool(pipeline.get("vae_from_checkpoint", False)),
     )
 
 
