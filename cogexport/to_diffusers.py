@@ -225,7 +225,8 @@ def _recognise(source: LazyCheckpoint, table: KeyMapTable, family: ModelFamily,
     shapes = {name: tensor.shape for name, tensor in source.items()}
     if not any(not is_lora_key(name) for name in translate_shapes(table, shapes)):
         return None  # an adapter alone: no base weights to read facts from
-    return read_facts(family, table, shapes, experts, source.info.metadata)
+    metadata = source.info.metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
+    return read_facts(family, table, shapes, experts, metadata)
 
 
 def plan_transformer(source: LazyCheckpoint, base: BaseFolder | None, options: ExportOptions, where: str,
