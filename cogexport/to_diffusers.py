@@ -26,8 +26,8 @@ from .lora import LORA_WEIGHTS_NAME, PIPELINE_PREFIX, LoraAdapter, adapter_file_
     plan_fused, read_adapter
 from .models.base_folder import BaseFolder, open_base
 from .models.family import ModelFamily, Variant, family_of_variant, families
-from .models.recognize import (Recognised, choose_table, config_beside, diffusers_config_beside, lora_key,
-                               read_facts)
+from .models.recognize import (Recognised, choose_table, component_tables, config_beside, diffusers_config_beside,
+                               fitting_tables, lora_key, read_facts)
 from .models.target import TargetModel, build_target
 from .precision import PrecisionPolicy
 from .progress import byte_progress
@@ -191,7 +191,10 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
     notes = []
     if base_config is not None or beside is not None:
         config = base_config if base_config is not None else beside
-        variant = family.layout_variant(config, experts, base.settings if base else None)
+        variant = family.layout_variant(config, experts, base.settings if base else None,
+                                        base.configs if base else None)
+        if base is None and published is not None and family.has_config(published, config):
+            variant = published  # a release whose own config is its published variant's config is that release
         told = f"--base {base.path}" if base_config is not None else "the config beside the checkpoint"
     else:
         variant = family.variant_named(options.model_name) if options.model_name else published
@@ -205,7 +208,7 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
             others = {task: family.published_variant(recognised.facts, experts, task) for task in recognised.tasks[1:]}
             notes = [f"{where} has the shapes of {other.name if other else f'a {family.name} {task} model'} too; "
                      f"exported as {variant.name} ({variant.task}): pass --model-type {task} for that one"
-                     for task, other in others.items()]
+                     for task, other in others.items() if other is not None or not recognised.variant]
     if options.model_type and variant.task != options.model_type:
         raise CogExportError(f"--model-type {options.model_type} was given, but {told} describes {variant.name}, a "
                              f"{variant.task} model")
@@ -227,7 +230,8 @@ def _recognise(source: LazyCheckpoint, table: KeyMapTable, family: ModelFamily,
     shapes = {name: tensor.shape for name, tensor in source.items()}
     if not any(not is_lora_key(name) for name in translate_shapes(table, shapes)):
         return None  # an adapter alone: no base weights to read facts from
-    return read_facts(family, table, shapes, experts)
+    metadata = source.info.metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
+    return read_facts(family, table, shapes, experts, metadata)
 
 
 def plan_transformer(source: LazyCheckpoint, base: BaseFolder | None, options: ExportOptions, where: str,
@@ -311,6 +315,17 @@ def plan_vae(source: LazyCheckpoint, base: BaseFolder | None, family: ModelFamil
                        variant.name + " VAE" if variant else f"{family.name} VAE")
 
 
+def _count_shared_keys_once(parts: list[ModelExport], keys: list[str]) -> None:
+    used = {key for part in parts for key in part.table.select(keys)[0].values()}
+    for part in parts:
+        part.plan.ignored = [key for key in part.plan.ignored if key not in used]
+
+
+def _holds_vae(source: LazyCheckpoint, family: ModelFamily) -> bool:
+    """Whether the checkpoint holds the family's VAE beside the transformer (one of its VAE layouts fits)."""
+    return bool(fitting_tables(list(source), component_tables("vae", family)))
+
+
 # -- the job ------------------------------------------------------------------------------------------------------
 def _lora_mode(source: LazyCheckpoint, options: ExportOptions, where: str) -> str | None:
     marker = lora_key(list(source))
@@ -390,16 +405,20 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
                                                      _search_folders(part_paths, each), name, names)
                     parts.append(part)
             family = parts[0].family
+        vae_inside = component == "pipeline" and options.vae is None and family.vae_from_checkpoint and \
+            _holds_vae(source, family)
         if component == "pipeline":
-            base.check_pipeline(linked=(*family.from_base(variant), *(() if options.vae else ("vae",))))
+            base.check_pipeline(linked=(*family.from_base(variant), *(() if options.vae or vae_inside else ("vae",))))
             if variant.experts and not experts:
                 raise CogExportError(f"--base {base.path} is a {variant.name} pipeline, whose {len(variant.experts)} "
                                      f"experts ({', '.join(variant.experts.values())}) all come from the checkpoint, but "
                                      f"{where} is one model; give the folder holding "
                                      f"{' and '.join(f'{sub}/' for sub in variant.experts.values())}, or export "
                                      "--component transformer")
-        if component == "vae":
+        if component == "vae" or vae_inside:  # a release that holds its VAE too gives the pipeline that VAE
             parts.append(plan_vae(source, base, family, variant, options, where, _search_folders(paths, source)))
+        if vae_inside:  # the two models share the file: a key one of them reads is not ignored
+            _count_shared_keys_once(parts, list(source))
         if component == "pipeline" and options.vae is not None:
             vae_source = stack.enter_context(open_checkpoint(as_paths(options.vae)))
             parts.append(plan_vae(vae_source, base, family, variant, options, str(options.vae)))

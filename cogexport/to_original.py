@@ -1,7 +1,8 @@
 """The way back (``--to original``): Diffusers weights of a family's transformer (or VAE) written in the family's
 original layout, by running the same key-map table backwards. For Wan, the single or sharded safetensors (with the
 WanModel config.json) that the Wan repo and ComfyUI load, and the VAE's .pth; for CogVideoX, the SAT model-states
-file SAT's loader reads.
+file SAT's loader reads; for LTX-Video, the single release file (from a pipeline, with its VAE in the same file); for
+Mochi, dit.safetensors; for HunyuanVideo, the release's mp_rank_00_model_states.pt.
 
 read (a save_pretrained folder, a pipeline's transformer or VAE, or a training checkpoint in Diffusers names) -> check
 it against the Diffusers model it claims to be (every tensor present, every shape right) -> cast (the family's dtype
@@ -11,7 +12,7 @@ policy, decided on the Diffusers names) -> the original table inverted -> write,
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -29,6 +30,7 @@ from .to_diffusers import (ExportOptions, ExportResult, _family_hint, _policy, _
                            _transformer_target, open_source, plan_vae)
 from .write.diffusers_folders import write_config_json
 from .write.model_states_file import write_model_states
+from .write.safetensors_file import write_safetensors
 from .write.sat_file import write_sat_model_states
 from .write.shards import plan_shards, write_shards
 from .write.staging import check_destination, staged_folder
@@ -50,6 +52,7 @@ class _Part:
     task: str | None
     tensors: dict[str, LazyTensor]
     policy: PrecisionPolicy
+    beside: dict[str, LazyTensor] = field(default_factory=dict)  # another model's tensors in the same file (a VAE)
 
 
 def _model_folders(paths: list[Path], component: str) -> dict[str, list[Path]]:
@@ -115,6 +118,18 @@ def _plan_vae(source, sources: list[Path], base: BaseFolder | None, options: Exp
                  part.policy)
 
 
+def _pipeline_vae(paths: list[Path], family: ModelFamily, options: ExportOptions, stack: ExitStack
+                  ) -> dict[str, LazyTensor]:
+    """A pipeline's VAE in the family's original names, under its prefix, for a layout that keeps the VAE in the
+    transformer's file (LTX-Video): the version's layout is the one under which every name translates."""
+    folder = paths[0] / "vae" if len(paths) == 1 and (paths[0] / "model_index.json").is_file() else None
+    if folder is None or not (folder / "config.json").is_file() or family.vae is None or not family.vae.originals:
+        return {}
+    source = stack.enter_context(open_source([folder], options))
+    part = _plan_vae(source, [folder], None, options, str(folder))
+    return {part.layout.prefix + name: tensor for name, tensor in part.tensors.items()}
+
+
 def _check_layouts(spec: ModelSpec, table, family: ModelFamily, where: str) -> None:
     if not spec.originals:
         raise CogExportError(f"cogexport knows no original layout for the {family.name} {spec.class_name}")
@@ -147,11 +162,14 @@ def export_original(checkpoint: str | Path | Sequence[str | Path], output: str |
                          _plan_transformer(source, sources, name, tuple(folders), base, options, where))
             inputs += source.info.files
             own += source.own_folders()
+        if component == "transformer" and parts[0].layout.writer == "single_file":
+            parts[0].beside = _pipeline_vae(paths, parts[0].family, options, stack)
         check_destination(output, own, inputs, options.overwrite)
         first = parts[0]
-        total = sum(t.nbytes for part in parts for t in part.tensors.values())
-        result = ExportResult(str(output), f"original {'VAE' if component == 'vae' else component}", first.label, [],
-                              sum(len(p.tensors) for p in parts), total, first.policy.describe(),
+        total = sum(t.nbytes for part in parts for t in (*part.tensors.values(), *part.beside.values()))
+        what = "VAE" if component == "vae" else component + (" and VAE" if first.beside else "")
+        result = ExportResult(str(output), f"original {what}", first.label, [],
+                              sum(len(p.tensors) + len(p.beside) for p in parts), total, first.policy.describe(),
                               family=first.family.name, source=asdict(source.info), notes=list(source.info.notes))
         with staged_folder(output) as staging, byte_progress(total, "export", options.progress) as bar:
             for part in parts:
@@ -171,6 +189,11 @@ def _write(folder: Path, part: _Part, options: ExportOptions, on_tensor) -> list
     if layout.writer == "model_states":
         return write_model_states(folder / layout.file, {layout.prefix + name: t for name, t in part.tensors.items()},
                                   on_tensor)
+    if layout.writer == "single_file":  # one file: the transformer under its prefix, the VAE (if any) under its own
+        everything = {**{layout.prefix + name: t for name, t in part.tensors.items()}, **part.beside}
+        metadata = part.family.shapes.original_metadata(part.config, part.task)
+        write_safetensors(folder / layout.file, everything, metadata, on_tensor)
+        return [layout.file]
     if layout.writer == "torch":  # one plain state dict, as torch.save(model.state_dict()) writes it
         write_torch_archive(folder / layout.file, {layout.prefix + name: t for name, t in part.tensors.items()},
                             on_tensor)

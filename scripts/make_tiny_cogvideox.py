@@ -80,13 +80,13 @@ def build_tokenizer():
     return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=TINY_TEXT_LENGTH)
 
 
-def build_text_encoder(vocab_size: int):
+def build_text_encoder(vocab_size: int, width: int = TINY_TEXT_EMBED_DIM):
     """A 2-layer T5 v1.1-style encoder (gated GELU, relative positions) whose width is the transformer's text dim."""
     from transformers import T5Config, T5EncoderModel
 
     config = T5Config(
         vocab_size=vocab_size,
-        d_model=TINY_TEXT_EMBED_DIM,
+        d_model=width,
         d_kv=8,
         d_ff=36,
         num_layers=2,

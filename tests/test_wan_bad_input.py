@@ -33,7 +33,7 @@ def run_refused(cli, tmp_path, inputs, *args) -> str:
 
 def test_model_type_that_contradicts_the_checkpoint(originals, tmp_path, cli):
     line = run_refused(cli, tmp_path, [originals], "--model-type", "i2v", originals / "t2v", tmp_path / "out")
-    assert "is a Wan T2V model (in_channels 4) but --model-type i2v was given" in line
+    assert "is a Wan T2V model of unpublished size (in_channels 4) but --model-type i2v was given" in line
     line = run_refused(cli, tmp_path, [originals], "--model-type", "flf2v", originals / "i2v", tmp_path / "out")
     assert "Wan I2V model" in line and "--model-type flf2v" in line
 

@@ -40,10 +40,13 @@ def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | No
     """Open a checkpoint as a lazy mapping of names to ``LazyTensor`` (shape and dtype known, data read on load).
 
     DeepSpeed save dirs, tag dirs and model-states files (several paths for multi-node runs), DCP saves and the run
-    folders holding them, safetensors files and folders, and plain torch.save state-dict files are recognised by
-    what they are. A folder holding more than one of these is refused: the user says which.
+    folders holding them, safetensors files and folders (several files: one model's parts, their tensors named after
+    each file), and plain torch.save state-dict files are recognised by what they are. A folder holding more than one
+    of these is refused: the user says which.
     """
     paths = as_paths(checkpoint)
+    if len(paths) > 1 and all(p.is_file() and p.suffix == ".safetensors" for p in paths):
+        return SafetensorsCheckpoint(paths)  # one model's parts, one file each
     if len(paths) == 1 and paths[0].exists():
         path = paths[0]
         if path.is_file() and path.name == METADATA_FILE:

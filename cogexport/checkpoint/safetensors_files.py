@@ -61,25 +61,39 @@ def _indexed_files(index: Path) -> list[Path]:
     return [index.parent / name for name in names]
 
 
-class SafetensorsCheckpoint(LazyCheckpoint):
-    """One or more safetensors files as a single lazy mapping."""
+def component_prefixes(files: list[Path]) -> dict[Path, str]:
+    """Separate files of one model's parts (Mochi's VAE: encoder.safetensors and decoder.safetensors, whose key names
+    overlap): each file's tensors are named after the file, ``encoder.layers.0.weight``."""
+    stems = [file.stem for file in files]
+    if len(set(stems)) != len(stems):
+        raise CogExportError(f"the safetensors files {', '.join(map(str, files))} share a file name; give each part once "
+                             "(its name says which part of the model it holds)")
+    return {file: f"{file.stem}." for file in files}
 
-    def __init__(self, path: Path) -> None:
+
+class SafetensorsCheckpoint(LazyCheckpoint):
+    """One or more safetensors files as a single lazy mapping: a file, a folder (shards and their index), or several
+    files each holding one part of a model (see ``component_prefixes``)."""
+
+    def __init__(self, path: Path | list[Path]) -> None:
         super().__init__()
-        path = Path(path)
-        files = safetensors_files(path) if path.is_dir() else [path]
-        self.info = CheckpointInfo(format="safetensors", paths=[str(path)], weights_source="safetensors tensors")
+        parts = [Path(p) for p in path] if isinstance(path, list) else None
+        path = parts[0] if parts else Path(path)
+        files = parts or (safetensors_files(path) if path.is_dir() else [path])
+        prefixes = component_prefixes(parts) if parts else {}
+        self.info = CheckpointInfo(format="safetensors", paths=[str(p) for p in parts or [path]],
+                                   weights_source="safetensors tensors")
         self._descriptors: dict[Path, int] = {}
         self._read: dict[Path, int] = {}
         try:
             for file in files:
-                self._open_file(file)
+                self._open_file(file, prefixes.get(file, ""))
         except BaseException:
             self.close()
             raise
         self.info.trainable = list(self._tensors)
 
-    def _open_file(self, file: Path) -> None:
+    def _open_file(self, file: Path, name_prefix: str = "") -> None:
         try:
             descriptor = os.open(file, os.O_RDONLY)
         except OSError as error:
@@ -90,6 +104,7 @@ class SafetensorsCheckpoint(LazyCheckpoint):
         entries, metadata = read_header(file, descriptor)
         self.info.metadata.update(metadata)
         for name, (dtype, shape, offset) in entries.items():
+            name = name_prefix + name
             if name in self._tensors:
                 raise CogExportError(f"tensor {quoted(name)} appears in two files ({file} and another shard)")
             self._tensors[name] = LazyTensor(shape, dtype, self._reader(file, offset, shape, dtype),

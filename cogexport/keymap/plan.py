@@ -16,7 +16,7 @@ import torch
 from ..errors import CogExportError
 from ..lazy import LazyTensor
 from .rules import Drop, Regroup, RuleError
-from .table import KeyMapTable
+from .table import KeyMapTable, are_alternatives
 
 
 @dataclass
@@ -44,6 +44,21 @@ def _match(table: KeyMapTable, name: str) -> list[tuple[Regroup | Drop, int, dic
     if not found and table.fallback is not None:
         return _match(table.fallback, name)
     return found
+
+
+def _the_alternative_the_model_has(matches: list, schema: Mapping[str, torch.Size], counts: Mapping[str, int]) -> list:
+    """Of optional rules claiming one key, the one whose targets the target model has (all of them, if several do:
+    reported as ambiguous); when none does, the first, which then drops the key for its stated reason."""
+    fitting = []
+    for match in matches:
+        rule, _, values = match
+        try:
+            target_values = rule.target_values(values, counts)
+        except RuleError:
+            continue
+        if all(pattern.format(target_values) in schema for pattern in rule.targets):
+            fitting.append(match)
+    return fitting or matches[:1]
 
 
 def _all_rules(table: KeyMapTable | None) -> list[Regroup]:
@@ -76,17 +91,20 @@ def plan_translation(table: KeyMapTable, source: Mapping[str, LazyTensor],
     unknown, ambiguous = [], []
     for name in selected:
         matches = _match(table, name)
-        if len(matches) > 1:
+        alternatives = len(matches) > 1 and are_alternatives([m[0] for m in matches])
+        if alternatives and schema is not None:
+            matches = _the_alternative_the_model_has(matches, schema, counts)
+        if len(matches) > 1 and not alternatives:
             ambiguous.append(f"{name} ({' / '.join(m[0].describe() for m in matches)})")
             continue
         if not matches:
             unknown.append(name)
             continue
-        rule, index, values = matches[0]
-        if isinstance(rule, Drop):
-            plan.dropped[selected[name]] = rule.reason
-            continue
-        groups.setdefault((id(rule), tuple(sorted(values.items()))), {})[index] = name
+        for rule, index, values in matches:  # several only for alternatives without a target model: each is named
+            if isinstance(rule, Drop):
+                plan.dropped[selected[name]] = rule.reason
+                continue
+            groups.setdefault((id(rule), tuple(sorted(values.items()))), {})[index] = name
     if ambiguous:
         raise CogExportError(f"{what}: keys matching several rules of key map {table.name}: {_listing(ambiguous)}")
     if unknown and strict:

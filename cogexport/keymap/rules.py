@@ -78,6 +78,8 @@ class Regroup:
         return mapped
 
     def output_shapes(self, shapes: list[torch.Size], keys: list[str]) -> list[torch.Size]:
+        if self.source_chunks == (1,) and self.target_chunks == ((0,),):
+            return list(shapes)  # a plain rename takes any shape, 0-dim scalars too (LTX's timestep_scale_multiplier)
         pieces: list[torch.Size] = []
         for shape, count, key in zip(shapes, self.source_chunks, keys):
             if len(shape) <= self.dim or shape[self.dim] % count:

@@ -202,16 +202,26 @@ def parse_table(text: str, name: str) -> KeyMapTable:
 
 
 def _check_no_overlaps(table: KeyMapTable) -> None:
-    """Each rule's example keys must match that rule alone: two rules for one key is a table bug."""
+    """Each rule's example keys must match that rule alone: two rules for one key is a table bug, except for optional
+    rules, which may share a key when each names a different target: the target model has one of them, and that
+    decides (Mochi's last block keeps its context modulation under another name)."""
     patterns = [(rule, p) for rule in table.rules for p in rule.sources]
     matchers = patterns + [(drop, drop) for drop in table.drops]
     for _, pattern in patterns:
         example = pattern.example()
         claims = {id(who): who for who, other in matchers
                   if (other.matches(example) if isinstance(other, Drop) else other.match(example) is not None)}
-        if len(claims) > 1:
+        if len(claims) > 1 and not are_alternatives(list(claims.values())):
             owners = ", ".join(sorted(who.describe() for who in claims.values()))
             raise TableError(f"key map {table.name}: key {example!r} matches several rules: {owners}")
+
+
+def are_alternatives(rules: list) -> bool:
+    """Rules that may claim the same source key: all optional, with different targets (the model holds one)."""
+    if not all(isinstance(rule, Regroup) and rule.optional_reason for rule in rules):
+        return False
+    targets = [tuple(pattern.text for pattern in rule.targets) for rule in rules]
+    return len(set(targets)) == len(targets)
 
 
 @cache

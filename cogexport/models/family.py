@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import sys
 from dataclasses import dataclass, field
 from functools import cache
@@ -55,8 +56,10 @@ class OriginalLayout:
 
     table: str
     # "safetensors" (single or sharded files with the family's config.json), "sat" (a SAT folder: latest +
-    # 1/mp_rank_00_model_states.pt), "model_states" (one torch.save file `file` holding {"module": state dict}) or
-    # "torch" (one torch.save state dict, e.g. Wan2.1_VAE.pth)
+    # 1/mp_rank_00_model_states.pt), "model_states" (one torch.save file `file` holding {"module": state dict}),
+    # "torch" (one torch.save state dict, e.g. Wan2.1_VAE.pth), "single_file" (one safetensors file holding the
+    # transformer and, for a pipeline, its VAE, each under its prefix: LTX-Video), or "" for a VAE written beside
+    # the transformer by a single_file writer
     writer: str
     prefix: str = ""
     file: str = ""
@@ -101,6 +104,7 @@ class ModelFamily:
     scheduler_config: Mapping[str, Any]
     tasks: Mapping[str, Task]
     variants: tuple[Variant, ...]
+    vae_from_checkpoint: bool = False  # releases hold the VAE beside the transformer (LTX-Video's single file)
 
     # -- variants ------------------------------------------------------------------------------------------
     def variant_named(self, name: str) -> Variant:
@@ -127,10 +131,25 @@ class ModelFamily:
         return tuple(several(facts)) if several else (self.shapes.task_of(facts),)
 
     def layout_variant(self, config: Mapping[str, Any], experts: tuple[str, ...] = (),
-                       pipeline: Mapping[str, Any] | None = None) -> Variant:
+                       pipeline: Mapping[str, Any] | None = None,
+                       components: Mapping[str, Mapping[str, Any]] | None = None) -> Variant:
         """The published variant a (possibly resized) transformer config, with its pipeline's settings if known, is
-        built like: it decides the pipeline, the scheduler and the VAE's latent scaling of a custom-size model."""
-        return self.variant_named(self.shapes.layout_variant(config, experts, pipeline))
+        built like: it decides the pipeline, the scheduler and the VAE's latent scaling of a custom-size model.
+
+        ``components`` are the other model configs of a --base pipeline ({"vae": ...}); a family whose releases
+        differ only there (LTX-Video's 2B versions: same transformer, another VAE) refines its choice with the
+        shapes module's optional ``variant_of_components(name, components)``."""
+        name = self.shapes.layout_variant(config, experts, pipeline)
+        refine = getattr(self.shapes, "variant_of_components", None)
+        if components and refine is not None:
+            name = refine(name, components)
+        return self.variant_named(name)
+
+    def has_config(self, variant: Variant, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` is the variant's published transformer config (lists and tuples alike)."""
+        published = json.loads(json.dumps(self.transformer_config(variant)))
+        given = json.loads(json.dumps({key: config.get(key) for key in published}))
+        return published == given
 
     # -- configs -------------------------------------------------------------------------------------------
     def transformer_config(self, variant: Variant) -> dict:
@@ -169,13 +188,13 @@ def _model_spec(data: dict, key: str, what: str) -> ModelSpec:
     _require(isinstance(data.get("class"), str), key, f"[{what}] needs class")
     originals = data.get("original", [])
     originals = [originals] if isinstance(originals, dict) else originals
-    _require(all(isinstance(o, dict) and {"table", "writer"} <= set(o) for o in originals), key,
-             f"[{what}] original needs table and writer (one inline table or a list of them)")
+    _require(all(isinstance(o, dict) and "table" in o for o in originals), key,
+             f"[{what}] original needs a table (one inline table or a list of them)")
     return ModelSpec(
         class_name=data["class"],
         tables=tuple(f"{key}/{name}" for name in data.get("tables", ())),
         keep_fp32=tuple(data.get("keep_fp32", ())),
-        originals=tuple(OriginalLayout(f"{key}/{o['table']}", o["writer"], o.get("prefix", ""), o.get("file", ""))
+        originals=tuple(OriginalLayout(f"{key}/{o['table']}", o.get("writer", ""), o.get("prefix", ""), o.get("file", ""))
                         for o in originals),
     )
 
@@ -205,7 +224,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
         lora_tables=tuple(f"{key}/{name}" for name in lora.get("tables", ())),
         lora_keep_fp32=tuple(lora.get("keep_fp32", ())), lora_names_from=lora.get("names_from"),
         scheduler_class=pipeline.get("scheduler", ""), scheduler_config=pipeline.get("scheduler_config", {}),
-        tasks=tasks, variants=variants,
+        tasks=tasks, variants=variants, vae_from_checkpoint=bool(pipeline.get("vae_from_checkpoint", False)),
     )
 
 

@@ -88,11 +88,17 @@ class Recognised:
 
 
 def read_facts(family: ModelFamily, table: KeyMapTable, shapes: Mapping[str, Any],
-               experts: tuple[str, ...] = ()) -> Recognised:
-    """The facts of a transformer in ``table``'s layout (LoRA tensors, if any, left out)."""
+               experts: tuple[str, ...] = (), metadata: Mapping[str, str] | None = None) -> Recognised:
+    """The facts of a transformer in ``table``'s layout (LoRA tensors, if any, left out), and, for families whose
+    releases say more beside the transformer (LTX-Video: the VAE in the same file tells the version, the file's
+    metadata holds the config), what the shapes module's optional ``release_facts`` reads off every key of the
+    source and its metadata."""
     translated = translate_shapes(table, shapes)
     base = {name: shape for name, shape in translated.items() if ".lora_" not in name}
     facts = family.shapes.read_facts(base)
+    release_facts = getattr(family.shapes, "release_facts", None)
+    if release_facts is not None:
+        facts.update(release_facts(shapes, metadata or {}))
     return Recognised(family, table, facts, family.published_variant(facts, experts))
 
 
@@ -145,7 +151,7 @@ def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | No
                      "other_keys": len(ignored)}
             if component == "transformer":
                 try:
-                    recognised = read_facts(family, table, {k: source[k].shape for k in keys})
+                    recognised = read_facts(family, table, {k: source[k].shape for k in keys}, metadata=metadata)
                 except CogExportError as error:
                     entry["problem"] = str(error)
                 else:
