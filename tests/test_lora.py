@@ -124,10 +124,12 @@ def test_inspect_reports_the_adapter(cli, tmp_path):
     run = finetune("t2v", 2, 2, lora_rank=4)
     report = json.loads(cli("inspect", run.root / "pytorch_lora_weights.safetensors", "--json").stdout)
     assert report["models"]["lora"] == {
-        "family": "CogVideoX", "layout": "cogvideox/diffusers_lora", "description": "Diffusers LoRA weights (pytorch_lora_weights.safetensors)",
-        "rank": 4, "ranks": [4], "alpha": None, "assumed_alpha": 64.0,
+        "family": "CogVideoX", "format": "diffusers", "layout": "cogvideox/diffusers_lora",
+        "description": "Diffusers LoRA weights (pytorch_lora_weights.safetensors)",
+        "rank": 4, "ranks": [4], "alpha": None, "assumed_alpha": 64.0, "alpha_recorded": False, "scale": 16.0,
         "alpha_source": "CogVideo finetune/'s default lora_alpha", "per_module_alphas": False, "use_rslora": False,
-        "target_modules": ["to_k", "to_out.0", "to_q", "to_v"], "modules": 8, "layers": 2, "base_weights": False}
+        "target_modules": ["to_k", "to_out.0", "to_q", "to_v"], "modules": 8, "layers": 2, "deltas": {},
+        "base_weights": False}
     text = cli("inspect", run.checkpoint).stdout
     assert "rank 4, alpha not recorded" in text and "64, would be assumed" in text and "8 modules in 2 layers" in text
 
@@ -265,13 +267,21 @@ def test_fuse_takes_the_plain_weights_of_a_base_that_also_holds_a_variant(tmp_pa
 
 
 @pytest.mark.filterwarnings("ignore:.*LoRA tensor\\(s\\) have invalid shape")  # PEFT's view of lora_B.bias
-def test_lora_variants_diffusers_cannot_carry_are_refused(tmp_path, cli):
-    for option in ("use_dora", "lora_bias"):
-        run = PeftRun(tmp_path / option, r=4, lora_alpha=4, target_modules=["to_q"], **{option: True})
-        checkpoint = run.saved(tmp_path / option / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
-        result = cli(checkpoint, tmp_path / f"{option}-out", "--base", run.base_folder)
-        assert_refused(result, "lora_", "cannot carry")
-        assert not (tmp_path / f"{option}-out").exists()
+def test_dora_goes_to_peft_only_and_lora_biases_reach_diffusers(tmp_path, cli):
+    run = PeftRun(tmp_path / "dora", r=4, lora_alpha=4, target_modules=["to_q"], use_dora=True)
+    checkpoint = run.saved(tmp_path / "dora" / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
+    assert_refused(cli(checkpoint, tmp_path / "dora-out", "--base", run.base_folder), "cannot hold DoRA magnitudes",
+                   "--lora-format peft")
+    assert_refused(cli(checkpoint, tmp_path / "dora-fused", "--base", run.base_folder, "--lora", "fuse"), "DoRA")
+    assert not (tmp_path / "dora-out").exists() and not (tmp_path / "dora-fused").exists()
+
+    # PEFT's lora_bias: lora_B.bias, added to the layer's bias times the scale; Diffusers carries it
+    run = PeftRun(tmp_path / "bias", r=4, lora_alpha=8, target_modules=["to_q", "to_v"], lora_bias=True)
+    checkpoint = run.saved(tmp_path / "bias" / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
+    export(checkpoint, tmp_path / "bias-out", base=run.base_folder)
+    assert_all_equal(via_pipeline(tmp_path / "bias-out", run.base_folder), run.merged)
+    export(checkpoint, tmp_path / "bias-fused", base=run.base_folder, lora="fuse", dtype="fp32")
+    assert_all_equal(load_file(tmp_path / "bias-fused" / "diffusion_pytorch_model.safetensors"), run.merged)
 
 
 def test_bad_lora_options(cli, tmp_path):
@@ -284,7 +294,7 @@ def test_bad_lora_options(cli, tmp_path):
         assert_refused(cli(source, tmp_path / "o2", "--base", run.base_folder, "--lora-alpha", alpha), "--lora-alpha")
     renamed = {f"transformer.encoder.{n.split('.', 1)[1]}": t for n, t in load_file(source).items()}
     save_file(renamed, tmp_path / "foreign.safetensors")
-    assert_refused(cli(tmp_path / "foreign.safetensors", tmp_path / "o3"), "not a linear layer of the model")
+    assert_refused(cli(tmp_path / "foreign.safetensors", tmp_path / "o3"), "not on a linear layer of a CogVideoX transformer")
     assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3"))
 
 
