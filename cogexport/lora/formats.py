@@ -35,6 +35,7 @@ class LoraFormat:
     encoded: bool = False  # kohya: a module path's dots are written as underscores
     base_weights: bool = False  # a wrapped model: base_layer weights and plain (unwrapped) keys beside the adapters
     file: str = ""  # the file a written adapter goes in
+    alpha_optional: bool = False  # its loaders apply a module without .alpha at scale 1, so alpha = r is left out
     write_parts: Mapping[str, str] = field(default_factory=dict)  # part -> suffix, for the parts the format holds
 
     def split(self, keys: Iterable[str]) -> tuple[dict[str, tuple[str, str | None]], list[str]] | None:
@@ -99,6 +100,7 @@ FORMATS = {f.name: f for f in (
                {".lora_down.weight": DOWN, ".lora_up.weight": UP, ".lora_A.weight": DOWN, ".lora_B.weight": UP,
                 ".alpha": ALPHA, ".diff": DIFF, ".diff_b": DIFF_B},
                strip=("model.", "diffusion_model."), write_prefix="diffusion_model.", file="lora.safetensors",
+               alpha_optional=True,
                write_parts={DOWN: ".lora_down.weight", UP: ".lora_up.weight", ALPHA: ".alpha", DIFF: ".diff",
                             DIFF_B: ".diff_b"}),
     # A key map (SAT's LoraMixin) already gives Diffusers names: base weights and lora_A / lora_B.

@@ -87,7 +87,7 @@ def _build(layout: _Layout, where: str) -> None:
         raise CogExportError(f"{where}: {table.format.prefix}{unknown[0]} names no layer of a {family.name} transformer")
     for name, parts in layout.modules.items():
         module = LoraModule(**{_ATTRIBUTES[part]: layout.tensors[key] for part, key in parts.items() if part != ALPHA})
-        _check_pair(module, name, where)
+        _check_pair(module, table.format.prefix + name, where)
         layout.source[decoded[name]] = module
         if ALPHA in parts:
             layout.alpha_keys[decoded[name]] = parts[ALPHA]

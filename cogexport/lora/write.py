@@ -55,8 +55,9 @@ def plan_output(adapter: LoraAdapter, format_name: str, model_schema: Mapping[st
     if table is None:
         raise CogExportError(f"{where}: there is no {target.title} layout for {adapter.family.name} LoRAs (no loader "
                              f"reads one); write one of {', '.join(writable_formats(adapter))}")
-    modules = {name: _cast(name, _held(name, module, format_name, adapter, where), policy)
-               for name, module in adapter.modules.items()}
+    held = replace(adapter, modules={name: _held(name, module, format_name, adapter, where)
+                                     for name, module in adapter.modules.items()})
+    modules = {name: _cast(name, module, policy) for name, module in held.modules.items()}
     if table.modules is not None:
         modules, _ = translate_modules(modules, table.modules.inverted(), where, adapter.use_rslora)
     tensors: dict[str, LazyTensor] = {}
@@ -64,9 +65,10 @@ def plan_output(adapter: LoraAdapter, format_name: str, model_schema: Mapping[st
         module = modules[name]
         for part, tensor in module.parts.items():
             tensors[target.key(name, part)] = tensor
-        if ALPHA in target.write_parts and module.rank is not None:
+        if ALPHA in target.write_parts and module.rank is not None and not (
+                target.alpha_optional and module.scale(adapter.use_rslora) == 1.0):
             tensors[target.key(name, ALPHA)] = _alpha_tensor(name, module, adapter.use_rslora, target.title, where)
-    config = adapter.lora_config(model_schema)
+    config = held.lora_config(model_schema)
     if format_name == "diffusers":
         prefixed = {PIPELINE_PREFIX + key: value for key, value in config.items()}
         return AdapterOutput(target.file, tensors, {"format": "pt", DIFFUSERS_METADATA: json.dumps(
