@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 from .checkpoint import LazyCheckpoint, as_paths, open_checkpoint
 from .checkpoint.locate import ema_source
 from .errors import CogExportError
-from .keymap.plan import Plan, plan_translation, translate_shapes
+from .keymap.plan import Plan, plan_translation
 from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
 from .lora import WRITABLE, AdapterOutput, LoraAdapter, base_weights, check_fits, plan_fused, plan_output, read_adapter
@@ -219,7 +219,7 @@ def _config_beside(family: ModelFamily, folders: Sequence[Path], facts: dict) ->
 
 
 def _recognise(source: LazyCheckpoint, table: KeyMapTable, family: ModelFamily,
-               experts: tuple[str, ...] = ()) -> Recognised | None:
+               experts: tuple[str, ...] = ()) -> Recognised:
     return read_facts(family, table, {name: tensor.shape for name, tensor in source.items()}, experts)
 
 
@@ -322,6 +322,8 @@ def plan_vae(source: LazyCheckpoint, base: BaseFolder | None, family: ModelFamil
 # -- the job ------------------------------------------------------------------------------------------------------
 def _lora_mode(source: LazyCheckpoint, options: ExportOptions, where: str) -> str | None:
     marker = lora_key(list(source))
+    if options.lora_format is not None and options.lora_format not in WRITABLE:
+        raise CogExportError(f"--lora-format {options.lora_format!r} is not one of {', '.join(WRITABLE)}")
     if options.lora is not None:
         if options.lora not in LORA_MODES:
             raise CogExportError(f"--lora {options.lora!r} is not one of {', '.join(LORA_MODES)}")
@@ -337,8 +339,6 @@ def _lora_mode(source: LazyCheckpoint, options: ExportOptions, where: str) -> st
     if marker is None and options.lora_format is not None:
         raise CogExportError(f"{where} holds no LoRA adapter (no lora_A, lora_down or matrix_A weights); "
                              "--lora-format is for LoRA checkpoints")
-    if options.lora_format is not None and options.lora_format not in WRITABLE:
-        raise CogExportError(f"--lora-format {options.lora_format!r} is not one of {', '.join(WRITABLE)}")
     if marker is not None and options.component is not None:
         raise CogExportError(f"{where} is a LoRA checkpoint ({marker}); export the adapter with --lora adapter, or "
                              "merge it into a full model with --lora fuse (giving --base when the checkpoint does not "

@@ -114,7 +114,7 @@ def test_inspect_reports_the_adapter(cli, tmp_path):
     run = finetune("t2v", 2, 2, lora_rank=4)
     report = json.loads(cli("inspect", run.root / "pytorch_lora_weights.safetensors", "--json").stdout)
     assert report["models"]["lora"] == {
-        "family": "CogVideoX", "format": "diffusers", "layout": "cogvideox/diffusers_lora",
+        "family": "CogVideoX", "format": "diffusers", "format_title": "Diffusers", "layout": "cogvideox/diffusers_lora",
         "description": "Diffusers LoRA weights (pytorch_lora_weights.safetensors)",
         "rank": 4, "ranks": [4], "alpha": None, "assumed_alpha": 64.0, "alpha_recorded": False, "scale": 16.0,
         "alpha_source": "CogVideo finetune/'s default lora_alpha", "per_module_alphas": False, "use_rslora": False,

@@ -145,7 +145,8 @@ class LoraAdapter:
 
     def summary(self) -> dict:
         """What reports (export's result, inspect) say about the adapter."""
-        return {"family": self.family.name, "format": self.table.format.name, "layout": self.table.name,
+        return {"family": self.family.name, "format": self.table.format.name, "format_title": self.table.format.title,
+                "layout": self.table.name,
                 "description": self.table.source, "rank": self.rank, "ranks": sorted(set(self.ranks.values())),
                 "alpha": self.alpha, "alpha_source": self.alpha_source, "alpha_recorded": self.alpha_recorded,
                 "scale": self.scale(), "per_module_alphas": bool(self.alpha_pattern), "use_rslora": self.use_rslora,

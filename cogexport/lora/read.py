@@ -44,10 +44,10 @@ class _Layout:
     origins: dict[str, list[str]] = field(default_factory=dict)
 
 
-def _layouts(source: Mapping[str, LazyTensor], where: str) -> list[_Layout]:
-    """Every table whose grammar the keys fit."""
+def _layouts(source: Mapping[str, LazyTensor], where: str) -> tuple[list[_Layout], list[CogExportError]]:
+    """Every table whose grammar the keys fit, and why a table that recognised them could not read them."""
     keys = list(source)
-    found = []
+    found, problems = [], []
     for table in lora_tables():
         tensors = source
         if table.keymap is not None:
@@ -55,7 +55,8 @@ def _layouts(source: Mapping[str, LazyTensor], where: str) -> list[_Layout]:
                 continue
             try:
                 tensors = plan_translation(table.keymap, source, None, {}, what=where).tensors
-            except CogExportError:
+            except CogExportError as error:
+                problems.append(error)
                 continue
         split = table.format.split(tensors)
         if split is None:
@@ -71,7 +72,7 @@ def _layouts(source: Mapping[str, LazyTensor], where: str) -> list[_Layout]:
             else:
                 modules.setdefault(module, {})[part] = key
         found.append(_Layout(table, tensors, modules, plain, unknown))
-    return found
+    return found, problems
 
 
 def _build(layout: _Layout, where: str) -> None:
@@ -120,8 +121,8 @@ def _check_pair(module: LoraModule, name: str, where: str) -> None:
 
 
 def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | None) -> _Layout:
-    layouts = _layouts(source, where)
-    fitting, problems = [], []
+    layouts, problems = _layouts(source, where)
+    fitting = []
     for layout in layouts:
         try:
             _build(layout, where)
@@ -133,9 +134,12 @@ def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | 
         fitting = [f for f in fitting if f.table.family.key == family.key]
     if len(fitting) == 1:
         return fitting[0]
+    if len({f.table.family.key for f in fitting}) > 1:
+        raise CogExportError(f"{where} adapts layers that {' and '.join(f.table.family.name for f in fitting)} "
+                             "models all have; pass --base with the model it adapts")
     if fitting:
         raise CogExportError(f"{where} fits several LoRA layouts ({', '.join(f.table.name for f in fitting)}); "
-                             "pass --base with the model it adapts")
+                             "its keys are mixed")
     if problems:
         raise problems[0]
     sample = ", ".join(list(source)[:3]) or "no tensors at all"
@@ -161,11 +165,13 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
         layout.modules_out, layout.origins = translate_modules(layout.source, table.modules, where, rslora)
     else:
         layout.modules_out = dict(layout.source)
-    base_source = {name: layout.tensors[key] for name, key in layout.plain.items()}
+    if table.keymap is not None:  # a whole run's key map names the model's weights and the adapters together
+        base_source, base_table = (dict(source) if layout.plain else {}), table.keymap
+    else:
+        base_source, base_table = {name: layout.tensors[key] for name, key in layout.plain.items()}, table.modules
     adapter = LoraAdapter(table.family, table, layout.modules_out,
                           names_schema(table.family, blocks_needed(layout.modules_out)), alpha_source, alpha_recorded,
-                          base_source=dict(source) if table.keymap is not None and base_source else base_source,
-                          base_table=table.keymap or table.modules, use_rslora=rslora, warnings=notes)
+                          base_source=base_source, base_table=base_table, use_rslora=rslora, warnings=notes)
     if not adapter.ranks:
         raise CogExportError(f"{where} has LoRA names but no lora_A / lora_B pairs")
     if not alpha_recorded:

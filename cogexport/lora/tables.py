@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from ..keymap.table import KeyMapTable, load_table
+from ..keymap.table import KeyMapTable, TableError, load_table
 from ..models.family import ModelFamily, families
 from .formats import FORMATS, LoraFormat
 
@@ -52,10 +52,14 @@ class LoraTable:
 def _load(name: str, family: ModelFamily) -> LoraTable:
     table = load_table(name)
     spec = table.lora
+    if spec.get("format") not in FORMATS:
+        raise TableError(f"key map {name}: [lora] format must be one of {', '.join(FORMATS)}")
     has_rules = bool(table.rules or table.fallback)
+    if has_rules == ("modules" in spec):
+        raise TableError(f"key map {name}: a LoRA table either names its modules with [lora] modules or has rules")
     return LoraTable(
         name=table.name, description=table.description, source=table.source, family=family,
-        format=FORMATS[spec.get("format", "sat" if has_rules else "diffusers")],
+        format=FORMATS[spec["format"]],
         modules=load_table(spec["modules"]) if "modules" in spec else None,
         keymap=table if has_rules else None,
         default_alpha=spec.get("default_alpha", "rank"), default_alpha_reason=spec.get("default_alpha_reason", ""),

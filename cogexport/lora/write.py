@@ -28,7 +28,7 @@ from .adapter import LoraAdapter, LoraModule
 from .formats import ALPHA, BIAS, DIFF, DIFF_B, FORMATS, MAGNITUDE, PART_NAMES, WRITABLE, format_named
 from .modules import translate_modules
 from .strength import DIFFUSERS_METADATA, PIPELINE_PREFIX
-from .tables import lora_tables, output_table
+from .tables import output_table
 
 PEFT_CONFIG = "adapter_config.json"
 
@@ -164,11 +164,3 @@ def _alpha_tensor(name: str, module: LoraModule, rslora: bool, title: str, where
                              f"{title} .alpha (fp32); write --lora-format diffusers or peft")
     return LazyTensor(torch.Size([]), torch.float32, lambda: torch.tensor(stored, dtype=torch.float32), "alpha")
 
-
-def known_formats() -> dict[str, list[str]]:
-    """family name -> the formats its adapters can be written in (for the README table and messages)."""
-    found: dict[str, list[str]] = {}
-    for table in lora_tables():
-        if table.writes:
-            found.setdefault(table.family.name, []).append(table.format.name)
-    return found
