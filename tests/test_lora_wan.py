@@ -525,5 +525,16 @@ def test_bad_wan_lora_input(cli, tmp_path, synthetic):
     (tmp_path / "dora" / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "use_dora": True}))
     assert_refused(cli(tmp_path / "dora", tmp_path / "o5", "--lora-format", "comfyui"),
                    "cannot hold DoRA magnitudes (on blocks.0.attn1.to_q)", "--lora-format peft")
-    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 6))
+
+    tenth = make_adapter(load_file(BASE_FOLDER / "ground_truth.safetensors"), ["blocks.0.attn1.to_q"], strengths=((4, 0.1),))
+    write_diffusers(tmp_path / "tenth", tenth)
+    assert_refused(cli(tmp_path / "tenth", tmp_path / "o6", "--lora-format", "musubi"),
+                   "the strength of blocks.0.self_attn.q (scale 0.025) cannot be stored exactly", "fp32")
+
+    both = {"transformer.proj_out.lora_A.weight": torch.ones(4, 32), "transformer.proj_out.lora_B.weight": torch.ones(16, 4)}
+    save_file(both, tmp_path / "proj_out.safetensors")
+    assert_refused(cli(tmp_path / "proj_out.safetensors", tmp_path / "o7"), "adapts layers that CogVideoX and Wan",
+                   "pass --base")
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 8))
     assert snapshot(musubi.parent) == before
+    assert export(tmp_path / "proj_out.safetensors", tmp_path / "o8", base=BASE_FOLDER).family == "Wan"

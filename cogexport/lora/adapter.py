@@ -139,7 +139,7 @@ class LoraAdapter:
             (", rank-stabilised" if self.use_rslora else "") + \
             "".join(f", {PART_NAMES[part]} on {len(names)} modules" for part, names in self.carried().items())
         targets = self.target_modules
-        return (f"{self.table.format.title}, {rank}, lora_alpha {self.alpha:g} ({self.alpha_source}), scale "
+        return (f"{rank}, lora_alpha {self.alpha:g} ({self.alpha_source}), scale "
                 f"{self.scale():g}{extras}, {len(self.ranks)} modules "
                 f"({', '.join(targets) if isinstance(targets, list) else targets}) in {self.layers} layers")
 
