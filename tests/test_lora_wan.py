@@ -392,7 +392,9 @@ def test_the_real_trainers_files(name, base, tmp_path):
 
 def test_inspect_says_where_the_strength_comes_from(cli):
     expected = {"a_musubi": ("musubi", 8.0, "the file's .alpha tensors"),
-                "a2_musubi_other": ("comfyui", 4.0, "no .alpha tensors: applied at scale 1 (alpha = r)"),
+                "a2_musubi_other": ("comfyui", 4.0, "no .alpha tensors: applied at scale 1 (alpha = r); the header's "
+                                                    "ss_network_alpha 8.0 is not applied (musubi-tuner's convert_lora "
+                                                    "folds it into lora_A and lora_B)"),
                 "b_diffsynth": ("diffsynth", 4.0, "DiffSynth-Studio keeps the strength in lora_B and applies B A at "
                                                   "scale 1: alpha = r"),
                 "c_comfyui": ("comfyui", 8.0, "the file's .alpha tensors"),
@@ -405,6 +407,21 @@ def test_inspect_says_where_the_strength_comes_from(cli):
         assert (lora["rank"], lora["modules"], lora["layers"]) == (4, 20, 2)
         assert lora["target_modules"] == ["ffn.net.0.proj", "ffn.net.2", "to_k", "to_out.0", "to_q", "to_v"]
         assert "Wan" in cli("inspect", REAL / "lora" / name).stdout
+
+
+def test_diffsynth_alpha_from_the_runs_config(base, synthetic, tmp_path, cli):
+    """DiffSynth-Studio's files apply at scale 1 (alpha = r) unless the run's own config says otherwise."""
+    config, weights = base
+    adapter, inputs = synthetic
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "epoch-0.safetensors").write_bytes(inputs["diffsynth"].read_bytes())
+    (run / "train.yaml").write_text("model: wan\nlora_rank: 4\nlora_alpha: 8\n")
+    lora = json.loads(cli("inspect", run / "epoch-0.safetensors", "--json").stdout)["models"]["lora"]
+    assert (lora["alpha"], lora["alpha_source"]) == (8.0, f"recorded in {run / 'train.yaml'}")
+    folded = {m: (a, b * (alpha / r), 8.0 / r) for m, (a, b, r, alpha) in adapter.modules.items()}
+    export(run / "epoch-0.safetensors", tmp_path / "out", base=BASE_FOLDER)
+    assert_all_equal(judged(tmp_path / "out", "diffusers", config, weights), merged(weights, folded))
 
 
 # -- a LoRA trained under DeepSpeed -------------------------------------------------------------------------------

@@ -160,6 +160,11 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
                                  f"{what}; it is incomplete")
     notes = _drop_zero_deltas(layout)
     alpha_source, alpha_recorded = _set_alphas(layout, alpha_override, recorded, where)
+    stale = (metadata or {}).get("ss_network_alpha")
+    if stale and ALPHA in table.format.parts.values() and not layout.alpha_keys and alpha_override is None:
+        # musubi-tuner's convert_lora --target other folds alpha / r into both matrices and keeps kohya's metadata
+        alpha_source += (f"; the header's ss_network_alpha {stale} is not applied (musubi-tuner's convert_lora "
+                         "folds it into lora_A and lora_B)")
     rslora = bool(recorded.config.get("use_rslora"))
     if table.modules is not None:
         layout.modules_out, layout.origins = translate_modules(layout.source, table.modules, where, rslora)

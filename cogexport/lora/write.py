@@ -110,8 +110,8 @@ def _held(name: str, module: LoraModule, format_name: str, adapter: LoraAdapter,
         return CogExportError(f"{where}: {target.title} LoRA files cannot hold {PART_NAMES[part]} (on {name}); they "
                               f"would be lost; write {_holders(part)}")
 
-    for part in (MAGNITUDE, DIFF):
-        if getattr(module, "magnitude" if part == MAGNITUDE else "diff") is not None and part not in parts:
+    for attribute, part in (("magnitude", MAGNITUDE), ("diff", DIFF)):
+        if getattr(module, attribute) is not None and part not in parts:
             raise lost(part)
     scale = module.scale(adapter.use_rslora) if module.rank is not None else None
     if module.diff_b is not None and DIFF_B not in parts:
