@@ -524,7 +524,8 @@ def test_bad_wan_lora_input(cli, tmp_path, synthetic):
     assert_refused(cli(musubi, tmp_path / "o2", "--lora-format", "kohya"), "--lora-format 'kohya' is not one of")
 
     tensors = load_file(musubi)
-    tensors["lora_unet_blocks_0_self_attn_q.lora_up.weight"] = tensors["lora_unet_blocks_0_self_attn_q.lora_up.weight"][:, :3].contiguous()
+    up = "lora_unet_blocks_0_self_attn_q.lora_up.weight"
+    tensors[up] = tensors[up][:, :3].contiguous()
     save_file(tensors, tmp_path / "ranks.safetensors")
     assert_refused(cli(tmp_path / "ranks.safetensors", tmp_path / "o3"),
                    "the ranks of lora_unet_blocks_0_self_attn_q differ", "(4, 32)", "(32, 3)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 import torch
@@ -22,6 +22,10 @@ from ..lazy import LazyTensor
 from ..models.family import ModelFamily
 from .formats import BIAS, DIFF, DIFF_B, DOWN, MAGNITUDE, PART_NAMES, UP
 from .tables import LoraTable
+
+
+# Each canonical part and the LoraModule field that holds it.
+PART_ATTRIBUTES = {DOWN: "down", UP: "up", BIAS: "bias", DIFF: "diff", DIFF_B: "diff_b", MAGNITUDE: "magnitude"}
 
 
 @dataclass
@@ -43,9 +47,12 @@ class LoraModule:
     @property
     def parts(self) -> dict[str, LazyTensor]:
         """The tensors, by canonical part name."""
-        named = {DOWN: self.down, UP: self.up, BIAS: self.bias, DIFF: self.diff, DIFF_B: self.diff_b,
-                 MAGNITUDE: self.magnitude}
+        named = {part: getattr(self, attribute) for part, attribute in PART_ATTRIBUTES.items()}
         return {part: tensor for part, tensor in named.items() if tensor is not None}
+
+    def with_parts(self, parts: Mapping[str, LazyTensor]) -> "LoraModule":
+        """The same module with these parts (by canonical name) replaced."""
+        return replace(self, **{PART_ATTRIBUTES[part]: tensor for part, tensor in parts.items()})
 
     def scale(self, rslora: bool) -> float:
         return self.alpha / (math.sqrt(self.rank) if rslora else self.rank)

@@ -64,7 +64,8 @@ class LoraFormat:
                 unknown.append(key)
         if not any(part in (DOWN, UP, DIFF, DIFF_B) for _, part in parsed.values()):
             return None
-        if self.base_weights and not any(part is None or part in (BASE_WEIGHT, BASE_BIAS) for _, part in parsed.values()):
+        wrapped = any(part is None or part in (BASE_WEIGHT, BASE_BIAS) for _, part in parsed.values())
+        if self.base_weights and not wrapped:
             return None  # a wrapped model without its model: an adapter file (DiffSynth-Studio's), not this
         return parsed, unknown
 

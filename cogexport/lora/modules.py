@@ -56,7 +56,8 @@ def translate_modules(modules: Mapping[str, LoraModule], table: KeyMapTable, whe
         for k, pattern in enumerate(rule.targets):
             target = pattern.format(target_values)[: -len(_WEIGHT)]
             if target in out:
-                raise CogExportError(f"{where}: {', '.join(names)} and {', '.join(origins[target])} both adapt {target}")
+                raise CogExportError(f"{where}: {', '.join(names)} and {', '.join(origins[target])} both adapt "
+                                     f"{target}")
             out[target] = _regrouped(rule, k, sources, names, where, rslora)
             origins[target] = names
     return out, origins

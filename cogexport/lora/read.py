@@ -16,14 +16,11 @@ from ..keymap.plan import plan_translation
 from ..lazy import LazyTensor
 from ..models.family import ModelFamily
 from .adapter import LoraAdapter, LoraModule
-from .formats import ALPHA, BASE_BIAS, BASE_WEIGHT, BIAS, DIFF, DIFF_B, DOWN, MAGNITUDE, UP
+from .formats import ALPHA, BASE_BIAS, BASE_WEIGHT
 from .modules import translate_modules
 from .names import blocks_needed, decode_kohya, names_schema
 from .strength import Recorded, pattern_value, positive, recorded_config
 from .tables import LoraTable, lora_tables
-
-_ATTRIBUTES = {DOWN: "down", UP: "up", BIAS: "bias", DIFF: "diff", DIFF_B: "diff_b", MAGNITUDE: "magnitude"}
-
 
 def _listing(names: list[str], limit: int = 3) -> str:
     return ", ".join(names[:limit]) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
@@ -85,9 +82,10 @@ def _build(layout: _Layout, where: str) -> None:
     decoded = decode_kohya(table, names) if table.format.encoded else {name: name for name in names}
     unknown = [name for name, module in decoded.items() if module is None]
     if unknown:
-        raise CogExportError(f"{where}: {table.format.prefix}{unknown[0]} names no layer of a {family.name} transformer")
+        raise CogExportError(f"{where}: {table.format.prefix}{unknown[0]} names no layer of a {family.name} "
+                             "transformer")
     for name, parts in layout.modules.items():
-        module = LoraModule(**{_ATTRIBUTES[part]: layout.tensors[key] for part, key in parts.items() if part != ALPHA})
+        module = LoraModule().with_parts({part: layout.tensors[key] for part, key in parts.items() if part != ALPHA})
         _check_pair(module, table.format.prefix + name, where)
         layout.source[decoded[name]] = module
         if ALPHA in parts:

@@ -56,7 +56,8 @@ def recorded_config(metadata: Mapping[str, str] | None, folders: Iterable[Path])
     if raw:
         try:
             values = json.loads(raw)
-            config = {key[len(PIPELINE_PREFIX):]: value for key, value in values.items() if key.startswith(PIPELINE_PREFIX)}
+            config = {key[len(PIPELINE_PREFIX):]: value for key, value in values.items()
+                      if key.startswith(PIPELINE_PREFIX)}
         except (ValueError, AttributeError):
             config = {}
         if "lora_alpha" not in config:
@@ -90,7 +91,8 @@ def recorded_config(metadata: Mapping[str, str] | None, folders: Iterable[Path])
                 tree = None
             if path.name == "adapter_config.json":  # PEFT's LoraConfig, as saved: the run's own record
                 if not isinstance(tree, dict):
-                    raise CogExportError(f"{path} is not a valid PEFT adapter config (JSON object); repair or remove it")
+                    raise CogExportError(f"{path} is not a valid PEFT adapter config (JSON object); repair or remove "
+                                         "it")
                 return Recorded(tree, f"recorded in {path}")
             value = _find_key(tree, "lora_alpha")
             if isinstance(value, (int, float)) and not isinstance(value, bool):

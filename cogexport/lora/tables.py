@@ -76,4 +76,5 @@ def lora_tables() -> tuple[LoraTable, ...]:
 
 def output_table(family: ModelFamily, format_name: str) -> LoraTable | None:
     """The table a family's adapters are written with in this format, if the family has one."""
-    return next((t for t in lora_tables() if t.family.key == family.key and t.writes and t.format.name == format_name), None)
+    return next((t for t in lora_tables()
+                 if t.family.key == family.key and t.writes and t.format.name == format_name), None)

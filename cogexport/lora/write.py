@@ -147,11 +147,8 @@ def _any_bias(adapter: LoraAdapter) -> bool:
 
 
 def _cast(name: str, module: LoraModule, policy: PrecisionPolicy) -> LoraModule:
-    cast = {attribute: getattr(module, attribute).to(policy.target_dtype(f"{name}.{part}", getattr(module, attribute).dtype))
-            for attribute, part in (("down", "lora_A.weight"), ("up", "lora_B.weight"), ("bias", "lora_B.bias"),
-                                    ("diff", "diff"), ("diff_b", "diff_b"), ("magnitude", "lora_magnitude_vector"))
-            if getattr(module, attribute) is not None}
-    return replace(module, **cast)
+    return module.with_parts({part: tensor.to(policy.target_dtype(f"{name}.{part}", tensor.dtype))
+                              for part, tensor in module.parts.items()})
 
 
 def _alpha_tensor(name: str, module: LoraModule, rslora: bool, title: str, where: str) -> LazyTensor:
