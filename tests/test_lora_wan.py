@@ -108,6 +108,27 @@ def write_peft(folder: Path, adapter: Adapter, config: dict, weights: dict[str, 
     return folder / "adapter_model.safetensors"
 
 
+def write_peft_original(folder: Path, adapter: Adapter, wrapped_model: dict[str, torch.Tensor] | None = None) -> Path:
+    """PEFT on the Wan repo's WanModel, by hand: its adapter folder, or (given the original weights) a DDP checkpoint
+    of the wrapped model (module.blocks.0.self_attn.q.base_layer.weight, ...lora_A.default.weight)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = adapter.patterns()
+    config = {**config, "target_modules": sorted(original(m) for m in adapter.modules),
+              "rank_pattern": {original(m): r for m, r in config["rank_pattern"].items()},
+              "alpha_pattern": {original(m): a for m, a in config["alpha_pattern"].items()}}
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", **config}))
+    lora = {f"{original(m)}.lora_{part}": t for m, (a, b, _, _) in adapter.modules.items() for part, t in (("A", a), ("B", b))}
+    if wrapped_model is None:
+        save_file({f"base_model.model.{name}.weight": t for name, t in lora.items()}, folder / "adapter_model.safetensors")
+        return folder / "adapter_model.safetensors"
+    adapted = {original(m) for m in adapter.modules}
+    tensors = {f"module.{name.rsplit('.', 1)[0]}.base_layer.{name.rsplit('.', 1)[1]}" if name.rsplit(".", 1)[0] in adapted
+               else f"module.{name}": t for name, t in wrapped_model.items()}
+    tensors.update({f"module.{name}.default.weight": t for name, t in lora.items()})
+    save_file(tensors, folder / "model.safetensors")
+    return folder / "model.safetensors"
+
+
 def write_musubi(path: Path, adapter: Adapter) -> Path:
     tensors = {}
     for module, (a, b, _, alpha) in adapter.modules.items():
@@ -174,7 +195,7 @@ def every_block_layer(layers: int = 2) -> list[str]:
     return [f"blocks.{i}.{layer}" for i in range(layers) for layer in BLOCK_LAYERS]
 
 
-INPUTS = ("diffusers", "peft", "musubi", "comfyui", "diffsynth")
+INPUTS = ("diffusers", "peft", "peft-original", "peft-checkpoint-original", "musubi", "comfyui", "diffsynth")
 READ_BY_DIFFUSERS = ("diffusers", "musubi", "comfyui")  # Diffusers finds no LoRA keys in DiffSynth's files
 
 
@@ -187,7 +208,11 @@ def synthetic(base, tmp_path_factory):
               "peft": write_peft(folder / "peft", adapter, config, weights),
               "musubi": write_musubi(folder / "musubi" / "lora.safetensors", adapter),
               "comfyui": write_comfyui(folder / "comfyui" / "lora.safetensors", adapter),
-              "diffsynth": write_diffsynth(folder / "diffsynth" / "epoch-0.safetensors", adapter)}
+              "diffsynth": write_diffsynth(folder / "diffsynth" / "epoch-0.safetensors", adapter),
+              "peft-original": write_peft_original(folder / "peft-original", adapter),
+              # the Wan repo's own weights, wrapped: --lora fuse takes the base from here, named by our table
+              "peft-checkpoint-original": write_peft_original(
+                  folder / "ddp", adapter, load_file(REAL / "original" / "diffusion_pytorch_model.safetensors"))}
     return adapter, inputs
 
 
