@@ -150,6 +150,9 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
 @click.option("--lora", type=click.Choice(["adapter", "fuse"]),
               help="A LoRA run: write the adapter (the default for LoRA runs) or fuse it into the model.")
 @click.option("--lora-alpha", type=float, help="The run's lora_alpha, when the checkpoint does not record it.")
+@click.option("--lora-format", metavar="FORMAT",
+              help="The adapter file's layout: diffusers (pytorch_lora_weights.safetensors), peft (adapter_model + "
+                   "adapter_config.json), comfyui, musubi (kohya) [default: diffusers].")
 @click.option("--model-name", help="The published model this is (e.g. CogVideoX-5b, Wan2.1-T2V-1.3B); needed for a VAE "
                                   "alone.")
 @click.option("--base-model", help="Hub id the model card names as the base model [default: the published one].")
@@ -163,7 +166,8 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
 @json_option
 @_user_errors_exit_2
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
-           tag, ema, lora, lora_alpha, model_name, base_model, layout, overwrite, push_to_hub, private, as_json) -> None:
+           tag, ema, lora, lora_alpha, lora_format, model_name, base_model, layout, overwrite, push_to_hub, private,
+           as_json) -> None:
     """Export a training checkpoint or release (CogVideoX, Wan; SAT, DeepSpeed, original, Diffusers fine-tune) to a
     Diffusers folder."""
     from .to_diffusers import ExportOptions, command_line, export as run_export
@@ -171,9 +175,11 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
                             keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,
-                            ema=ema, lora=lora, lora_alpha=lora_alpha, model_name=model_name,
+                            ema=ema, lora=lora, lora_alpha=lora_alpha, lora_format=lora_format, model_name=model_name,
                             base_model=base_model, overwrite=overwrite,
                             push_to_hub=push_to_hub, private=private, command=command_line())
+    if layout == "original" and lora_format:
+        raise CogExportError("--lora-format names an adapter file's layout; --to original writes a full transformer")
     result = (export_original if layout == "original" else run_export)(list(checkpoint), output, options)
     for note in result.notes:
         click.echo(f"cogexport: note: {note}", err=True)
@@ -183,9 +189,11 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
     click.echo(f"wrote {result.output}: {result.model} {result.component}, {result.tensors} tensors, "
                f"{_human_bytes(result.total_bytes)} ({result.precision})")
     if result.lora:
-        lora = result.lora
-        click.echo(f"  LoRA rank {lora['rank']}, alpha {lora['alpha']:g} ({lora['alpha_source']}), scale "
-                   f"{lora['scale']:g}, {lora['modules']} modules in {lora['layers']} layers")
+        for expert, lora in (result.lora.get("experts") or {"": result.lora}).items():
+            click.echo(f"  {expert + ': ' if expert else ''}{lora['family']} LoRA ({lora['format_title']}), rank "
+                       f"{lora['rank']}, alpha {lora['alpha']:g} ({lora['alpha_source']}), scale {lora['scale']:g}, "
+                       f"{lora['modules']} modules in {lora['layers']} layers"
+                       + (f"; written as {result.lora['written_as']}" if "written_as" in result.lora else ""))
     if result.dropped:
         # One reason a line: a reason may itself contain "; " or ", ".
         click.echo(f"  dropped {len(result.dropped)} source key(s):")

@@ -102,9 +102,10 @@ def _model_rows(models: dict) -> list[tuple[str, str]]:
             (", rank-stabilised (alpha / sqrt(r))" if lora["use_rslora"] else "")
         ranks = f"rank {lora['rank']}" if len(lora["ranks"]) == 1 else \
             f"rank {lora['rank']} (others: {', '.join(str(r) for r in lora['ranks'] if r != lora['rank'])})"
-        rows.append(("lora", f"{lora['description']}: {ranks}, {alpha}, targets "
+        deltas = "".join(f", {count} modules with {part}" for part, count in lora["deltas"].items())
+        rows.append(("lora", f"{lora['family']} {lora['description']}: {ranks}, {alpha}, targets "
                              f"{', '.join(lora['target_modules'])}, {lora['modules']} modules in {lora['layers']} layers"
-                             + ("" if lora["base_weights"] else ", adapter only (no base weights)")))
+                             + deltas + ("" if lora["base_weights"] else ", adapter only (no base weights)")))
     return rows
 
 

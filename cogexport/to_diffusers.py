@@ -19,12 +19,12 @@ from typing import Callable, Sequence
 
 from .checkpoint import LazyCheckpoint, as_paths, open_checkpoint, open_ema
 from .errors import CogExportError
-from .keymap.plan import Plan, plan_translation, translate_shapes
+from .keymap.plan import Plan, plan_translation
 from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
-from .lora import LORA_WEIGHTS_NAME, PIPELINE_PREFIX, LoraAdapter, adapter_file_metadata, is_lora_key, plan_adapter, \
-    plan_fused, read_adapter
-from .models.base_folder import BaseFolder, open_base
+from .lora import WRITABLE, AdapterOutput, LoraAdapter, base_weights, check_fits, plan_fused, plan_output, read_adapter
+from .lora.formats import FORMATS
+from .models.base_folder import BaseFolder, open_base, read_json
 from .models.family import ModelFamily, Variant, family_of_variant, families
 from .models.recognize import (Recognised, choose_table, component_tables, config_beside, diffusers_config_beside,
                                fitting_tables, lora_key, read_facts)
@@ -56,6 +56,7 @@ class ExportOptions:
     ema: bool = False
     lora: str | None = None  # adapter or fuse; a LoRA run defaults to adapter
     lora_alpha: float | None = None
+    lora_format: str | None = None  # the adapter file's layout (diffusers, peft, comfyui, musubi); default diffusers
     model_name: str | None = None  # a published variant name, for VAE-only exports or to check detection
     base_model: str | None = None  # the Hub id the model card names as base model
     overwrite: bool = False
@@ -226,12 +227,17 @@ def _transformer_target(recognised: Recognised | None, family: ModelFamily, base
 
 
 def _recognise(source: LazyCheckpoint, table: KeyMapTable, family: ModelFamily,
-               experts: tuple[str, ...] = ()) -> Recognised | None:
-    shapes = {name: tensor.shape for name, tensor in source.items()}
-    if not any(not is_lora_key(name) for name in translate_shapes(table, shapes)):
-        return None  # an adapter alone: no base weights to read facts from
+               experts: tuple[str, ...] = ()) -> Recognised:
     metadata = source.info.metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
-    return read_facts(family, table, shapes, experts, metadata)
+    return read_facts(family, table, {name: tensor.shape for name, tensor in source.items()}, experts, metadata)
+
+
+def _recognise_adapter(adapter: LoraAdapter) -> Recognised | None:
+    """The facts of the model a LoRA run saved beside its adapter (None for an adapter alone)."""
+    if not adapter.has_base_weights:
+        return None
+    facts = adapter.family.shapes.read_facts(adapter.base_shapes())
+    return Recognised(adapter.family, adapter.base_table, facts, adapter.family.published_variant(facts))
 
 
 def plan_transformer(source: LazyCheckpoint, base: BaseFolder | None, options: ExportOptions, where: str,
@@ -247,11 +253,11 @@ def plan_transformer(source: LazyCheckpoint, base: BaseFolder | None, options: E
 
 
 def _base_transformer_weights(base: BaseFolder | None, family: ModelFamily, target: TargetModel,
-                              stack: ExitStack) -> dict | None:
+                              stack: ExitStack, component: str = "transformer") -> dict | None:
     """The base model's own transformer weights (for fusing an adapter that came without them)."""
     if base is None:
         return None
-    folder = base.component_dir("transformer") if base.is_pipeline else base.path
+    folder = base.component_dir(component) if base.is_pipeline else base.path
     if any(folder.glob("*.safetensors")):
         weights = stack.enter_context(open_checkpoint(folder))
     elif (folder / "diffusion_pytorch_model.bin").is_file():  # older save_pretrained output (read safely)
@@ -262,15 +268,26 @@ def _base_transformer_weights(base: BaseFolder | None, family: ModelFamily, targ
     return plan_translation(table, weights, target.schema, target.counts, what=f"--base {folder}").tensors
 
 
-def plan_fused_transformer(source: LazyCheckpoint, adapter: LoraAdapter, base: BaseFolder | None,
-                           options: ExportOptions, where: str, stack: ExitStack) -> tuple[ModelExport, Variant]:
+def plan_fused_transformer(adapter: LoraAdapter, base: BaseFolder | None, options: ExportOptions, where: str,
+                           stack: ExitStack, component: str = "transformer",
+                           experts: tuple[str, ...] = ()) -> tuple[ModelExport, Variant]:
+    """The transformer (or one expert) with the adapter fused in: the base weights come from the run when it saved
+    them, else from --base."""
     family = adapter.family
-    chosen = _transformer_target(_recognise(source, adapter.table, family), family, base, options, where)
+    chosen = _transformer_target(_recognise_adapter(adapter), family, base, options, where, component=component,
+                                 experts=experts)
     target = chosen.target
-    fused = plan_fused(source, adapter, target.schema, None if adapter.has_base_weights else
-                       _base_transformer_weights(base, family, target, stack), target.counts, where)
+    check_fits(adapter, target.schema, where)
+    if adapter.has_base_weights:
+        weights = base_weights(adapter, target.schema, target.counts, where)
+    else:
+        weights = _base_transformer_weights(base, family, target, stack, component)
+        if weights is None:
+            raise CogExportError(f"--lora fuse needs the base weights: {where} holds only the adapter; pass --base with "
+                                 "the Diffusers pipeline or transformer folder (with its weights) it was trained on")
+    fused = plan_fused(adapter, weights, where)
     policy = _policy(family.transformer.keep_fp32, options)
-    return ModelExport("transformer", target, Plan(fused), policy.apply(fused), policy, adapter.table, family,
+    return ModelExport(component, target, Plan(fused), policy.apply(fused), policy, adapter.base_table, family,
                        f"{chosen.label} + LoRA", chosen.published), chosen.variant
 
 
@@ -329,16 +346,23 @@ def _holds_vae(source: LazyCheckpoint, family: ModelFamily) -> bool:
 # -- the job ------------------------------------------------------------------------------------------------------
 def _lora_mode(source: LazyCheckpoint, options: ExportOptions, where: str) -> str | None:
     marker = lora_key(list(source))
+    if options.lora_format is not None and options.lora_format not in WRITABLE:
+        raise CogExportError(f"--lora-format {options.lora_format!r} is not one of {', '.join(WRITABLE)}")
     if options.lora is not None:
         if options.lora not in LORA_MODES:
             raise CogExportError(f"--lora {options.lora!r} is not one of {', '.join(LORA_MODES)}")
         if marker is None:
-            raise CogExportError(f"{where} holds no LoRA adapter (no lora_A or matrix_A weights); export it without "
-                                 "--lora")
+            raise CogExportError(f"{where} holds no LoRA adapter (no lora_A, lora_down or matrix_A weights); export "
+                                 "it without --lora")
         if options.lora == "adapter" and options.component is not None:
             raise CogExportError(f"--lora adapter writes an adapter file, not a {options.component}; use --lora fuse "
                                  f"--component {options.component} to merge the adapter into one")
+        if options.lora == "fuse" and options.lora_format is not None:
+            raise CogExportError("--lora-format names the layout of an adapter file; --lora fuse writes a full model")
         return options.lora
+    if marker is None and options.lora_format is not None:
+        raise CogExportError(f"{where} holds no LoRA adapter (no lora_A, lora_down or matrix_A weights); "
+                             "--lora-format is for LoRA checkpoints")
     if marker is not None and options.component is not None:
         raise CogExportError(f"{where} is a LoRA checkpoint ({marker}); export the adapter with --lora adapter, or "
                              "merge it into a full model with --lora fuse (giving --base when the checkpoint does not "
@@ -373,12 +397,8 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
         source = sources["transformer"]
         where = ", ".join(str(p) for p in paths)
         mode = _lora_mode(source, options, where)
-        adapter = None
-        if mode is not None:
-            if experts:
-                raise CogExportError(f"{where} holds LoRA experts; export each expert's adapter from its own folder")
-            adapter = read_adapter(source, where, options.lora_alpha, _search_folders(paths, source),
-                                   source.info.metadata)
+        adapters = _read_adapters(sources, experts, paths, base, options, where) if mode is not None else {}
+        adapter = adapters.get("transformer")
         component = "lora adapter" if mode == "adapter" else \
             options.component or ("pipeline" if base and base.is_pipeline else "transformer")
         _check_options(component, base, options)
@@ -386,17 +406,19 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
         inputs = [*paths, *read_files, *([options.vae] if options.vae else []), *([base.path] if base else [])]
         own_folders = [folder for each in sources.values() for folder in each.own_folders()]
         if mode == "adapter":
-            return _export_adapter(source, adapter, base, options, where, output, inputs)
+            return _export_adapters(sources, adapters, experts, base, options, where, output, inputs)
 
         parts: list[ModelExport] = []
         named = _model_name_family(options)
         family, variant = named if named else (base.family if base else None, None)
         if component in ("transformer", "pipeline"):
+            names = tuple(folder.name for folder in experts.values())
             if mode == "fuse":
-                transformer, variant = plan_fused_transformer(source, adapter, base, options, where, stack)
-                parts.append(transformer)
+                for name, each in adapters.items():
+                    part, variant = plan_fused_transformer(each, base, options, str(experts[name]) if experts else where,
+                                                           stack, name, names)
+                    parts.append(part)
             else:
-                names = tuple(folder.name for folder in experts.values())
                 for name, each in sources.items():
                     part_where = str(experts[name]) if experts else where
                     # an expert's own config.json sits in its subfolder
@@ -430,8 +452,9 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
         result = ExportResult(str(output), component, label, [], sum(len(p.tensors) for p in parts),
                               sum(p.shards.total_bytes for p in parts), parts[0].policy.describe(),
                               family=parts[0].family.name, source=asdict(source.info), notes=list(source.info.notes))
-        if adapter is not None:
-            result.lora, result.notes = _lora_summary(adapter), result.notes + adapter.warnings
+        if adapters:
+            result.lora = _lora_summary(adapters, experts)
+            result.notes += [note for each in adapters.values() for note in each.warnings]
         for part in parts:
             result.notes += part.notes
             result.dropped.update(part.plan.dropped)
@@ -454,47 +477,92 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
         return result
 
 
-def _lora_summary(adapter: LoraAdapter) -> dict:
-    return {"table": adapter.table.name, "rank": adapter.rank, "alpha": adapter.alpha,
-            "alpha_source": adapter.alpha_source, "scale": adapter.scale(),
-            "target_modules": adapter.target_modules, "modules": len(adapter.ranks), "layers": adapter.layers}
+# -- LoRA adapters ------------------------------------------------------------------------------------------------
+def _read_adapters(sources: dict[str, LazyCheckpoint], experts: dict[str, Path], paths: list[Path],
+                   base: BaseFolder | None, options: ExportOptions, where: str) -> dict[str, LoraAdapter]:
+    """The adapter of each expert (one, for an ordinary run), checked against the model --base or --model-name
+    names."""
+    adapters = {}
+    for name, source in sources.items():
+        part_where = str(experts[name]) if experts else where
+        folders = _search_folders([experts[name]] if experts else paths, source)
+        adapters[name] = read_adapter(source, part_where, options.lora_alpha, folders, source.info.metadata,
+                                      _family_hint(base, options))
+    families = {adapter.family.name for adapter in adapters.values()}
+    if len(families) > 1:
+        raise CogExportError(f"{where}: the experts' adapters are of different families ({', '.join(sorted(families))})")
+    family = next(iter(adapters.values())).family
+    hint = _family_hint(base, options)
+    if hint is not None and hint.key != family.key:
+        given = f"--base {base.path}" if base else f"--model-name {options.model_name}"
+        raise CogExportError(f"{where} is a {family.name} LoRA, but {given} is a {hint.name} model; give the "
+                             f"{family.name} model it was trained on")
+    return adapters
 
 
-def _names_schema(family: ModelFamily, blocks: int) -> dict:
-    """Every tensor name a transformer of the family with ``blocks`` blocks can have (shapes of the largest variant),
-    for checking an adapter's module names when the model's size is not known."""
-    variant = family.variant_named(family.lora_names_from)
-    config = {**family.transformer_config(variant), "num_layers": max(blocks, 1)}
-    return build_target(family.transformer.class_name, config).schema
+def _lora_summary(adapters: dict[str, LoraAdapter], experts: dict[str, Path]) -> dict:
+    summary = next(iter(adapters.values())).summary()
+    if experts:
+        summary["experts"] = {experts[name].name: adapter.summary() for name, adapter in adapters.items()}
+    return summary
 
 
-def _export_adapter(source: LazyCheckpoint, adapter: LoraAdapter, base: BaseFolder | None, options: ExportOptions,
-                    where: str, output: Path, inputs: list[Path]) -> ExportResult:
-    """pytorch_lora_weights.safetensors with the adapter config Diffusers reads, and a model card."""
-    family = adapter.family
-    chosen = None
-    recognised = _recognise(source, adapter.table, family)
-    if base is not None and base.config("transformer") or recognised is not None or options.model_name:
-        chosen = _transformer_target(recognised, family, base, options, where)
-        schema = chosen.target.schema
-    else:  # the size is unknown: check the adapted modules' names against the family's layout alone
-        schema = _names_schema(family, adapter.blocks_needed)
-    tensors = plan_adapter(source, adapter, schema, where, check_shapes=chosen is not None)
-    policy = _policy(family.lora_keep_fp32, options)
-    tensors = {PIPELINE_PREFIX + name: tensor for name, tensor in policy.apply(tensors).items()}
-    check_destination(output, source.own_folders(), inputs, options.overwrite)
-    total = sum(t.nbytes for t in tensors.values())
-    result = ExportResult(str(output), "lora adapter", chosen.label if chosen else family.name, [], len(tensors),
-                          total, policy.describe(), family=family.name, lora=_lora_summary(adapter),
-                          source=asdict(source.info), notes=[*source.info.notes, *adapter.warnings])
+def _adapter_target(adapter: LoraAdapter, base: BaseFolder | None, options: ExportOptions, where: str,
+                    component: str, experts: tuple[str, ...]) -> tuple[_TransformerTarget | None, dict]:
+    """The model the adapter is for, when known (--base, --model-name, or the base weights the run saved), and the
+    schema its names and shapes are checked against (else: the family's layout, names only)."""
+    recognised = _recognise_adapter(adapter)
+    if base is not None and base.config(component) or recognised is not None or options.model_name:
+        chosen = _transformer_target(recognised, adapter.family, base, options, where, component=component,
+                                     experts=experts)
+        check_fits(adapter, chosen.target.schema, where)
+        return chosen, chosen.target.schema
+    return None, adapter.names
+
+
+def _export_adapters(sources: dict[str, LazyCheckpoint], adapters: dict[str, LoraAdapter], experts: dict[str, Path],
+                     base: BaseFolder | None, options: ExportOptions, where: str, output: Path,
+                     inputs: list[Path]) -> ExportResult:
+    """The adapter file (one per expert, in the release's expert subfolders) in --lora-format's layout, the files
+    its loader reads beside it, and a model card."""
+    lora_format = options.lora_format or "diffusers"
+    names = tuple(folder.name for folder in experts.values())
+    planned: dict[str, tuple[AdapterOutput, _TransformerTarget | None]] = {}
+    for name, adapter in adapters.items():
+        part_where = str(experts[name]) if experts else where
+        chosen, schema = _adapter_target(adapter, base, options, part_where, name, names)
+        base_model = options.base_model or (chosen.variant.hub_id if chosen and chosen.published else None)
+        planned[experts[name].name if experts else ""] = (
+            plan_output(adapter, lora_format, schema, _policy(adapter.family.lora_keep_fp32, options), part_where,
+                        base_model), chosen)
+    check_destination(output, [f for each in sources.values() for f in each.own_folders()], inputs, options.overwrite)
+    first = next(iter(adapters.values()))
+    chosen = next(iter(planned.values()))[1]
+    total = sum(t.nbytes for out, _ in planned.values() for t in out.tensors.values())
+    result = ExportResult(str(output), "lora adapter", chosen.label if chosen else first.family.name, [],
+                          sum(len(out.tensors) for out, _ in planned.values()), total,
+                          _policy(first.family.lora_keep_fp32, options).describe(), family=first.family.name,
+                          lora={**_lora_summary(adapters, experts), "written_as": lora_format},
+                          source=asdict(_first_source(sources).info),
+                          notes=[*_first_source(sources).info.notes, *(n for a in adapters.values() for n in a.warnings)])
     with staged_folder(output) as staging, byte_progress(total, "export", options.progress) as bar:
-        write_safetensors(staging / LORA_WEIGHTS_NAME, tensors, adapter_file_metadata(adapter, schema),
-                          lambda _name, nbytes: bar.update(nbytes))
-        (staging / "README.md").write_text(_adapter_card(adapter, chosen, options, source), encoding="utf-8")
-        result.files = [LORA_WEIGHTS_NAME, "README.md"]
+        for sub, (out, _) in planned.items():
+            folder = staging / sub if sub else staging
+            folder.mkdir(parents=True, exist_ok=True)
+            write_safetensors(folder / out.file, out.tensors, out.metadata, lambda _name, nbytes: bar.update(nbytes))
+            for name, text in out.side_files.items():
+                (folder / name).write_text(text, encoding="utf-8")
+            result.files += [f"{sub}/{f}" if sub else f for f in (out.file, *out.side_files)]
+        (staging / "README.md").write_text(_adapter_card(adapters, planned, lora_format, options,
+                                                         _first_source(sources)), encoding="utf-8")
+        result.files.append("README.md")
     if options.push_to_hub:
         result.pushed_to = _push(output, options)
     return result
+
+
+def _first_source(sources: dict[str, LazyCheckpoint]) -> LazyCheckpoint:
+    return next(iter(sources.values()))
 
 
 # -- pipeline folders and cards -----------------------------------------------------------------------------------
@@ -557,12 +625,45 @@ def _pipeline_card(family: ModelFamily, variant: Variant, options: ExportOptions
     ))
 
 
-def _adapter_card(adapter: LoraAdapter, chosen: _TransformerTarget | None, options: ExportOptions,
-                  source: LazyCheckpoint) -> str:
+_STRENGTH_WHERE = {
+    "diffusers": "lora_alpha, r and per-module patterns are in the file's lora_adapter_metadata",
+    "peft": "lora_alpha, r and per-module patterns are in adapter_config.json",
+    "comfyui": "each module's alpha is in its .alpha tensor (the loader applies alpha / r)",
+    "musubi": "each module's alpha is in its .alpha tensor (the loader applies alpha / r)",
+}
+
+
+def _adapter_usage(lora_format: str, pipeline: str, base_model: str | None, where: str,
+                   planned: dict[str, tuple[AdapterOutput, _TransformerTarget | None]]) -> str:
+    """How the adapter is loaded at its trained strength, by the loaders of its format."""
+    files = {sub: f"{where}/{sub + '/' if sub else ''}{out.file}" for sub, (out, _) in planned.items()}
+    lines = ["import torch", f"from diffusers import {pipeline}", ""]
+    lines.append(f"pipe = {pipeline}.from_pretrained(\"{base_model or 'path/to/base'}\", torch_dtype=torch.bfloat16)")
+    if lora_format == "peft":
+        lines[1:1] = ["from peft import PeftModel"]
+        for sub, transformer in zip(files, ("transformer", "transformer_2")):
+            folder = f"{where}/{sub}" if sub else where
+            lines.append(f"pipe.{transformer} = PeftModel.from_pretrained(pipe.{transformer}, \"{folder}\")"
+                         ".merge_and_unload()")
+    else:  # Diffusers reads its own files, and for Wan kohya / musubi and ComfyUI files too
+        for index, path in enumerate(files.values()):
+            into = ", load_into_transformer_2=True" if index else ""
+            lines.append(f"pipe.load_lora_weights(\"{path}\"{into})")
+    if lora_format in ("comfyui", "musubi"):
+        runners = "ComfyUI (LoraLoaderModelOnly)" + (", musubi-tuner (--lora_weight)" if lora_format == "musubi" else "")
+        lines.append(f"# or in {runners}: {', '.join(files.values())} at strength 1.0")
+    return "\n".join(lines)
+
+
+def _adapter_card(adapters: dict[str, LoraAdapter], planned: dict[str, tuple[AdapterOutput, _TransformerTarget | None]],
+                  lora_format: str, options: ExportOptions, source: LazyCheckpoint) -> str:
+    adapter = next(iter(adapters.values()))
+    chosen = next(iter(planned.values()))[1]
     family = adapter.family
     variant = chosen.variant if chosen else None
     task = family.task(variant.task if variant else next(iter(family.tasks)))
     base_model = options.base_model or (variant.hub_id if chosen and chosen.published else None)
+    title = FORMATS[lora_format].title
     return model_card(CardFacts(
         title=f"{chosen.label if chosen else family.name} LoRA",
         base_model=base_model,
@@ -573,13 +674,14 @@ def _adapter_card(adapter: LoraAdapter, chosen: _TransformerTarget | None, optio
         command=options.command or "cogexport (Python API)",
         source=_source_line(source),
         precision=f"{options.dtype} ({', '.join(family.lora_keep_fp32)} kept in fp32)",
-        details=[f"Adapter: {adapter.describe()}",
-                 "lora_alpha and r are stored in the file's lora_adapter_metadata, so Diffusers applies the trained "
-                 "scale with no scale passed by hand",
-                 f"Key map: {adapter.table.name} ({adapter.table.description})"],
-        usage=(f"import torch\nfrom diffusers import {task.pipeline}\n\n"
-               f"pipe = {task.pipeline}.from_pretrained(\"{base_model or 'path/to/base'}\", torch_dtype=torch.bfloat16)\n"
-               f"pipe.load_lora_weights(\"{options.push_to_hub or 'path/to/this/folder'}\")"),
+        details=[*(f"Adapter{' (' + sub + ')' if sub else ''}: {each.describe()}"
+                   for sub, each in zip(planned, adapters.values())),
+                 f"Layout: {title}; {_STRENGTH_WHERE[lora_format]}, so its loader applies the trained strength with "
+                 "no scale passed by hand",
+                 f"Read with: {adapter.table.name} ({adapter.table.description})"],
+        usage=_adapter_usage(lora_format, task.pipeline, base_model, options.push_to_hub or "path/to/this/folder",
+                             planned),
+        layout=title,
     ))
 
 

@@ -31,7 +31,8 @@ from .errors import CogExportError
 from .keymap.plan import plan_translation
 from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
-from .lora import LORA_METADATA_KEY, LORA_WEIGHTS_NAME, PIPELINE_PREFIX, is_lora_key, plan_fused, read_adapter
+from .checkpoint import open_checkpoint
+from .lora import base_weights, plan_fused, read_adapter
 from .models.base_folder import read_json
 from .models.family import family_of_class
 from .models.recognize import choose_table, lora_key
@@ -96,7 +97,7 @@ def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, ta
     """Verify OUTPUT (a model folder, a pipeline's transformer, or a LoRA adapter folder) against ``against``, and a
     pipeline's exported VAE against ``vae_against`` (its own source)."""
     output = Path(output)
-    if (output / LORA_WEIGHTS_NAME).is_file() and not (output / "config.json").is_file():
+    if not (output / "config.json").is_file() and not is_pipeline(output) and any(output.glob("*.safetensors")):
         if vae_against is not None:
             raise CogExportError(f"--vae-against applies to a pipeline folder; {output} is a LoRA adapter folder")
         return [_verify_adapter(output, as_paths(against), ExportOptions(tag=tag, ema=ema))]
@@ -107,8 +108,8 @@ def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, ta
         if vae_against is not None:
             checks.append((output / "vae", as_paths(vae_against)))
     else:
-        raise CogExportError(f"{output} is not an exported folder (no config.json, model_index.json or "
-                             f"{LORA_WEIGHTS_NAME})")
+        raise CogExportError(f"{output} is not an exported folder (no config.json, model_index.json or adapter "
+                             "weights)")
     if vae_against is not None and len(checks) == 1:
         raise CogExportError(f"--vae-against applies to a pipeline folder; {output} is a model folder")
     options = ExportOptions(tag=tag, ema=ema)
@@ -129,12 +130,11 @@ def _verify_folder(folder: Path, sources: list[Path], options: ExportOptions, lo
         report = VerifyReport(str(folder), class_name)
         if component == "transformer" and lora_key(list(source)) is not None:
             report.kind = "fused model"
-            adapter = read_adapter(source, where, None, [p if p.is_dir() else p.parent for p in sources],
-                                   source.info.metadata)
+            adapter = read_adapter(source, where, None, _folders(sources), source.info.metadata)
             if not adapter.has_base_weights:
                 raise CogExportError(f"{where} holds only a LoRA adapter; verify the fused folder against the run "
                                      "that holds the base weights too, or verify the adapter folder")
-            expected = plan_fused(source, adapter, target.schema, None, target.counts, where)
+            expected = plan_fused(adapter, base_weights(adapter, target.schema, target.counts, where), where)
             table = None
         else:
             _, table = choose_table(source, component, class_name, where, family)
@@ -148,20 +148,34 @@ def _verify_folder(folder: Path, sources: list[Path], options: ExportOptions, lo
     return report
 
 
+def _folders(sources: list[Path]) -> list[Path]:
+    return [p if p.is_dir() else p.parent for p in sources]
+
+
 def _verify_adapter(folder: Path, sources: list[Path], options: ExportOptions) -> VerifyReport:
+    """The adapter written to ``folder`` (in whatever layout), read back, has the run's modules, A and B, ranks and
+    alphas: the strength its loader will apply is the trained one."""
     where = ", ".join(map(str, sources))
-    with open_source(sources, options) as source, SafetensorsCheckpoint(folder / LORA_WEIGHTS_NAME) as written:
-        adapter = read_adapter(source, where, None, [p if p.is_dir() else p.parent for p in sources],
-                               source.info.metadata)
-        report = VerifyReport(str(folder), "LoRA adapter", kind="LoRA adapter")
-        translated = plan_translation(adapter.table, source, None, {}, what=where).tensors
-        expected = {PIPELINE_PREFIX + name: t for name, t in translated.items() if is_lora_key(name)}
-        _compare(written, expected, report)
-        recorded = json.loads(written.info.metadata.get(LORA_METADATA_KEY) or "{}")
-        wanted = {key: value for key, value in adapter.metadata({}).items() if key != f"{PIPELINE_PREFIX}target_modules"}
-        for key, value in wanted.items():
-            if recorded.get(key) != value:
-                report.mismatches.append(f"{LORA_METADATA_KEY} {key} is {recorded.get(key)!r}, the run's is {value!r}")
+    with open_source(sources, options) as source, open_checkpoint(folder) as written_file:
+        trained = read_adapter(source, where, None, _folders(sources), source.info.metadata)
+        written = read_adapter(written_file, str(folder), None, [folder], written_file.info.metadata)
+        report = VerifyReport(str(folder), f"{written.table.format.title} LoRA adapter", kind="LoRA adapter")
+        for name in sorted(set(trained.modules) - set(written.modules)):
+            report.mismatches.append(f"{name}: the run adapts it, the folder does not")
+        for name in sorted(set(written.modules) - set(trained.modules)):
+            report.mismatches.append(f"{name}: the folder adapts it, the run does not")
+        for name in sorted(set(trained.modules) & set(written.modules)):
+            want, have = trained.modules[name], written.modules[name]
+            if want.scale(trained.use_rslora) != have.scale(written.use_rslora):
+                report.mismatches.append(f"{name}: applied at {have.scale(written.use_rslora):g}, the run's strength is "
+                                         f"{want.scale(trained.use_rslora):g} (alpha {want.alpha:g}, rank {want.rank})")
+            for part, tensor in want.parts.items():
+                report.tensors += 1
+                kind = _same(have.parts[part], tensor.load()) if part in have.parts else None
+                if kind is None:
+                    report.mismatches.append(f"{name}.{part}: differs from the run's")
+                else:
+                    setattr(report, kind, getattr(report, kind) + 1)
     report.judge_note = "LoRA adapters have no Diffusers converter to compare with here; load it with " \
                         "load_lora_weights to check it applies"
     return report

@@ -1,5 +1,7 @@
-"""LoRA runs export to adapters that Diffusers itself loads and fuses at scale 1.0 to exactly W + (alpha/r) B A, and
-to fused models equal to the same; alpha comes from the run when it is recorded, else a documented default."""
+"""CogVideoX LoRA runs (SAT's LoraMixin, PEFT inside DeepSpeed or DDP checkpoints, Diffusers, PEFT and finetrainers
+files) export to adapters that Diffusers itself (or, for --lora-format peft, PEFT) loads and fuses at scale 1.0 to
+exactly W + (alpha/r) B A, and to fused models equal to the same; alpha comes from the run when it is recorded,
+else a documented default."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import pytest
 import torch
 from cogvideox_fixtures import build_tiny_transformer, config_folder, finetune, write_sat_run
 from diffusers import CogVideoXPipeline, CogVideoXTransformer3DModel
+from lora_helpers import adapter_metadata, assert_all_equal, diffusers_fused, peft_fused
+from lora_helpers import merged as merged_modules
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -17,26 +21,12 @@ from cogexport.to_diffusers import export
 
 def diffusers_fuse(folder, config, weights) -> dict[str, torch.Tensor]:
     """What Diffusers makes of an adapter folder: load it into the base transformer and fuse at scale 1.0."""
-    model = CogVideoXTransformer3DModel.from_config(config)
-    model.load_state_dict({n: t.float() for n, t in weights.items()})
-    state_dict, metadata = CogVideoXPipeline.lora_state_dict(folder, return_lora_metadata=True)
-    model.load_lora_adapter(state_dict, prefix="transformer", metadata=metadata, adapter_name="trained")
-    model.fuse_lora(lora_scale=1.0)
-    model.unload_lora()
-    return model.state_dict()
+    return diffusers_fused(CogVideoXPipeline, CogVideoXTransformer3DModel, config, weights, folder)
 
 
 def merged(weights, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], alpha: float, rank: int):
-    out = {name: tensor.float() for name, tensor in weights.items()}
-    for module, (down, up) in pairs.items():
-        out[f"{module}.weight"] = out[f"{module}.weight"] + (up.float() @ down.float()) * (alpha / rank)
-    return out
-
-
-def assert_all_equal(actual, expected):
-    assert set(actual) == set(expected)
-    wrong = [name for name in expected if not torch.equal(actual[name], expected[name])]
-    assert not wrong, wrong[:5]
+    """W + (alpha / r) B A with one alpha and rank for every module."""
+    return merged_modules(weights, {module: (down, up, alpha / rank) for module, (down, up) in pairs.items()})
 
 
 @pytest.mark.parametrize("variant, layers", [("2b", 1), ("5b", 3), ("1.5-5b-i2v", 2)])
@@ -124,10 +114,12 @@ def test_inspect_reports_the_adapter(cli, tmp_path):
     run = finetune("t2v", 2, 2, lora_rank=4)
     report = json.loads(cli("inspect", run.root / "pytorch_lora_weights.safetensors", "--json").stdout)
     assert report["models"]["lora"] == {
-        "family": "CogVideoX", "layout": "cogvideox/diffusers_lora", "description": "Diffusers LoRA weights (pytorch_lora_weights.safetensors)",
-        "rank": 4, "ranks": [4], "alpha": None, "assumed_alpha": 64.0,
+        "family": "CogVideoX", "format": "diffusers", "format_title": "Diffusers", "layout": "cogvideox/diffusers_lora",
+        "description": "Diffusers LoRA weights (pytorch_lora_weights.safetensors)",
+        "rank": 4, "ranks": [4], "alpha": None, "assumed_alpha": 64.0, "alpha_recorded": False, "scale": 16.0,
         "alpha_source": "CogVideo finetune/'s default lora_alpha", "per_module_alphas": False, "use_rslora": False,
-        "target_modules": ["to_k", "to_out.0", "to_q", "to_v"], "modules": 8, "layers": 2, "base_weights": False}
+        "target_modules": ["to_k", "to_out.0", "to_q", "to_v"], "modules": 8, "layers": 2, "deltas": {},
+        "base_weights": False}
     text = cli("inspect", run.checkpoint).stdout
     assert "rank 4, alpha not recorded" in text and "64, would be assumed" in text and "8 modules in 2 layers" in text
 
@@ -265,13 +257,21 @@ def test_fuse_takes_the_plain_weights_of_a_base_that_also_holds_a_variant(tmp_pa
 
 
 @pytest.mark.filterwarnings("ignore:.*LoRA tensor\\(s\\) have invalid shape")  # PEFT's view of lora_B.bias
-def test_lora_variants_diffusers_cannot_carry_are_refused(tmp_path, cli):
-    for option in ("use_dora", "lora_bias"):
-        run = PeftRun(tmp_path / option, r=4, lora_alpha=4, target_modules=["to_q"], **{option: True})
-        checkpoint = run.saved(tmp_path / option / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
-        result = cli(checkpoint, tmp_path / f"{option}-out", "--base", run.base_folder)
-        assert_refused(result, "lora_", "cannot carry")
-        assert not (tmp_path / f"{option}-out").exists()
+def test_dora_goes_to_peft_only_and_lora_biases_reach_diffusers(tmp_path, cli):
+    run = PeftRun(tmp_path / "dora", r=4, lora_alpha=4, target_modules=["to_q"], use_dora=True)
+    checkpoint = run.saved(tmp_path / "dora" / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
+    assert_refused(cli(checkpoint, tmp_path / "dora-out", "--base", run.base_folder), "cannot hold DoRA magnitudes",
+                   "--lora-format peft")
+    assert_refused(cli(checkpoint, tmp_path / "dora-fused", "--base", run.base_folder, "--lora", "fuse"), "DoRA")
+    assert not (tmp_path / "dora-out").exists() and not (tmp_path / "dora-fused").exists()
+
+    # PEFT's lora_bias: lora_B.bias, added to the layer's bias times the scale; Diffusers carries it
+    run = PeftRun(tmp_path / "bias", r=4, lora_alpha=8, target_modules=["to_q", "to_v"], lora_bias=True)
+    checkpoint = run.saved(tmp_path / "bias" / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
+    export(checkpoint, tmp_path / "bias-out", base=run.base_folder)
+    assert_all_equal(via_pipeline(tmp_path / "bias-out", run.base_folder), run.merged)
+    export(checkpoint, tmp_path / "bias-fused", base=run.base_folder, lora="fuse", dtype="fp32")
+    assert_all_equal(load_file(tmp_path / "bias-fused" / "diffusion_pytorch_model.safetensors"), run.merged)
 
 
 def test_bad_lora_options(cli, tmp_path):
@@ -284,7 +284,7 @@ def test_bad_lora_options(cli, tmp_path):
         assert_refused(cli(source, tmp_path / "o2", "--base", run.base_folder, "--lora-alpha", alpha), "--lora-alpha")
     renamed = {f"transformer.encoder.{n.split('.', 1)[1]}": t for n, t in load_file(source).items()}
     save_file(renamed, tmp_path / "foreign.safetensors")
-    assert_refused(cli(tmp_path / "foreign.safetensors", tmp_path / "o3"), "not a linear layer of the model")
+    assert_refused(cli(tmp_path / "foreign.safetensors", tmp_path / "o3"), "not on a linear layer of a CogVideoX transformer")
     assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3"))
 
 
@@ -298,3 +298,73 @@ def test_a_recorded_config_that_cannot_be_read(cli, tmp_path):
     (checkpoint.parent / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": "a lot"}))
     assert_refused(cli(checkpoint, tmp_path / "o2", "--base", run.base_folder), "lora_alpha", "not a positive number")
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+# -- every CogVideoX layout, written as Diffusers and PEFT files -------------------------------------------------
+PATTERNS = {"r": 4, "lora_alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "proj_out"],
+            "rank_pattern": {"to_v": 2}, "alpha_pattern": {"to_k": 2, "proj_out": 16}}
+
+
+def finetrainers_file(run: PeftRun, path):
+    """finetrainers' layout: Diffusers names, its LoraConfig in the lora_config metadata (one rank and alpha)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({f"transformer.{name}": tensor.contiguous() for name, tensor in run.adapter.items()}, path,
+              metadata={"lora_config": json.dumps({k: run.config[k] for k in ("r", "lora_alpha", "target_modules")})})
+    return path
+
+
+def judged(folder, lora_format: str, base_folder):
+    """An adapter folder as its own loader applies it: PEFT's merge for peft, Diffusers' loader for diffusers."""
+    if lora_format == "peft":
+        config = CogVideoXTransformer3DModel.load_config(base_folder)
+        return peft_fused(CogVideoXTransformer3DModel, config, load_file(base_folder / "diffusion_pytorch_model.safetensors"),
+                          folder)
+    return via_pipeline(folder, base_folder)
+
+
+@pytest.mark.parametrize("layout", ["diffusers", "peft", "peft-checkpoint", "finetrainers"])
+def test_cogvideox_layouts_written_as_diffusers_and_peft(layout, tmp_path, cli):
+    config = PATTERNS if layout != "finetrainers" else {"r": 4, "lora_alpha": 8, "target_modules": ["to_q", "to_v"]}
+    run = PeftRun(tmp_path, seed=2, **config)
+    source = {"diffusers": lambda: run.diffusers_file(tmp_path / "in", metadata=config),
+              "peft": lambda: run.saved(tmp_path / "in", "adapter_model.safetensors", run.adapter, "base_model.model."),
+              "peft-checkpoint": lambda: run.saved(tmp_path / "in", "model.safetensors", run.wrapped, "module."),
+              "finetrainers": lambda: finetrainers_file(run, tmp_path / "in" / "pytorch_lora_weights.safetensors")}[layout]()
+    for target in ("diffusers", "peft"):
+        result = export(source, tmp_path / target, base=run.base_folder, lora_format=target)
+        assert not result.notes, result.notes  # every layout here records its alpha
+        assert_all_equal(judged(tmp_path / target, target, run.base_folder), run.merged)
+    peft_config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert (peft_config["peft_type"], peft_config["r"], peft_config["lora_alpha"]) == ("LORA", 4, 8.0)
+    for target in ("comfyui", "musubi"):  # no CogVideoX loader reads original-names LoRAs
+        refused = cli(source, tmp_path / target, "--base", run.base_folder, "--lora-format", target)
+        assert_refused(refused, "for CogVideoX LoRAs", "write one of diffusers, peft")
+        assert not (tmp_path / target).exists()
+
+
+def test_sat_lora_run_written_as_a_peft_adapter(tmp_path):
+    original = build_tiny_transformer("5b", num_layers=2, seed=8)
+    run = write_sat_run(tmp_path / "run", original.state_dict(), lora_rank=4, dtype=torch.float32)
+    base = tmp_path / "base"
+    original.save_pretrained(base)
+    export(run.run_dir, tmp_path / "peft", base=base, lora_format="peft")
+    assert_all_equal(judged(tmp_path / "peft", "peft", base), run.expected_merged())
+
+
+def test_cogvideox_round_trips_are_exact(tmp_path):
+    run = PeftRun(tmp_path, seed=3, **PATTERNS)
+    source = run.diffusers_file(tmp_path / "in", metadata=PATTERNS)
+    export(source, tmp_path / "peft", base=run.base_folder, lora_format="peft")
+    export(tmp_path / "peft", tmp_path / "diffusers", base=run.base_folder)
+    export(tmp_path / "diffusers", tmp_path / "peft-again", base=run.base_folder, lora_format="peft")
+    again = load_file(tmp_path / "diffusers" / "pytorch_lora_weights.safetensors")
+    assert_all_equal(again, load_file(source))
+    assert adapter_metadata(tmp_path / "diffusers" / "pytorch_lora_weights.safetensors") == {
+        f"transformer.{key}": value for key, value in {**PATTERNS, "lora_alpha": 8.0, "alpha_pattern": {
+            f"transformer_blocks.{i}.attn1.to_k": 2.0 for i in range(2)} | {"proj_out": 16.0},
+            "rank_pattern": {f"transformer_blocks.{i}.attn1.to_v": 2 for i in range(2)},
+            "target_modules": ["proj_out", "to_k", "to_out.0", "to_q", "to_v"]}.items()}
+    assert_all_equal(load_file(tmp_path / "peft-again" / "adapter_model.safetensors"),
+                     load_file(tmp_path / "peft" / "adapter_model.safetensors"))
+    assert (tmp_path / "peft-again" / "adapter_config.json").read_text() == \
+        (tmp_path / "peft" / "adapter_config.json").read_text()

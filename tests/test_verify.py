@@ -166,7 +166,7 @@ def test_verify_checks_a_lora_adapter_folder(cli, tmp_path):
     save_file(tensors, weights, metadata={**metadata, "lora_adapter_metadata": json.dumps(
         {**recorded, "transformer.lora_alpha": 4.0})})
     result = cli("verify", tmp_path / "adapter", "--against", run.run_dir)
-    assert result.exit_code == 1 and "transformer.lora_alpha is 4.0, the run's is 1.0" in result.stdout
+    assert result.exit_code == 1 and "applied at 1, the run's strength is 0.25 (alpha 1, rank 4)" in result.stdout
 
 
 def test_verify_checks_a_fused_lora_folder(cli, tmp_path):

@@ -33,7 +33,9 @@ def _listing(names: list[str], limit: int = 5) -> str:
     return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _match(table: KeyMapTable, name: str) -> list[tuple[Regroup | Drop, int, dict[str, str]]]:
+def match_key(table: KeyMapTable, name: str) -> list[tuple[Regroup | Drop, int, dict[str, str]]]:
+    """Every rule (or drop) of the table, else of its fallback, that matches ``name``: (rule, which of its source
+    patterns, placeholder values)."""
     found: list[tuple[Regroup | Drop, int, dict[str, str]]] = []
     for rule in table.rules:
         for index, pattern in enumerate(rule.sources):
@@ -42,7 +44,7 @@ def _match(table: KeyMapTable, name: str) -> list[tuple[Regroup | Drop, int, dic
                 found.append((rule, index, values))
     found += [(drop, 0, {}) for drop in table.drops if drop.matches(name)]
     if not found and table.fallback is not None:
-        return _match(table.fallback, name)
+        return match_key(table.fallback, name)
     return found
 
 
@@ -90,7 +92,7 @@ def plan_translation(table: KeyMapTable, source: Mapping[str, LazyTensor],
     groups: dict[tuple, dict[int, str]] = {}
     unknown, ambiguous = [], []
     for name in selected:
-        matches = _match(table, name)
+        matches = match_key(table, name)
         alternatives = len(matches) > 1 and are_alternatives([m[0] for m in matches])
         if alternatives and schema is not None:
             matches = _the_alternative_the_model_has(matches, schema, counts)

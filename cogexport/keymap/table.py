@@ -25,7 +25,9 @@ from .rules import Drop, Regroup
 
 _TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "strip_prefixes", "signature", "requires",
                  "include", "fallback", "judge"}
-_LORA_FIELDS = {"default_alpha", "default_alpha_reason", "alpha_recorded"}
+# A LoRA table's [lora] section (read by cogexport/lora/tables.py).
+_LORA_FIELDS = {"format", "modules", "writes", "default_alpha", "default_alpha_reason", "alpha_recorded",
+                "network_module"}
 _RULE_FIELDS = {
     "rename": {"from", "to", "optional"},
     "chunk": {"from", "to", "dim", "optional"},

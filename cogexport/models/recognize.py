@@ -16,23 +16,25 @@ from ..lazy import LazyTensor
 from .base_folder import read_json
 from .family import ModelFamily, Variant, families
 
-# Name fragments only LoRA checkpoints have (SAT's LoRA mixin, PEFT, kohya-style files).
+# Name fragments only LoRA checkpoints have (SAT's LoRA mixin, PEFT, kohya / musubi-tuner, ComfyUI files).
 LORA_MARKERS = (".original.", ".matrix_A.", ".matrix_B.", ".lora_A.", ".lora_B.", ".base_layer.", ".lora_down.",
-                ".lora_up.")
+                ".lora_up.", ".lora_magnitude_vector")
+LORA_PREFIXES = ("lora_unet_",)
 
 
 def lora_key(keys: Sequence[str]) -> str | None:
     """A key that marks the checkpoint as a LoRA run, if any."""
-    return next((key for key in keys if any(marker in key for marker in LORA_MARKERS)), None)
+    return next((key for key in keys if any(marker in key for marker in LORA_MARKERS)
+                 or key.startswith(LORA_PREFIXES)), None)
 
 
 def component_tables(component: str, family: ModelFamily | None = None) -> list[tuple[ModelFamily, str]]:
-    """(family, table name) for every table that translates into ``component`` ("transformer", "vae" or "lora")."""
+    """(family, table name) for every table that translates into ``component`` ("transformer" or "vae"); LoRA
+    layouts are recognised by cogexport/lora/read.py."""
     found = []
     for each in families() if family is None else (family,):
         spec = {"transformer": each.transformer, "vae": each.vae}.get(component)
-        names = each.lora_tables if component == "lora" else (spec.tables if spec else ())
-        found += [(each, name) for name in names]
+        found += [(each, name) for name in (spec.tables if spec else ())]
     return found
 
 
@@ -134,15 +136,8 @@ def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | No
         except CogExportError as error:
             found["lora"] = {"marker": marker, "problem": str(error)}
         else:
-            found["lora"] = {"family": adapter.family.name, "layout": adapter.table.name,
-                             "description": adapter.table.source, "rank": adapter.rank,
-                             "ranks": sorted(set(adapter.ranks.values())),
-                             "alpha": adapter.alpha if adapter.alpha_recorded else None,
-                             "assumed_alpha": None if adapter.alpha_recorded else adapter.alpha,
-                             "alpha_source": adapter.alpha_source, "per_module_alphas": bool(adapter.alpha_pattern),
-                             "use_rslora": adapter.use_rslora, "target_modules": adapter.target_modules,
-                             "modules": len(adapter.ranks), "layers": adapter.layers,
-                             "base_weights": adapter.has_base_weights}
+            found["lora"] = {**adapter.summary(), "alpha": adapter.alpha if adapter.alpha_recorded else None,
+                             "assumed_alpha": None if adapter.alpha_recorded else adapter.alpha}
         return found
     for component in ("transformer", "vae"):
         for family, table in fitting_tables(keys, component_tables(component)):

@@ -24,6 +24,7 @@ class CardFacts:
     details: list[str] = field(default_factory=list)
     usage: str = ""
     tags: tuple[str, ...] = ()
+    layout: str = "Diffusers"  # the format the folder's files are in
 
 
 def model_card(facts: CardFacts) -> str:
@@ -33,8 +34,8 @@ def model_card(facts: CardFacts) -> str:
     lines = [
         f"# {facts.title}",
         "",
-        f"A {'fine-tune' if facts.relation == 'finetune' else 'LoRA adapter'} of {base}, exported to Diffusers "
-        f"format by cogexport.",
+        f"A {'fine-tune' if facts.relation == 'finetune' else 'LoRA adapter'} of {base}, exported to "
+        f"{facts.layout} format by cogexport.",
         "",
         "## Use",
         "",

@@ -1,0 +1,238 @@
+"""Reading an adapter: which family and layout a LoRA file or run is, from its names alone (every key must fit the
+layout's grammar and every module must be a layer of the family's transformer), then its modules under Diffusers
+names, each with its alpha.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import torch
+
+from ..errors import CogExportError
+from ..keymap.plan import plan_translation
+from ..lazy import LazyTensor
+from ..models.family import ModelFamily
+from .adapter import LoraAdapter, LoraModule
+from .formats import ALPHA, BASE_BIAS, BASE_WEIGHT
+from .modules import translate_modules
+from .names import blocks_needed, decode_kohya, names_schema
+from .strength import Recorded, pattern_value, positive, recorded_config
+from .tables import LoraTable, lora_tables
+
+def _listing(names: list[str], limit: int = 3) -> str:
+    return ", ".join(names[:limit]) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+@dataclass
+class _Layout:
+    """A file's keys as one table reads them."""
+
+    table: LoraTable
+    tensors: Mapping[str, LazyTensor]  # by key (a key map's output names, for a table with rules)
+    modules: dict[str, dict[str, str]]  # module, in the file's naming -> part -> key
+    plain: dict[str, str]  # base weight name, in the file's naming -> key
+    unknown: list[str]
+    source: dict[str, LoraModule] = field(default_factory=dict)  # built: modules in the table's module naming
+    alpha_keys: dict[str, str] = field(default_factory=dict)
+    modules_out: dict[str, LoraModule] = field(default_factory=dict)  # built: Diffusers names
+    origins: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _layouts(source: Mapping[str, LazyTensor], where: str) -> tuple[list[_Layout], list[CogExportError]]:
+    """Every table whose grammar the keys fit, and why a table that recognised them could not read them."""
+    keys = list(source)
+    found, problems = [], []
+    for table in lora_tables():
+        tensors = source
+        if table.keymap is not None:
+            if not table.keymap.recognises(table.keymap.select(keys)[0]):
+                continue
+            try:
+                tensors = plan_translation(table.keymap, source, None, {}, what=where).tensors
+            except CogExportError as error:
+                problems.append(error)
+                continue
+        split = table.format.split(tensors)
+        if split is None:
+            continue
+        parsed, unknown = split
+        modules: dict[str, dict[str, str]] = {}
+        plain: dict[str, str] = {}
+        for key, (module, part) in parsed.items():
+            if part is None:
+                plain[module] = key
+            elif part in (BASE_WEIGHT, BASE_BIAS):
+                plain[f"{module}.{part.rsplit('.', 1)[1]}"] = key
+            else:
+                modules.setdefault(module, {})[part] = key
+        found.append(_Layout(table, tensors, modules, plain, unknown))
+    return found, problems
+
+
+def _build(layout: _Layout, where: str) -> None:
+    """The layout's modules under Diffusers names, checked against the family's layers (no alphas yet)."""
+    table, family = layout.table, layout.table.family
+    if layout.unknown:
+        raise CogExportError(f"{where}: {len(layout.unknown)} key(s) are not part of a {table.format.title} LoRA: "
+                             f"{_listing(layout.unknown)}")
+    names = list(layout.modules)
+    decoded = decode_kohya(table, names) if table.format.encoded else {name: name for name in names}
+    unknown = [name for name, module in decoded.items() if module is None]
+    if unknown:
+        raise CogExportError(f"{where}: {table.format.prefix}{unknown[0]} names no layer of a {family.name} "
+                             "transformer")
+    for name, parts in layout.modules.items():
+        module = LoraModule().with_parts({part: layout.tensors[key] for part, key in parts.items() if part != ALPHA})
+        _check_pair(module, table.format.prefix + name, where)
+        layout.source[decoded[name]] = module
+        if ALPHA in parts:
+            layout.alpha_keys[decoded[name]] = parts[ALPHA]
+    if table.modules is not None:
+        layout.modules_out, layout.origins = translate_modules(layout.source, table.modules, where)
+    else:
+        layout.modules_out, layout.origins = dict(layout.source), {name: [name] for name in layout.source}
+    schema = names_schema(family, blocks_needed(layout.modules_out))
+    for target, module in layout.modules_out.items():
+        weight = schema.get(f"{target}.weight")
+        if module.down is not None and (weight is None or len(weight) != 2):
+            raise CogExportError(f"{where}: the adapter of {layout.origins[target][0]} is not on a linear layer of a "
+                                 f"{family.name} transformer")
+        if module.down is None and f"{target}.weight" not in schema and f"{target}.bias" not in schema:
+            raise CogExportError(f"{where}: {layout.origins[target][0]} is not a layer of a {family.name} transformer")
+
+
+def _check_pair(module: LoraModule, name: str, where: str) -> None:
+    if (module.down is None) != (module.up is None):
+        has, lacks = ("lora_A", "lora_B") if module.up is None else ("lora_B", "lora_A")
+        raise CogExportError(f"{where}: {name} has a {has} but no {lacks}")
+    if module.down is None:
+        if module.bias is not None or module.magnitude is not None:
+            raise CogExportError(f"{where}: {name} has LoRA bias or DoRA tensors but no lora_A / lora_B")
+        return
+    down, up = module.down.shape, module.up.shape
+    if len(down) != 2 or len(up) != 2 or down[0] != up[1]:
+        raise CogExportError(f"{where}: the ranks of {name} differ between its matrices: lora_A (down) "
+                             f"{tuple(down)}, lora_B (up) {tuple(up)} (expected [r, in] and [out, r])")
+
+
+def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | None) -> _Layout:
+    layouts, problems = _layouts(source, where)
+    fitting = []
+    for layout in layouts:
+        try:
+            _build(layout, where)
+        except CogExportError as error:
+            problems.append(error)
+        else:
+            fitting.append(layout)
+    if family is not None and len({f.table.family.key for f in fitting}) > 1:
+        fitting = [f for f in fitting if f.table.family.key == family.key]
+    if len(fitting) == 1:
+        return fitting[0]
+    if len({f.table.family.key for f in fitting}) > 1:
+        raise CogExportError(f"{where} adapts layers that {' and '.join(f.table.family.name for f in fitting)} "
+                             "models all have; pass --base with the model it adapts")
+    if fitting:
+        raise CogExportError(f"{where} fits several LoRA layouts ({', '.join(f.table.name for f in fitting)}); "
+                             "its keys are mixed")
+    if problems:
+        raise problems[0]
+    sample = ", ".join(list(source)[:3]) or "no tensors at all"
+    raise CogExportError(f"{where} is no LoRA layout cogexport knows (formats: Diffusers, PEFT, DiffSynth-Studio, "
+                         f"kohya / musubi-tuner, ComfyUI, SAT); its first keys are {sample}")
+
+
+def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: float | None = None,
+                 folders: Iterable[Path] = (), metadata: Mapping[str, str] | None = None,
+                 family: ModelFamily | None = None) -> LoraAdapter:
+    """The adapter a LoRA file or run holds, named and sized from its keys and shapes, with its strength."""
+    layout = _choose(source, where, family)
+    table = layout.table
+    recorded = recorded_config(metadata, folders)
+    for option, what in (("use_dora", "DoRA magnitudes"), ("lora_bias", "LoRA biases")):
+        if recorded.config.get(option) and not _has(layout, option):
+            raise CogExportError(f"{where} was trained with {option} ({recorded.where}), but the file holds no "
+                                 f"{what}; it is incomplete")
+    notes = _drop_zero_deltas(layout)
+    alpha_source, alpha_recorded = _set_alphas(layout, alpha_override, recorded, where)
+    stale = (metadata or {}).get("ss_network_alpha")
+    if stale and ALPHA in table.format.parts.values() and not layout.alpha_keys and alpha_override is None:
+        # musubi-tuner's convert_lora --target other folds alpha / r into both matrices and keeps kohya's metadata
+        alpha_source += (f"; the header's ss_network_alpha {stale} is not applied (musubi-tuner's convert_lora "
+                         "folds it into lora_A and lora_B)")
+    rslora = bool(recorded.config.get("use_rslora"))
+    if table.modules is not None:
+        layout.modules_out, layout.origins = translate_modules(layout.source, table.modules, where, rslora)
+    else:
+        layout.modules_out = dict(layout.source)
+    if table.keymap is not None:  # a whole run's key map names the model's weights and the adapters together
+        base_source, base_table = (dict(source) if layout.plain else {}), table.keymap
+    else:
+        base_source, base_table = {name: layout.tensors[key] for name, key in layout.plain.items()}, table.modules
+    adapter = LoraAdapter(table.family, table, layout.modules_out,
+                          names_schema(table.family, blocks_needed(layout.modules_out)), alpha_source, alpha_recorded,
+                          base_source=base_source, base_table=base_table, use_rslora=rslora, warnings=notes)
+    if not adapter.ranks:
+        raise CogExportError(f"{where} has LoRA names but no lora_A / lora_B pairs")
+    if not alpha_recorded:
+        adapter.warnings.append(f"{where} does not record its LoRA alpha; using {adapter.alpha:g} ({alpha_source}); "
+                                "pass --lora-alpha if the run used another")
+    return adapter
+
+
+def _has(layout: _Layout, option: str) -> bool:
+    attribute = "magnitude" if option == "use_dora" else "bias"
+    return any(getattr(m, attribute) is not None for m in layout.source.values())
+
+
+def _drop_zero_deltas(layout: _Layout) -> list[str]:
+    """ComfyUI files often carry .diff / .diff_b deltas that are all zeros (norm layers a trainer did not change):
+    they change nothing, so they go (and need no format that can hold them)."""
+    dropped = 0
+    for name in list(layout.source):
+        module = layout.source[name]
+        for attribute in ("diff", "diff_b"):
+            tensor = getattr(module, attribute)
+            if tensor is not None and not torch.any(tensor.load()):
+                setattr(module, attribute, None)
+                dropped += 1
+        if not module.parts:
+            del layout.source[name]
+    return [f"dropped {dropped} all-zero .diff / .diff_b delta(s): they change nothing"] if dropped else []
+
+
+def _set_alphas(layout: _Layout, override: float | None, recorded: Recorded, where: str) -> tuple[str, bool]:
+    """Each source module's alpha; returns where they came from and whether the file recorded them."""
+    table = layout.table
+    lora = {name: module for name, module in layout.source.items() if module.rank is not None}
+    if override is not None:
+        alpha = positive(override, "--lora-alpha")
+        for module in lora.values():
+            module.alpha = alpha
+        return "--lora-alpha", True
+    if layout.alpha_keys:
+        for name, module in lora.items():
+            key = layout.alpha_keys.get(name)
+            # kohya and ComfyUI apply a module without .alpha at scale 1
+            module.alpha = float(module.rank) if key is None else positive(
+                _scalar(layout.tensors[key], key, where), f"{where}: {key}")
+        return "the file's .alpha tensors", True
+    if recorded.config.get("lora_alpha") is not None:
+        alpha = positive(recorded.config["lora_alpha"], f"lora_alpha ({recorded.where})")
+        pattern = recorded.config.get("alpha_pattern") or {}
+        for name, module in lora.items():
+            value = pattern_value(pattern, name)
+            module.alpha = alpha if value is None else positive(value, f"alpha_pattern ({recorded.where})")
+        return recorded.where, True
+    for module in lora.values():
+        module.alpha = table.default_alpha_for(module.rank)
+    return table.default_alpha_reason, table.alpha_recorded
+
+
+def _scalar(tensor: LazyTensor, key: str, where: str) -> float:
+    if tensor.numel != 1:
+        raise CogExportError(f"{where}: {key} has shape {tuple(tensor.shape)}; an alpha is one number")
+    return float(tensor.load().reshape(()).item())

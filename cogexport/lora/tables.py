@@ -1,0 +1,80 @@
+"""A family's LoRA tables: for each file format a trainer writes, the format's key grammar and the key map that names
+its modules (the family's original or Diffusers transformer table), plus what the format says about strength.
+
+``key_maps/<family>/<format>_lora.toml``::
+
+    [table]
+    name = "wan/musubi_lora"
+    description = ...
+    source = ...                       # what the file is, for inspect
+
+    [lora]
+    format = "musubi"                  # the key grammar (cogexport/lora/formats.py)
+    modules = "wan/original_transformer"   # names the modules: <module>.weight is matched against its rules
+    writes = true                      # --lora-format musubi writes this family's adapters with this table
+    default_alpha = "rank"             # when nothing records alpha: a number, or "rank" (scale 1)
+    default_alpha_reason = "..."
+    alpha_recorded = true              # whether that default is what the format means (no warning) or a guess
+    network_module = "networks.lora_wan"   # kohya metadata: the network module that loads the file
+
+A table with rules of its own (SAT's LoraMixin) translates the whole checkpoint into Diffusers names itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from ..keymap.table import KeyMapTable, TableError, load_table
+from ..models.family import ModelFamily, families
+from .formats import FORMATS, LoraFormat
+
+
+@dataclass(frozen=True)
+class LoraTable:
+    name: str
+    description: str
+    source: str
+    family: ModelFamily
+    format: LoraFormat
+    modules: KeyMapTable | None  # names the modules in the file's naming; None: ``keymap`` yields Diffusers names
+    keymap: KeyMapTable | None  # a whole-checkpoint translation (SAT), else None
+    default_alpha: float | str  # a number, or "rank"
+    default_alpha_reason: str
+    alpha_recorded: bool
+    writes: bool
+    network_module: str | None
+
+    def default_alpha_for(self, rank: int) -> float:
+        return float(rank) if self.default_alpha == "rank" else float(self.default_alpha)
+
+
+def _load(name: str, family: ModelFamily) -> LoraTable:
+    table = load_table(name)
+    spec = table.lora
+    if spec.get("format") not in FORMATS:
+        raise TableError(f"key map {name}: [lora] format must be one of {', '.join(FORMATS)}")
+    has_rules = bool(table.rules or table.fallback)
+    if has_rules == ("modules" in spec):
+        raise TableError(f"key map {name}: a LoRA table either names its modules with [lora] modules or has rules")
+    return LoraTable(
+        name=table.name, description=table.description, source=table.source, family=family,
+        format=FORMATS[spec["format"]],
+        modules=load_table(spec["modules"]) if "modules" in spec else None,
+        keymap=table if has_rules else None,
+        default_alpha=spec.get("default_alpha", "rank"), default_alpha_reason=spec.get("default_alpha_reason", ""),
+        alpha_recorded=bool(spec.get("alpha_recorded", False)), writes=bool(spec.get("writes", False)),
+        network_module=spec.get("network_module"),
+    )
+
+
+@cache
+def lora_tables() -> tuple[LoraTable, ...]:
+    """Every family's LoRA tables, in family order."""
+    return tuple(_load(name, family) for family in families() for name in family.lora_tables)
+
+
+def output_table(family: ModelFamily, format_name: str) -> LoraTable | None:
+    """The table a family's adapters are written with in this format, if the family has one."""
+    return next((t for t in lora_tables()
+                 if t.family.key == family.key and t.writes and t.format.name == format_name), None)

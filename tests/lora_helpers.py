@@ -1,0 +1,60 @@
+"""The judges of the LoRA tests: Diffusers' own loaders and PEFT's own merge, and W + (alpha / r) B A computed here in
+the operation order of PEFT's merge ((B @ A) * scale, then added), so that equality is exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+Adapter = dict[str, tuple[torch.Tensor, torch.Tensor, float]]  # module -> (lora_A [r, in], lora_B [out, r], scale)
+
+
+def merged(weights: dict[str, torch.Tensor], adapter: Adapter, bias_deltas: dict[str, torch.Tensor] | None = None):
+    """W + (B @ A) * scale for every adapted module, in fp32; biases plus their deltas."""
+    out = {name: tensor.float() for name, tensor in weights.items()}
+    for module, (down, up, scale) in adapter.items():
+        out[f"{module}.weight"] = out[f"{module}.weight"] + (up.float() @ down.float()) * scale
+    for module, delta in (bias_deltas or {}).items():
+        out[f"{module}.bias"] = out[f"{module}.bias"] + delta.float()
+    return out
+
+
+def assert_all_equal(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert set(actual) == set(expected), sorted(set(actual) ^ set(expected))[:5]
+    wrong = [name for name in expected if not torch.equal(actual[name], expected[name])]
+    assert not wrong, wrong[:5]
+
+
+def diffusers_fused(pipeline_class, model_class, config: dict, weights: dict[str, torch.Tensor], lora: Path | dict,
+                    **load) -> dict[str, torch.Tensor]:
+    """What Diffusers makes of a LoRA file or folder: the pipeline's lora_state_dict (which converts the foreign
+    layouts it knows), loaded into the base transformer with its metadata, fused at scale 1.0."""
+    model = model_class.from_config(config)
+    model.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
+    state_dict, metadata = pipeline_class.lora_state_dict(lora, return_lora_metadata=True, **load)
+    model.load_lora_adapter(state_dict, prefix="transformer", metadata=metadata, adapter_name="trained")
+    assert any("lora_A" in name for name, _ in model.named_parameters()), "Diffusers loaded no LoRA layers"
+    model.fuse_lora(lora_scale=1.0)
+    model.unload_lora()
+    return model.state_dict()
+
+
+def peft_fused(model_class, config: dict, weights: dict[str, torch.Tensor], folder: Path) -> dict[str, torch.Tensor]:
+    """What PEFT makes of an adapter folder (adapter_model.safetensors + adapter_config.json): its own merge."""
+    from peft import PeftModel
+
+    model = model_class.from_config(config)
+    model.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
+    return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().state_dict()
+
+
+def header(path: Path) -> dict[str, str]:
+    with safe_open(str(path), "pt") as handle:
+        return handle.metadata() or {}
+
+
+def adapter_metadata(path: Path) -> dict:
+    return json.loads(header(path)["lora_adapter_metadata"])
