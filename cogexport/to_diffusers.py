@@ -512,6 +512,11 @@ def _adapter_target(adapter: LoraAdapter, base: BaseFolder | None, options: Expo
     """The model the adapter is for, when known (--base, --model-name, or the base weights the run saved), and the
     schema its names and shapes are checked against (else: the family's layout, names only)."""
     recognised = _recognise_adapter(adapter)
+    if base is None and not options.model_name and recognised is not None and recognised.variant is None:
+        # A custom size: an adapter needs only its modules' names and shapes, which the run's own weights give.
+        schema = adapter.base_shapes()
+        check_fits(adapter, schema, where)
+        return None, schema
     if base is not None and base.config(component) or recognised is not None or options.model_name:
         chosen = _transformer_target(recognised, adapter.family, base, options, where, component=component,
                                      experts=experts)
