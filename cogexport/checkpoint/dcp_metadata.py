@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import CogExportError, UnsafeCheckpointError
-from .torch_archive import _ALLOWED, PickledObject, _stand_in
+from .torch_archive import _ALLOWED, PickledObject, stand_in
 
 METADATA_FILE = ".metadata"
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -46,7 +46,7 @@ _ALLOWED_HERE: dict[str, Any] = {
     **{name: value for name, value in _ALLOWED.items() if isinstance(value, torch.dtype) or name == "torch.Size"},
     "torch.serialization._get_layout": _layout,
     "collections.OrderedDict": collections.OrderedDict,
-    **{name: _stand_in(name) for name in _STAND_INS},
+    **{name: stand_in(name) for name in _STAND_INS},
 }
 
 

@@ -24,6 +24,7 @@ from typing import Iterator
 
 from .byte_window import ByteWindow
 from ..errors import CogExportError, quoted
+from ..pending_checks import before_publishing
 from ..tensor_bytes import pread_into
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
@@ -305,6 +306,7 @@ def _zip64_sizes(extra: bytes, compressed: int, uncompressed: int) -> set[tuple[
 _UNFINISHED: set[ZipRecords] = set()
 
 
+@before_publishing
 def finish_partial_reads() -> None:
     """Complete the CRC-32 check of every record read in part so far (raises on the first that fails)."""
     for records in list(_UNFINISHED):
