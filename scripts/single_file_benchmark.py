@@ -1,18 +1,27 @@
-"""What benchmark_ltx_video.py and benchmark_mochi.py share: a full-width release file of random bf16 weights in the
-original layout, the reference path (Diffusers' ``from_single_file`` with a local config, then ``save_pretrained``),
-and the run: each tool in a fresh process, alternating, outputs compared equal after the first round, then peak RSS
-and wall time (scripts/benchmarking.py), medians of --runs.
+"""What the family benchmarks (benchmark_wan.py, benchmark_hunyuanvideo.py, benchmark_ltx_video.py,
+benchmark_mochi.py) share: a full-width release of random weights in the original layout, the reference path
+(Diffusers' ``from_single_file`` with a local config, then ``save_pretrained``), the comparison of the two outputs,
+and the run.
 
-The release file is written by cogexport's streaming safetensors writer (one random tensor at a time), with the names
-of the family's original table run backwards over the Diffusers model built on the meta device.
+The run: each tool exports once, untimed, in a fresh process, and the two outputs are compared tensor by tensor
+(same names, shapes and config; equal values, the tensors cogexport keeps in fp32 compared after rounding to bf16,
+since the reference path casts every tensor); any difference fails the benchmark before anything is timed. Then
+each tool runs --runs times, alternating, each in a fresh process: peak RSS of its process tree and wall time
+(scripts/benchmarking.py), medians. The harness never imports torch: making the release and comparing run in
+helper processes (the script's hidden --prepare and --compare modes).
+
+Release files are written a tensor at a time where the format allows it (safetensors, by cogexport's streaming
+writer); a torch.save release is one pickle, so it is built whole, as the release itself was.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -21,47 +30,102 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmarking import ROOT, measure, print_table, summarize  # noqa: E402
 
+DEFAULT_WORK = ROOT / ".bench"
 
-def original_names(class_name: str, config: dict, table: str) -> tuple[dict, int]:
-    """{original name: shape} of a Diffusers model built on the meta device, and its parameter count."""
+
+# --------------------------------------------------------------------------------------------------------------
+# Making the release (in a helper process)
+
+def meta_model(class_name: str, config: dict):
+    """The Diffusers model on the meta device: names, shapes and config, nothing allocated."""
     import diffusers
+    import torch
+
+    with torch.device("meta"):
+        return getattr(diffusers, class_name).from_config(config)
+
+
+def parameter_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def original_names(model, table: str) -> dict:
+    """{original name: shape} of a (meta) Diffusers model, by the family's original table run backwards."""
     import torch
 
     from cogexport.keymap.plan import plan_translation
     from cogexport.keymap.table import load_table
     from cogexport.lazy import LazyTensor
 
-    with torch.device("meta"):
-        model = getattr(diffusers, class_name).from_config(config)
     lazy = {n: LazyTensor(t.shape, torch.bfloat16, lambda: None) for n, t in model.state_dict().items()}
     names = plan_translation(load_table(table).inverted(), lazy, None, {}).tensors
-    return {name: tensor.shape for name, tensor in names.items()}, sum(p.numel() for p in model.parameters())
+    return {name: tensor.shape for name, tensor in names.items()}
 
 
-def write_random_release(path: Path, parts: list[tuple[str, dict]], metadata: dict | None = None) -> int:
-    """One safetensors file of random bf16 tensors: each part is (prefix, {name: shape}). Returns its size."""
+def random_tensors(parts: list[tuple[str, dict]], dtype) -> dict:
+    """Lazy N(0, 0.02) tensors in ``dtype``: each part is (prefix, {name: shape}); drawn from one seeded generator
+    in the order they are loaded."""
     import torch
 
     from cogexport.lazy import LazyTensor
-    from cogexport.write.safetensors_file import write_safetensors
 
     generator = torch.Generator().manual_seed(0)
 
     def noise(shape):
-        return lambda: (torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16)
+        return lambda: (torch.randn(shape, generator=generator) * 0.02).to(dtype)
 
-    tensors = {prefix + name: LazyTensor(torch.Size(shape), torch.bfloat16, noise(shape))
-               for prefix, names in parts for name, shape in names.items()}
+    return {prefix + name: LazyTensor(torch.Size(shape), dtype, noise(shape))
+            for prefix, names in parts for name, shape in names.items()}
+
+
+def make_once(path: Path, write: Callable[[Path], None]) -> None:
+    """Make ``path`` unless it exists: ``write`` fills a .partial file beside it, renamed only once complete."""
+    if path.exists():
+        return
+    click.echo(f"writing {path} (random weights)...", err=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    write_safetensors(partial, tensors, metadata)
+    partial = path.with_name(path.name + ".partial")
+    write(partial)
     partial.rename(path)
-    return path.stat().st_size
 
+
+def write_random_safetensors(path: Path, parts: list[tuple[str, dict]], metadata: dict | None = None,
+                             dtype: str = "bfloat16") -> None:
+    """A safetensors release of random weights (see ``random_tensors``), streamed a tensor at a time, made once."""
+    import torch
+
+    from cogexport.write.safetensors_file import write_safetensors
+
+    make_once(path, lambda partial: write_safetensors(partial, random_tensors(parts, getattr(torch, dtype)),
+                                                      metadata))
+
+
+def save_random_model_states(path: Path, names: dict) -> None:
+    """A ``torch.save({"module": state dict})`` release of random bf16 weights, made once."""
+    import torch
+
+    def write(partial: Path) -> None:
+        module = {name: tensor.load() for name, tensor in random_tensors([("", names)], torch.bfloat16).items()}
+        torch.save({"module": module}, partial)
+
+    make_once(path, write)
+
+
+def release_setup(release: Path, weights: Path, config_dir: Path, model) -> dict:
+    """What the harness learns from --prepare; writes the Diffusers config folder the reference path loads with."""
+    model.save_config(config_dir)
+    return {"release": str(release), "release_bytes": weights.stat().st_size, "config_dir": str(config_dir),
+            "parameters": parameter_count(model)}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The reference path (runs in its own process)
 
 def reference_export(release: Path, class_name: str, config_dir: Path, output: Path,
-                     patch: Callable[[], None] | None = None) -> None:
-    """What a user of Diffusers runs: from_single_file with a local config, in bf16, then save_pretrained."""
+                     patch: Callable[[], None] | None = None, unwrap_module: bool = False) -> None:
+    """What a user of Diffusers runs: from_single_file with a local config, in bf16, then save_pretrained.
+    ``unwrap_module``: the file is a torch.save {"module": state dict}, which from_single_file does not unwrap, so
+    it is loaded (mmap) and its module passed instead. ``patch``: run first (a converter told a size it assumes)."""
     import os
 
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -70,59 +134,157 @@ def reference_export(release: Path, class_name: str, config_dir: Path, output: P
 
     if patch is not None:
         patch()
-    model = getattr(diffusers, class_name).from_single_file(str(release), config=str(config_dir),
-                                                             torch_dtype=torch.bfloat16)
+    source = str(release)
+    if unwrap_module:
+        source = torch.load(release, map_location="cpu", mmap=True, weights_only=True)["module"]
+    model = getattr(diffusers, class_name).from_single_file(source, config=str(config_dir),
+                                                             torch_dtype=torch.bfloat16, local_files_only=True)
+    del source
     model.save_pretrained(output, max_shard_size="5GB")
 
 
-def helper(script: Path, *args: str) -> dict:
-    """Run SCRIPT's hidden helper mode in a child process (the harness never imports torch); its printed JSON."""
-    done = subprocess.run([sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        raise click.ClickException(f"{' '.join(args)} failed (its error is above)")
-    return json.loads(done.stdout)
+# --------------------------------------------------------------------------------------------------------------
+# Comparing the two outputs (in a helper process)
+
+def compare_outputs(ours: Path, reference: Path) -> dict:
+    """Streamed tensor-by-tensor comparison of cogexport's folder with the reference path's; raises on any
+    difference. The reference casts everything to bf16, so a tensor cogexport keeps in fp32 must round to it."""
+    import torch
+    from safetensors import safe_open
+
+    from benchmark_export import folder_tensors
+
+    ours_files, reference_files = folder_tensors(ours), folder_tensors(reference)
+    problems = [f"only in cogexport's: {name}" for name in sorted(ours_files.keys() - reference_files.keys())]
+    problems += [f"only in the reference's: {name}" for name in sorted(reference_files.keys() - ours_files.keys())]
+    ours_config, reference_config = (json.loads((folder / "config.json").read_text()) for folder in (ours, reference))
+    for key in sorted(ours_config.keys() | reference_config.keys()):
+        if not key.startswith("_") and ours_config.get(key) != reference_config.get(key):
+            problems.append(f"config.json {key}: cogexport's {ours_config.get(key)!r}, the reference's "
+                            f"{reference_config.get(key)!r}")
+    kept_fp32 = numel = 0
+    handles: dict[Path, object] = {}
+
+    def tensor(path: Path, name: str):
+        if path not in handles:
+            handles[path] = safe_open(path, framework="pt")
+        return handles[path].get_tensor(name)
+
+    try:
+        for name in sorted(ours_files.keys() & reference_files.keys()):
+            a, b = tensor(ours_files[name], name), tensor(reference_files[name], name)
+            numel += a.numel()
+            if a.shape != b.shape:
+                problems.append(f"{name}: shape {tuple(a.shape)} (cogexport) vs {tuple(b.shape)} (reference)")
+            elif b.dtype != torch.bfloat16 or a.dtype not in (torch.bfloat16, torch.float32):
+                problems.append(f"{name}: dtype {a.dtype} (cogexport) vs {b.dtype} (reference)")
+            elif not torch.equal(a.to(torch.bfloat16), b):
+                problems.append(f"{name}: values differ")
+            else:
+                kept_fp32 += a.dtype == torch.float32
+    finally:
+        handles.clear()
+    if problems:
+        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        raise click.ClickException(f"cogexport and the reference path wrote different models:\n  {shown}")
+    return {"tensors": len(ours_files), "numel": numel, "kept_fp32": kept_fp32}
 
 
-def run_benchmark(script: Path, work: Path, runs: int, as_json: bool, title: str, extra: list[str]) -> None:
-    """Prepare (in a helper process), then time cogexport and the reference path alternately."""
-    work.mkdir(parents=True, exist_ok=True)
-    setup = helper(script, "--prepare", "--work-dir", str(work), *extra)
-    model_bytes = 4 * setup["parameters"]
-    ours, reference = work / "out-cogexport", work / "out-reference"
-    cogexport = str(Path(sys.executable).parent / "cogexport")
-    commands = {
-        "cogexport": ([cogexport, setup["release"], str(ours), "--base", setup["config_dir"], "--component",
-                       "transformer"], ours),
-        "reference path": ([sys.executable, str(script), "--reference-path", setup["release"], setup["config_dir"],
-                            str(reference), *extra], reference),
-    }
-    samples: dict[str, list[tuple[float, int]]] = {name: [] for name in commands}
-    check = None
-    for round_ in range(runs):
-        for name, (command, output) in commands.items():
+# --------------------------------------------------------------------------------------------------------------
+# The run
+
+@dataclass(frozen=True)
+class FamilyBenchmark:
+    """What one family's script supplies to the shared run."""
+
+    script: Path
+    size_args: list[str]  # its size options, passed on to its helper processes
+    prepare: Callable[[Path], dict]  # make the release once, in the work dir; returns ``release_setup``'s dict
+    reference: Callable[[Path, Path, Path], None]  # the reference path: release, config dir, output
+    title: str  # what model, at what size
+    release_kind: str = "release file"  # how the release is stored, for the report
+    release_dtype: str = "bf16"
+    reference_label: str = "reference path"
+    cogexport_base: bool = True  # cogexport is given the config folder (--base); else it reads the release's own
+
+    def helper(self, *args: str) -> dict:
+        """Run the script's hidden helper mode in a child process (the harness never imports torch); its JSON."""
+        done = subprocess.run([sys.executable, str(self.script), *self.size_args, *args], stdout=subprocess.PIPE,
+                              text=True)
+        if done.returncode != 0:
+            raise click.ClickException(f"{' '.join(args)} failed (its error is above)")
+        return json.loads(done.stdout)
+
+    def tools(self, setup: dict, work: Path) -> dict[str, tuple[list[str], Path]]:
+        ours, reference = work / "out-cogexport", work / "out-reference"
+        base = ["--base", setup["config_dir"], "--component", "transformer"] if self.cogexport_base else []
+        return {
+            "cogexport": ([str(Path(sys.executable).parent / "cogexport"), setup["release"], str(ours), *base], ours),
+            self.reference_label: ([sys.executable, str(self.script), *self.size_args, "--reference-path",
+                                    setup["release"], setup["config_dir"], str(reference)], reference),
+        }
+
+    def run(self, work: Path, runs: int, as_json: bool) -> None:
+        """Prepare, export once with each tool and compare, then time --runs rounds; print the report."""
+        work.mkdir(parents=True, exist_ok=True)
+        setup = self.helper("--prepare", "--work-dir", str(work))
+        commands = self.tools(setup, work)
+        for command, output in commands.values():  # untimed: the outputs are compared before anything is timed
             shutil.rmtree(output, ignore_errors=True)
-            samples[name].append(measure(command))
-        if round_ == 0:  # outputs equal before anything is timed twice
-            check = helper(script, "--compare", str(ours), str(reference))
-            if check["numel"] != setup["parameters"]:
-                raise click.ClickException(f"outputs hold {check['numel']} elements, the model {setup['parameters']}")
-    for _, output in commands.values():
-        shutil.rmtree(output, ignore_errors=True)
-    results = summarize(samples, model_bytes)
-    if as_json:
-        click.echo(json.dumps({**setup, "fp32_model_bytes": model_bytes, "check": check, "results": results}, indent=2))
-        return
-    click.echo(f"{title}: {setup['parameters']:,} parameters, fp32 model {model_bytes / 1e9:.2f} GB; release file "
-               f"{setup['release_bytes'] / 1e9:.2f} GB (bf16) -> Diffusers bf16 transformer, 5GB shards; median of "
-               f"{runs} run(s)")
-    click.echo(f"outputs equal: {check['tensors']} tensors ({check['kept_fp32']} kept fp32 by cogexport)\n")
-    print_table(results, "tool", 16, lambda row: row["tool"])
+            measure(command)
+        check = self.helper("--compare", *(str(output) for _, output in commands.values()))
+        if check["numel"] != setup["parameters"]:
+            raise click.ClickException(f"outputs hold {check['numel']} elements, the model {setup['parameters']}")
+        samples: dict[str, list[tuple[float, int]]] = {name: [] for name in commands}
+        for _ in range(runs):
+            for name, (command, output) in commands.items():
+                shutil.rmtree(output, ignore_errors=True)
+                samples[name].append(measure(command))
+        for _, output in commands.values():
+            shutil.rmtree(output, ignore_errors=True)
+        harness_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # a floor under every measurement
+
+        model_bytes = 4 * setup["parameters"]
+        results = summarize(samples, model_bytes)
+        if as_json:
+            click.echo(json.dumps({"model": self.title, **setup, "fp32_model_bytes": model_bytes,
+                                   "harness_peak_rss_bytes": harness_rss, "check": check, "results": results},
+                                  indent=2))
+            return
+        click.echo(f"{self.title}: {setup['parameters']:,} parameters, fp32 model {model_bytes / 1e9:.2f} GB; "
+                   f"{self.release_kind} {setup['release_bytes'] / 1e9:.2f} GB ({self.release_dtype}) -> Diffusers "
+                   f"bf16 transformer, 5GB shards; median of {runs} run(s)")
+        click.echo(f"outputs equal: {check['tensors']} tensors ({check['kept_fp32']} kept fp32 by cogexport); "
+                   f"harness peak RSS {harness_rss / 1e6:.0f} MB\n")
+        width = max(len(name) for name in commands) + 2
+        print_table(results, "tool", width, lambda row: row["tool"])
+
+    def main(self, work_dir: Path, runs: int, as_json: bool, reference_path: tuple[Path, Path, Path] | None,
+             prepare_only: bool, compare_dirs: tuple[Path, Path] | None) -> None:
+        """The script's entry: one of the hidden helper modes, or the benchmark."""
+        if reference_path:
+            self.reference(*reference_path)
+        elif prepare_only:
+            click.echo(json.dumps(self.prepare(work_dir)))
+        elif compare_dirs:
+            click.echo(json.dumps(compare_outputs(*compare_dirs)))
+        else:
+            self.run(work_dir, runs, as_json)
 
 
-def compare(ours: Path, reference: Path) -> dict:
-    from benchmark_export import compare_outputs
-
-    return compare_outputs(ours, reference)
-
-
-DEFAULT_WORK = ROOT / ".bench"
+def benchmark_options(command: Callable) -> Callable:
+    """The options every family benchmark takes besides its size, and its hidden helper modes."""
+    options = [
+        click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_WORK,
+                     show_default=True, help="Where the release is made and kept, and outputs are written."),
+        click.option("--runs", type=click.IntRange(1), default=3, show_default=True),
+        click.option("--json", "as_json", is_flag=True),
+        click.option("--reference-path", nargs=3, type=click.Path(path_type=Path), default=None,
+                     metavar="RELEASE CONFIG_DIR OUT", help="Only run the reference path (what the benchmark times)."),
+        click.option("--prepare", "prepare_only", is_flag=True, hidden=True),
+        click.option("--compare", "compare_dirs", nargs=2, type=click.Path(path_type=Path), default=None,
+                     hidden=True),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

@@ -198,3 +198,73 @@ def test_export_check_refuses_a_wrong_output(exports, tmp_path, spoiled, message
         save_file(tensors, path)
     with pytest.raises(ExportMismatch, match=message):
         check_export(output, CONFIG, all_bf16=False)
+
+
+# the family benchmarks: single_file_benchmark.compare_outputs ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def single_file_exports(tmp_path_factory):
+    """A tiny Wan release made the benchmarks' way (random fp32 weights in the original layout), exported by cogexport
+    and by the reference path (from_single_file with a local config, save_pretrained)."""
+    from single_file_benchmark import (meta_model, original_names, reference_export, release_setup,
+                                       write_random_safetensors)
+    from wan_tiny_configs import tiny_transformer_config as tiny_wan_config
+
+    from cogexport.models import wan
+    from cogexport.write.diffusers_folders import write_config_json
+
+    work = tmp_path_factory.mktemp("single-file")
+    model = meta_model("WanTransformer3DModel", tiny_wan_config("t2v"))
+    weights = work / "release" / "diffusion_pytorch_model.safetensors"
+    write_random_safetensors(weights, [("", original_names(model, "wan/original_transformer"))], dtype="float32")
+    write_config_json(work / "release" / "config.json", wan.original_config(dict(model.config), "t2v"))
+    setup = release_setup(work / "release", weights, work / "config", model)
+    export(work / "release", work / "cogexport")
+    reference_export(weights, "WanTransformer3DModel", work / "config", work / "reference")
+    return work, setup
+
+
+def test_single_file_compare_accepts_the_two_tools_outputs(single_file_exports):
+    from single_file_benchmark import compare_outputs
+
+    work, setup = single_file_exports
+    checked = compare_outputs(work / "cogexport", work / "reference")
+    assert checked["numel"] == setup["parameters"]
+    assert checked["tensors"] == len(load_file(work / "reference" / "diffusion_pytorch_model.safetensors"))
+    assert checked["kept_fp32"] > 0  # the class's _keep_in_fp32_modules, compared after the reference's rounding
+
+
+@pytest.mark.parametrize("spoiled, message", [
+    ("value", "values differ"), ("kept fp32 value", "values differ"), ("dtype", r"vs torch.float32 \(reference\)"),
+    ("shape", "shape"), ("missing", "only in the reference's"), ("extra", "only in cogexport's"),
+    ("config", "config.json num_layers"),
+])
+def test_single_file_compare_refuses_a_difference(single_file_exports, tmp_path, spoiled, message):
+    import click
+    from single_file_benchmark import compare_outputs
+
+    work, _ = single_file_exports
+    ours = shutil.copytree(work / "cogexport", tmp_path / "ours")
+    reference = shutil.copytree(work / "reference", tmp_path / "reference")
+    path = ours / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(path)
+    kept = next(name for name, tensor in tensors.items() if tensor.dtype == torch.float32)
+    if spoiled == "value":
+        spoil(path, "blocks.0.attn1.to_q.weight", flip_first)
+    elif spoiled == "kept fp32 value":
+        spoil(path, kept, flip_first)
+    elif spoiled == "dtype":  # the reference path must write bf16
+        spoil(reference / "diffusion_pytorch_model.safetensors", "blocks.0.attn1.to_q.weight",
+              lambda tensor: tensor.float())
+    elif spoiled == "shape":
+        spoil(path, "blocks.0.attn1.to_q.bias", lambda tensor: tensor[:-1])
+    elif spoiled == "missing":
+        del tensors["blocks.0.attn1.to_k.bias"]
+        save_file(tensors, path)
+    elif spoiled == "extra":
+        save_file({**tensors, "blocks.9.attn1.to_k.bias": torch.zeros(2, dtype=torch.bfloat16)}, path)
+    else:
+        config = json.loads((ours / "config.json").read_text())
+        (ours / "config.json").write_text(json.dumps({**config, "num_layers": 3}))
+    with pytest.raises(click.ClickException, match=message):
+        compare_outputs(ours, reference)
