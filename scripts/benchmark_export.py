@@ -45,7 +45,7 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import ROOT, measure_tree, print_table, run_json, summarize  # noqa: E402
+from benchmarking import ROOT, measure_tree, print_table, run_json, summarize, time_alternately  # noqa: E402
 
 VARIANT, FULL_LAYERS = "2b", 30
 SAT_PREFIX = "model.diffusion_model."
@@ -328,13 +328,7 @@ def main(work_dir: Path, runs: int, layers: int, as_json: bool, reference_path: 
         measure_tree(command)
         checks[name] = helper("--check", str(output), "--layers", str(layers),
                               *(["--all-bf16"] if name == "reference path" else []))
-    samples: dict[str, list] = {name: [] for name in commands}
-    for _ in range(runs):
-        for name, (command, output) in commands.items():
-            shutil.rmtree(output, ignore_errors=True)
-            samples[name].append(measure_tree(command))
-    for _, output in commands.values():
-        shutil.rmtree(output, ignore_errors=True)
+    samples = time_alternately(commands, runs)
     harness_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # not part of any measurement
 
     results = summarize(samples, model_bytes)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import resource
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Callable
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import ROOT, measure, print_table, summarize  # noqa: E402
+from benchmarking import ROOT, measure, print_table, run_json, summarize, time_alternately  # noqa: E402
 
 DEFAULT_WORK = ROOT / ".bench"
 
@@ -209,11 +208,7 @@ class FamilyBenchmark:
 
     def helper(self, *args: str) -> dict:
         """Run the script's hidden helper mode in a child process (the harness never imports torch); its JSON."""
-        done = subprocess.run([sys.executable, str(self.script), *self.size_args, *args], stdout=subprocess.PIPE,
-                              text=True)
-        if done.returncode != 0:
-            raise click.ClickException(f"{' '.join(args)} failed (its error is above)")
-        return json.loads(done.stdout)
+        return run_json([sys.executable, str(self.script), *self.size_args, *args])
 
     def tools(self, setup: dict, work: Path) -> dict[str, tuple[list[str], Path]]:
         ours, reference = work / "out-cogexport", work / "out-reference"
@@ -235,13 +230,7 @@ class FamilyBenchmark:
         check = self.helper("--compare", *(str(output) for _, output in commands.values()))
         if check["numel"] != setup["parameters"]:
             raise click.ClickException(f"outputs hold {check['numel']} elements, the model {setup['parameters']}")
-        samples: dict[str, list[tuple[float, int]]] = {name: [] for name in commands}
-        for _ in range(runs):
-            for name, (command, output) in commands.items():
-                shutil.rmtree(output, ignore_errors=True)
-                samples[name].append(measure(command))
-        for _, output in commands.values():
-            shutil.rmtree(output, ignore_errors=True)
+        samples = time_alternately(commands, runs, measure)
         harness_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # a floor under every measurement
 
         model_bytes = 4 * setup["parameters"]
