@@ -1,4 +1,5 @@
-"""Shared test helpers: run the CLI as a user would, and snapshot folders to prove nothing changed."""
+"""Shared test helpers: run the CLI as a user would, snapshot folders to prove nothing changed, check a refusal's whole
+contract, and compare tensors to the bit."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
+from safetensors.torch import load_file
 
 from cogexport.cli import main
 
@@ -50,3 +53,36 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
 def leftovers(parent: Path) -> list[str]:
     """Staging folders a failed run would have left behind."""
     return [p.name for p in parent.iterdir() if ".cogexport-" in p.name]
+
+
+def assert_refusal(result: CliResult, *phrases: str) -> str:
+    """The CLI refused: exit code 2 and ONE error line holding every phrase. Returns that line."""
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert len(result.error_lines) == 1, result.stderr
+    for phrase in phrases:
+        assert phrase in result.error_lines[0], result.error_lines[0]
+    return result.error_lines[0]
+
+
+def assert_refused(cli, tmp_path: Path, args: list, *phrases: str, inputs: list[Path] = ()) -> str:
+    """``cogexport ARGS`` on bad input keeps the whole contract of a refusal: ``assert_refusal``, no ``tmp_path/out``
+    and no staging folder left, nothing below ``tmp_path`` changed, nor below ``inputs`` (a file's folder for a
+    file). Returns the error line."""
+    watched = [tmp_path, *(path if path.is_dir() else path.parent for path in inputs)]
+    before = [snapshot(folder) for folder in watched]
+    line = assert_refusal(cli(*args), *phrases)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+    assert [snapshot(folder) for folder in watched] == before
+    return line
+
+
+def assert_same_tensors(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """The same names, every tensor equal to the bit and in the same dtype."""
+    assert set(actual) == set(expected)
+    for name, tensor in expected.items():
+        assert actual[name].dtype == tensor.dtype and torch.equal(actual[name], tensor), name
+
+
+def component_weights(folder: Path, component: str) -> dict[str, torch.Tensor]:
+    """The tensors of a pipeline folder's component saved unsharded (diffusion_pytorch_model.safetensors)."""
+    return load_file(folder / component / "diffusion_pytorch_model.safetensors")

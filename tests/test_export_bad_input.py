@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import leftovers, snapshot
+from conftest import assert_refused
 from cogvideox_fixtures import build_tiny_transformer, config_folder, write_sat_run
 from diffusers import CogVideoXTransformer3DModel
 
@@ -17,18 +17,6 @@ def sat_run(tmp_path):
     original = build_tiny_transformer("5b-i2v", num_layers=2, seed=1)
     run = write_sat_run(tmp_path / "run", original.state_dict())
     return run, config_folder(tmp_path / "base", original)
-
-
-def assert_refused(cli, tmp_path, args, *phrases):
-    watched = snapshot(tmp_path / "run") if (tmp_path / "run").exists() else None
-    result = cli(*args)
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    assert len(result.error_lines) == 1, result.stderr
-    for phrase in phrases:
-        assert phrase in result.error_lines[0], result.error_lines[0]
-    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
-    if watched is not None:
-        assert snapshot(tmp_path / "run") == watched
 
 
 def edit_module(run, change) -> None:

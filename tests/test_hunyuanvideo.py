@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import leftovers, snapshot
+from conftest import assert_refused, snapshot
 from diffusers import HunyuanVideoTransformer3DModel
 from hunyuanvideo_fixtures import (MODEL_STATES, MODEL_TYPE, SHAPE_CLASSES, TINY_PROMPT_TEMPLATE,
                                    build_tiny_transformer, build_vae, config_folder, diffusers_judge, finetune,
@@ -225,17 +225,6 @@ def test_precision_keeps_exactly_the_normalisation_weights_in_fp32(cli, tmp_path
 
 
 # -- bad input ---------------------------------------------------------------------------------------------------
-def assert_refused(cli, tmp_path, args, *phrases):
-    watched = snapshot(tmp_path / "run")
-    result = cli(*args)
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    assert len(result.error_lines) == 1, result.stderr
-    for phrase in phrases:
-        assert phrase in result.error_lines[0], result.error_lines[0]
-    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
-    assert snapshot(tmp_path / "run") == watched
-
-
 def test_wrong_model_type(cli, tmp_path):
     config = tiny_config("i2v-33ch")
     source = release_file(tmp_path / "run", random_original_state_dict(config))

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 from cogvideox_fixtures import build_tiny_transformer, config_folder, finetune, write_sat_run
+from conftest import assert_refusal
 from diffusers import CogVideoXPipeline, CogVideoXTransformer3DModel
 from lora_helpers import adapter_metadata, assert_all_equal, diffusers_fused, peft_fused
 from lora_helpers import merged as merged_modules
@@ -124,22 +125,17 @@ def test_inspect_reports_the_adapter(cli, tmp_path):
     assert "rank 4, alpha not recorded" in text and "64, would be assumed" in text and "8 modules in 2 layers" in text
 
 
-def assert_refused(result, *phrases):
-    assert result.exit_code == 2 and len(result.error_lines) == 1, result.stderr
-    assert all(phrase in result.error_lines[0] for phrase in phrases), result.error_lines[0]
-
-
 def test_bad_lora_input(cli, tmp_path):
     original = build_tiny_transformer("2b", num_layers=2)
     full = write_sat_run(tmp_path / "full", original.state_dict())
     base = config_folder(tmp_path / "base", original)
-    assert_refused(cli(full.run_dir, tmp_path / "o1", "--base", base, "--lora", "adapter"), "holds no LoRA adapter")
+    assert_refusal(cli(full.run_dir, tmp_path / "o1", "--base", base, "--lora", "adapter"), "holds no LoRA adapter")
 
     run = finetune("t2v", 2, 2, lora_rank=4)
     lora_file = run.root / "pytorch_lora_weights.safetensors"
-    assert_refused(cli(lora_file, tmp_path / "o2", "--lora", "fuse", "--base", base), "needs the base weights")
+    assert_refusal(cli(lora_file, tmp_path / "o2", "--lora", "fuse", "--base", base), "needs the base weights")
     other = config_folder(tmp_path / "other", build_tiny_transformer("5b", num_layers=2))
-    assert_refused(cli(lora_file, tmp_path / "o3", "--base", other), "does not fit the base model")
+    assert_refusal(cli(lora_file, tmp_path / "o3", "--base", other), "does not fit the base model")
     assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3"))
 
 
@@ -260,9 +256,9 @@ def test_fuse_takes_the_plain_weights_of_a_base_that_also_holds_a_variant(tmp_pa
 def test_dora_goes_to_peft_only_and_lora_biases_reach_diffusers(tmp_path, cli):
     run = PeftRun(tmp_path / "dora", r=4, lora_alpha=4, target_modules=["to_q"], use_dora=True)
     checkpoint = run.saved(tmp_path / "dora" / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
-    assert_refused(cli(checkpoint, tmp_path / "dora-out", "--base", run.base_folder), "cannot hold DoRA magnitudes",
+    assert_refusal(cli(checkpoint, tmp_path / "dora-out", "--base", run.base_folder), "cannot hold DoRA magnitudes",
                    "--lora-format peft")
-    assert_refused(cli(checkpoint, tmp_path / "dora-fused", "--base", run.base_folder, "--lora", "fuse"), "DoRA")
+    assert_refusal(cli(checkpoint, tmp_path / "dora-fused", "--base", run.base_folder, "--lora", "fuse"), "DoRA")
     assert not (tmp_path / "dora-out").exists() and not (tmp_path / "dora-fused").exists()
 
     # PEFT's lora_bias: lora_B.bias, added to the layer's bias times the scale; Diffusers carries it
@@ -278,13 +274,13 @@ def test_bad_lora_options(cli, tmp_path):
     config = {"r": 4, "lora_alpha": 4, "target_modules": ["to_q"]}
     run = PeftRun(tmp_path, **config)
     source = run.diffusers_file(tmp_path / "source", metadata=config)
-    assert_refused(cli(source, tmp_path / "o1", "--base", run.base_folder, "--lora", "adapter", "--component", "vae"),
+    assert_refusal(cli(source, tmp_path / "o1", "--base", run.base_folder, "--lora", "adapter", "--component", "vae"),
                    "--lora adapter writes an adapter file")
     for alpha in ("nan", "0", "-4"):
-        assert_refused(cli(source, tmp_path / "o2", "--base", run.base_folder, "--lora-alpha", alpha), "--lora-alpha")
+        assert_refusal(cli(source, tmp_path / "o2", "--base", run.base_folder, "--lora-alpha", alpha), "--lora-alpha")
     renamed = {f"transformer.encoder.{n.split('.', 1)[1]}": t for n, t in load_file(source).items()}
     save_file(renamed, tmp_path / "foreign.safetensors")
-    assert_refused(cli(tmp_path / "foreign.safetensors", tmp_path / "o3"), "not on a linear layer of a CogVideoX transformer")
+    assert_refusal(cli(tmp_path / "foreign.safetensors", tmp_path / "o3"), "not on a linear layer of a CogVideoX transformer")
     assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3"))
 
 
@@ -293,10 +289,10 @@ def test_a_recorded_config_that_cannot_be_read(cli, tmp_path):
     run = PeftRun(tmp_path, **config)
     checkpoint = run.saved(tmp_path / "checkpoint", "model.safetensors", run.wrapped, prefix="module.")
     (checkpoint.parent / "adapter_config.json").write_text("{not json")
-    assert_refused(cli(checkpoint, tmp_path / "o1", "--base", run.base_folder), "adapter_config.json",
+    assert_refusal(cli(checkpoint, tmp_path / "o1", "--base", run.base_folder), "adapter_config.json",
                    "not a valid PEFT adapter config")
     (checkpoint.parent / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": "a lot"}))
-    assert_refused(cli(checkpoint, tmp_path / "o2", "--base", run.base_folder), "lora_alpha", "not a positive number")
+    assert_refusal(cli(checkpoint, tmp_path / "o2", "--base", run.base_folder), "lora_alpha", "not a positive number")
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
@@ -338,7 +334,7 @@ def test_cogvideox_layouts_written_as_diffusers_and_peft(layout, tmp_path, cli):
     assert (peft_config["peft_type"], peft_config["r"], peft_config["lora_alpha"]) == ("LORA", 4, 8.0)
     for target in ("comfyui", "musubi"):  # no CogVideoX loader reads original-names LoRAs
         refused = cli(source, tmp_path / target, "--base", run.base_folder, "--lora-format", target)
-        assert_refused(refused, "for CogVideoX LoRAs", "write one of diffusers, peft")
+        assert_refusal(refused, "for CogVideoX LoRAs", "write one of diffusers, peft")
         assert not (tmp_path / target).exists()
 
 

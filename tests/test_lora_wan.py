@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import snapshot
+from conftest import assert_refusal, snapshot
 from diffusers import WanPipeline, WanTransformer3DModel
 from fixtures import ROOT, SCRIPTS, GroundTruth, cached_fixture
 from lora_helpers import adapter_metadata, assert_all_equal, diffusers_fused, header, merged, peft_fused
@@ -533,11 +533,6 @@ def test_wan22_a14b_one_adapter_per_expert(tmp_path):
 
 
 # -- bad input -------------------------------------------------------------------------------------------------
-def assert_refused(result, *phrases) -> None:
-    assert result.exit_code == 2 and len(result.error_lines) == 1, result.stderr
-    assert all(phrase in result.error_lines[0] for phrase in phrases), result.error_lines[0]
-
-
 def test_bad_wan_lora_input(cli, tmp_path, synthetic):
     from cogvideox_fixtures import build_tiny_transformer, config_folder
 
@@ -545,20 +540,20 @@ def test_bad_wan_lora_input(cli, tmp_path, synthetic):
     musubi = inputs["musubi"]
     before = snapshot(musubi.parent)
     cogvideox = config_folder(tmp_path / "cogvideox", build_tiny_transformer("2b", num_layers=2))
-    assert_refused(cli(musubi, tmp_path / "o1", "--base", cogvideox), "is a Wan LoRA", "is a CogVideoX model")
-    assert_refused(cli(musubi, tmp_path / "o2", "--lora-format", "kohya"), "--lora-format 'kohya' is not one of")
+    assert_refusal(cli(musubi, tmp_path / "o1", "--base", cogvideox), "is a Wan LoRA", "is a CogVideoX model")
+    assert_refusal(cli(musubi, tmp_path / "o2", "--lora-format", "kohya"), "--lora-format 'kohya' is not one of")
 
     tensors = load_file(musubi)
     up = "lora_unet_blocks_0_self_attn_q.lora_up.weight"
     tensors[up] = tensors[up][:, :3].contiguous()
     save_file(tensors, tmp_path / "ranks.safetensors")
-    assert_refused(cli(tmp_path / "ranks.safetensors", tmp_path / "o3"),
+    assert_refusal(cli(tmp_path / "ranks.safetensors", tmp_path / "o3"),
                    "the ranks of lora_unet_blocks_0_self_attn_q differ", "(4, 32)", "(32, 3)")
 
     tensors = load_file(musubi)
     tensors["lora_unet_blocks_0_self_attn_x.lora_down.weight"] = torch.zeros(4, 32)
     save_file(tensors, tmp_path / "foreign.safetensors")
-    assert_refused(cli(tmp_path / "foreign.safetensors", tmp_path / "o4"),
+    assert_refusal(cli(tmp_path / "foreign.safetensors", tmp_path / "o4"),
                    "lora_unet_blocks_0_self_attn_x names no layer of a Wan transformer")
 
     dora = {k.replace("transformer.", "base_model.model."): v for k, v in load_file(inputs["diffusers"]).items()}
@@ -566,17 +561,17 @@ def test_bad_wan_lora_input(cli, tmp_path, synthetic):
     (tmp_path / "dora").mkdir()
     save_file(dora, tmp_path / "dora" / "adapter_model.safetensors")
     (tmp_path / "dora" / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "use_dora": True}))
-    assert_refused(cli(tmp_path / "dora", tmp_path / "o5", "--lora-format", "comfyui"),
+    assert_refusal(cli(tmp_path / "dora", tmp_path / "o5", "--lora-format", "comfyui"),
                    "cannot hold DoRA magnitudes (on blocks.0.attn1.to_q)", "--lora-format peft")
 
     tenth = make_adapter(load_file(BASE_FOLDER / "ground_truth.safetensors"), ["blocks.0.attn1.to_q"], strengths=((4, 0.1),))
     write_diffusers(tmp_path / "tenth", tenth)
-    assert_refused(cli(tmp_path / "tenth", tmp_path / "o6", "--lora-format", "musubi"),
+    assert_refusal(cli(tmp_path / "tenth", tmp_path / "o6", "--lora-format", "musubi"),
                    "the strength of blocks.0.self_attn.q (scale 0.025) cannot be stored exactly", "fp32")
 
     both = {"transformer.proj_out.lora_A.weight": torch.ones(4, 32), "transformer.proj_out.lora_B.weight": torch.ones(16, 4)}
     save_file(both, tmp_path / "proj_out.safetensors")
-    assert_refused(cli(tmp_path / "proj_out.safetensors", tmp_path / "o7"), "adapts layers that CogVideoX and Wan",
+    assert_refusal(cli(tmp_path / "proj_out.safetensors", tmp_path / "o7"), "adapts layers that CogVideoX and Wan",
                    "pass --base")
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 8))
     assert snapshot(musubi.parent) == before

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import leftovers, snapshot
+from conftest import assert_refused, assert_same_tensors, component_weights
 from fixtures import SCRIPTS
 from ltx_video_fixtures import SHAPE_CLASSES, judge_transformer, judge_vae, tiny_pipeline
 from safetensors import safe_open
@@ -27,16 +27,6 @@ from make_tiny_ltx_video import render  # noqa: E402
 
 FAMILY = family_named("ltx_video")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-
-
-def weights(folder, component: str) -> dict[str, torch.Tensor]:
-    return load_file(folder / component / WEIGHTS)
-
-
-def assert_equal(actual: dict, expected: dict) -> None:
-    assert set(actual) == set(expected)
-    for name, tensor in expected.items():
-        assert actual[name].dtype == tensor.dtype and torch.equal(actual[name], tensor), name
 
 
 def save_pretrained_of(folder, component: str, tensors: dict, out) -> None:
@@ -73,8 +63,8 @@ def test_written_single_file_is_read_by_diffusers_back_to_the_same_tensors(layou
     path = single_files(layout, version)
     written = load_file(path)
     assert {key.split(".")[0] for key in written} == {"model", "vae"}  # model.diffusion_model.* and vae.*
-    assert_equal(judge_transformer(written), weights(base, "transformer"))
-    assert_equal(judge_vae(written), weights(base, "vae"))
+    assert_same_tensors(judge_transformer(written), component_weights(base, "transformer"))
+    assert_same_tensors(judge_vae(written), component_weights(base, "vae"))
     with safe_open(path, "pt") as handle:
         transformer = json.loads(handle.metadata()["config"])["transformer"]
     config = json.loads((base / "transformer" / "config.json").read_text())
@@ -95,9 +85,9 @@ def test_pipeline_from_the_single_file_equals_diffusers_and_renders(layout, vers
     policy = {"transformer": PrecisionPolicy.build("bf16", FAMILY.transformer.keep_fp32, []),
               "vae": PrecisionPolicy.build("bf16", FAMILY.vae.keep_fp32, [])}
     for component in ("transformer", "vae"):  # the VAE comes from the same single file, not from --base
-        truth = weights(base, component)
+        truth = component_weights(base, component)
         cast = {name: t.to(policy[component].target_dtype(name, t.dtype)) for name, t in truth.items()}
-        assert_equal(weights(out, component), cast)
+        assert_same_tensors(component_weights(out, component), cast)
         save_pretrained_of(base, component, cast, tmp_path / f"theirs-{component}")
         for path in (tmp_path / f"theirs-{component}").iterdir():
             assert (out / component / path.name).read_bytes() == path.read_bytes(), f"{component}/{path.name}"
@@ -116,7 +106,7 @@ def test_transformer_alone_takes_its_config_from_the_file_metadata(single_files,
     base = tiny_pipeline("2b", "0.9.1")
     result = cli(single_files("2b", "0.9.1"), tmp_path / "out", "--component", "transformer", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
-    assert_equal(load_file(tmp_path / "out" / WEIGHTS), weights(base, "transformer"))
+    assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), component_weights(base, "transformer"))
     assert "custom-size LTX-Video (LTX-Video-0.9.5 layout) transformer" in result.stdout
 
 
@@ -130,7 +120,7 @@ def test_two_versions_in_one_process_stay_apart(single_files, tmp_path):
         base = tiny_pipeline("2b", version)
         out = tmp_path / f"vae-{version}-{len(list(tmp_path.iterdir()))}"
         export(single_files("2b", version), out, component="vae", base=base, dtype="fp32", progress=False)
-        assert_equal(load_file(out / WEIGHTS), weights(base, "vae"))
+        assert_same_tensors(load_file(out / WEIGHTS), component_weights(base, "vae"))
 
 
 # -- full-size releases: variant, config and VAE version from shapes alone (meta device) ----------------------------
@@ -190,37 +180,26 @@ def test_deepspeed_finetune_exports_the_fp32_masters(tmp_path, cli):
     assert run.truth["trainable"] and not run.truth["frozen"]
     for name in run.truth["trainable"]:
         assert torch.equal(written[name], run.tensors[name]), name
-    base = weights(run.base, "transformer")
+    base = component_weights(run.base, "transformer")
     assert any(not torch.equal(written[name], base[name]) for name in base), "training changed the weights"
 
 
 # -- bad input: one line, exit 2, nothing written --------------------------------------------------------------------
-def _bad(cli, tmp_path, *args) -> str:
-    before = snapshot(tmp_path)
-    result = cli(*args)
-    assert result.exit_code == 2, result.stdout + result.stderr
-    assert len(result.error_lines) == 1, result.stderr
-    assert snapshot(tmp_path) == before and not leftovers(tmp_path)
-    assert not (tmp_path / "out").exists()
-    return result.error_lines[0]
-
-
 def test_bad_input_is_one_line(single_files, tmp_path, cli):
     from cogvideox_fixtures import tiny_pipeline as tiny_cogvideox
 
     release = tmp_path / "release.safetensors"
     release.write_bytes(single_files("2b", "0.9.5").read_bytes())
-    line = _bad(cli, tmp_path, "--model-type", "i2v", release, tmp_path / "out", "--base", tiny_pipeline("2b", "0.9.5"))
-    assert "--model-type i2v is not a LTX-Video task" in line
-    line = _bad(cli, tmp_path, "--model-type", "condition", release, tmp_path / "out", "--base",
-                tiny_pipeline("2b", "0.9.5"))
-    assert "--model-type condition was given" in line
-    line = _bad(cli, tmp_path, release, tmp_path / "out", "--base", tiny_cogvideox("t2v"))
-    assert "holds a LTX-Video transformer, not a CogVideoX one" in line
+    base = tiny_pipeline("2b", "0.9.5")
+    assert_refused(cli, tmp_path, ["--model-type", "i2v", release, tmp_path / "out", "--base", base],
+                   "--model-type i2v is not a LTX-Video task")
+    assert_refused(cli, tmp_path, ["--model-type", "condition", release, tmp_path / "out", "--base", base],
+                   "--model-type condition was given")
+    assert_refused(cli, tmp_path, [release, tmp_path / "out", "--base", tiny_cogvideox("t2v")],
+                   "holds a LTX-Video transformer, not a CogVideoX one")
     bare = tmp_path / "transformer.safetensors"
-    save_file(weights(tiny_pipeline("2b", "0.9.5"), "transformer"), bare)
-    line = _bad(cli, tmp_path, bare, tmp_path / "out")
-    assert "not a published LTX-Video size; pass --base" in line
+    save_file(component_weights(base, "transformer"), bare)
+    assert_refused(cli, tmp_path, [bare, tmp_path / "out"], "not a published LTX-Video size; pass --base")
 
 
 # -- precision --------------------------------------------------------------------------------------------------------

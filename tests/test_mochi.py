@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import leftovers, snapshot
+from conftest import assert_refused, assert_same_tensors, component_weights
 from fixtures import SCRIPTS
 from mochi_fixtures import judge_transformer, tiny_pipeline, write_original_vae
 from safetensors.torch import load_file, save_file
@@ -22,16 +22,6 @@ from make_tiny_mochi import build_transformer, original_kwargs, render  # noqa: 
 
 FAMILY = family_named("mochi")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-
-
-def weights(folder, component: str) -> dict[str, torch.Tensor]:
-    return load_file(folder / component / WEIGHTS)
-
-
-def assert_equal(actual: dict, expected: dict) -> None:
-    assert set(actual) == set(expected)
-    for name, tensor in expected.items():
-        assert actual[name].dtype == tensor.dtype and torch.equal(actual[name], tensor), name
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +37,7 @@ def dit_file(tmp_path_factory):
 def test_written_dit_is_read_by_diffusers_back_to_the_same_tensors(dit_file):
     assert sorted(p.name for p in dit_file.iterdir()) == ["dit.safetensors"]  # genmo keeps no config beside it
     written = load_file(dit_file / "dit.safetensors")
-    assert_equal(judge_transformer(written), weights(tiny_pipeline(), "transformer"))
+    assert_same_tensors(judge_transformer(written), component_weights(tiny_pipeline(), "transformer"))
     # the last block updates only the video stream: no text-stream output projection or MLP, a one-chunk modulation
     assert not [key for key in written if key.startswith("blocks.47.") and ("proj_y" in key or "mlp_y" in key)]
     assert written["blocks.47.mod_y.weight"].shape[0] * 4 == written["blocks.46.mod_y.weight"].shape[0]
@@ -64,10 +54,10 @@ def test_the_last_block_is_found_at_any_depth(tmp_path):
     model.save_pretrained(tmp_path / "diffusers")
     export_original(tmp_path / "diffusers", tmp_path / "original", dtype="fp32", progress=False)
     written = load_file(tmp_path / "original" / "dit.safetensors")
-    assert_equal(judge_transformer(written, num_layers=3), model.state_dict())
+    assert_same_tensors(judge_transformer(written, num_layers=3), model.state_dict())
     export(tmp_path / "original" / "dit.safetensors", tmp_path / "back", base=tmp_path / "diffusers", dtype="fp32",
            progress=False)
-    assert_equal(load_file(tmp_path / "back" / WEIGHTS), model.state_dict())
+    assert_same_tensors(load_file(tmp_path / "back" / WEIGHTS), model.state_dict())
 
 
 def test_pipeline_from_dit_equals_diffusers_and_renders(dit_file, tmp_path, cli):
@@ -76,9 +66,9 @@ def test_pipeline_from_dit_equals_diffusers_and_renders(dit_file, tmp_path, cli)
     assert result.exit_code == 0, result.stderr
     out = tmp_path / "out"
     policy = PrecisionPolicy.build("bf16", FAMILY.transformer.keep_fp32, [])
-    truth = weights(base, "transformer")
+    truth = component_weights(base, "transformer")
     cast = {name: t.to(policy.target_dtype(name, t.dtype)) for name, t in truth.items()}
-    assert_equal(weights(out, "transformer"), cast)
+    assert_same_tensors(component_weights(out, "transformer"), cast)
     from diffusers import MochiTransformer3DModel
 
     reference = MochiTransformer3DModel.from_config(MochiTransformer3DModel.load_config(base / "transformer"))
@@ -103,7 +93,7 @@ def test_genmo_finetuner_checkpoint_exports_without_base(dit_file, tmp_path, cli
     save_file(load_file(dit_file / "dit.safetensors"), checkpoint, metadata={"kwargs": json.dumps(original_kwargs(config))})
     result = cli(checkpoint, tmp_path / "out", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
-    assert_equal(load_file(tmp_path / "out" / WEIGHTS), weights(base, "transformer"))
+    assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), component_weights(base, "transformer"))
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert {k: written[k] for k in config if not k.startswith("_")} == {k: v for k, v in config.items()
                                                                         if not k.startswith("_")}
@@ -111,11 +101,11 @@ def test_genmo_finetuner_checkpoint_exports_without_base(dit_file, tmp_path, cli
 
 def test_vae_from_its_two_files(tmp_path, cli):
     base = tiny_pipeline()
-    truth = weights(base, "vae")
+    truth = component_weights(base, "vae")
     encoder, decoder = write_original_vae(tmp_path / "release", truth)
     result = cli("--component", "vae", encoder, decoder, tmp_path / "out", "--base", base)
     assert result.exit_code == 0, result.stderr
-    assert_equal(load_file(tmp_path / "out" / WEIGHTS), truth)  # the whole VAE is kept in fp32
+    assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), truth)  # the whole VAE is kept in fp32
     from diffusers import AutoencoderKLMochi
 
     reference = AutoencoderKLMochi.from_config(AutoencoderKLMochi.load_config(base / "vae"))
@@ -125,32 +115,20 @@ def test_vae_from_its_two_files(tmp_path, cli):
         assert (tmp_path / "out" / path.name).read_bytes() == path.read_bytes(), path.name
 
 
-def _bad(cli, tmp_path, *args) -> str:
-    before = snapshot(tmp_path)
-    result = cli(*args)
-    assert result.exit_code == 2, result.stdout + result.stderr
-    assert len(result.error_lines) == 1, result.stderr
-    assert snapshot(tmp_path) == before and not leftovers(tmp_path)
-    assert not (tmp_path / "out").exists()
-    return result.error_lines[0]
-
-
 def test_bad_input_is_one_line(dit_file, tmp_path, cli):
     from ltx_video_fixtures import tiny_pipeline as tiny_ltx
 
     dit = tmp_path / "dit.safetensors"
     dit.write_bytes((dit_file / "dit.safetensors").read_bytes())
-    assert "--model-type i2v is not a Mochi task" in _bad(cli, tmp_path, "--model-type", "i2v", dit, tmp_path / "out",
-                                                          "--base", tiny_pipeline())
-    assert "holds a Mochi transformer, not a LTX-Video one" in _bad(cli, tmp_path, dit, tmp_path / "out", "--base",
-                                                                    tiny_ltx("2b", "0.9.5"))
-    assert "not a published Mochi size; pass --base" in _bad(cli, tmp_path, dit, tmp_path / "out")
+    assert_refused(cli, tmp_path, ["--model-type", "i2v", dit, tmp_path / "out", "--base", tiny_pipeline()],
+                   "--model-type i2v is not a Mochi task")
+    assert_refused(cli, tmp_path, [dit, tmp_path / "out", "--base", tiny_ltx("2b", "0.9.5")],
+                   "holds a Mochi transformer, not a LTX-Video one")
+    assert_refused(cli, tmp_path, [dit, tmp_path / "out"], "not a published Mochi size; pass --base")
     (tmp_path / "half").mkdir()
-    encoder, _ = write_original_vae(tmp_path / "half", weights(tiny_pipeline(), "vae"))
+    encoder, _ = write_original_vae(tmp_path / "half", component_weights(tiny_pipeline(), "vae"))
     (tmp_path / "half" / "decoder.safetensors").unlink()
-    before = snapshot(tmp_path)
-    result = cli("--component", "vae", encoder, tmp_path / "out", "--base", tiny_pipeline())
-    assert result.exit_code == 2 and len(result.error_lines) == 1 and snapshot(tmp_path) == before
+    assert_refused(cli, tmp_path, ["--component", "vae", encoder, tmp_path / "out", "--base", tiny_pipeline()])
 
 
 def test_fp32_allowlist_is_the_normalisation_weights_and_the_rope_frequencies():
