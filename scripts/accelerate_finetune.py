@@ -3,7 +3,9 @@ DeepSpeed integration, the way CogVideo's finetune/, DiffSynth-Studio and musubi
 (``Accelerator(deepspeed_plugin=...)``, ``prepare``, ``backward``, ``save_state``), and the ground truth taken inside
 the training process.
 
-    engine, accelerator, deepspeed = start_training(spec, rank, world_size, module)
+    run_ranks(train_and_save, BASE, OUT, world_size=2, steps=2, ...)  # in the parent: the ranks, each running
+    deepspeed, accelerator = start_accelerator(spec, rank, world_size)       # train_and_save(rank, ..., spec):
+    engine = prepare(accelerator, module, spec["lr"])
     for step in range(steps): accelerator.backward(loss_of(engine, step))
     checkpoint = save_checkpoint(accelerator, spec)          # OUT/checkpoint-K: the DeepSpeed tag dir "pytorch_model"
     truth = collect_truth(deepspeed, engine, spec["stage"])   # every trainable parameter's fp32 master, ...
@@ -13,17 +15,31 @@ the training process.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deepspeed_cpu import deepspeed_config, import_deepspeed  # noqa: E402
+from deepspeed_cpu import deepspeed_config, import_deepspeed, spawn_ranks  # noqa: E402
 from make_deepspeed_checkpoint import collect_truth  # noqa: E402,F401  (re-exported for the fine-tune scripts)
 
 TAG = "pytorch_model"  # accelerate's DeepSpeed tag for the first prepared model
 TRAIN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def run_ranks(train_and_save: Callable[[int, int, str, dict], None], base: str | os.PathLike,
+              out: str | os.PathLike, **settings) -> Path:
+    """Run ``train_and_save(rank, world_size, rendezvous, spec)`` in ``settings["world_size"]`` fresh CPU processes,
+    the spec being the run's settings with BASE and OUT made absolute; returns OUT/checkpoint-K."""
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    spec = dict(base=str(Path(base).resolve()), out=str(out), **settings)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    spawn_ranks(train_and_save, spec["world_size"], spec)
+    return out / f"checkpoint-{spec['steps']}"
 
 
 def finetune_config(stage: int, dtype: str, lr: float) -> dict:

@@ -13,9 +13,14 @@ device only.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_models import TINY_TEXT_LENGTH, randomize_  # noqa: E402
 
 VARIANTS = ("2b", "5b", "5b-i2v", "1.5-5b", "1.5-5b-i2v")
 
@@ -82,7 +87,6 @@ _TINY_VARIANT: dict[str, dict[str, Any]] = {
 }
 TINY_TIME_EMBED_DIM = 12  # 1.5 I2V adds the ofs embedding to the time embedding, so both widths must match
 TINY_TEXT_EMBED_DIM = 20
-TINY_TEXT_LENGTH = 8
 
 
 def full_transformer_config(variant: str, num_layers: int | None = None) -> dict[str, Any]:
@@ -137,20 +141,6 @@ def tiny_vae_config() -> dict[str, Any]:
         "sample_height": 16,
         "sample_width": 16,
     }
-
-
-def randomize_(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Overwrite every persistent tensor with seeded noise.
-
-    Diffusers initialises every LayerNorm to ones/zeros, so norm1.norm and norm2.norm (or any two norms) would be
-    equal and a swapped mapping would go unnoticed; noise makes every tensor distinguishable by value.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for tensor in module.state_dict(keep_vars=True).values():
-            if tensor.is_floating_point():
-                tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.1)
-    return module
 
 
 def build_tiny_transformer(variant: str, num_layers: int = 2, seed: int = 0):

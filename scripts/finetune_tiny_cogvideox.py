@@ -45,9 +45,8 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accelerate_finetune import (TRAIN_DTYPES, collect_truth, prepare, save_checkpoint,  # noqa: E402
+from accelerate_finetune import (TRAIN_DTYPES, collect_truth, prepare, run_ranks, save_checkpoint,  # noqa: E402
                                  start_accelerator, write_truth)
-from deepspeed_cpu import spawn_ranks  # noqa: E402
 
 LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # finetune/'s default target_modules
 
@@ -212,15 +211,8 @@ def finetune(
         raise RuntimeError("a LoRA run needs peft, as CogVideo's finetune/ does: pip install peft")
     if lora_rank and lora_alpha is None:
         lora_alpha = lora_rank / 2  # finetune/'s default ratio: alpha 64 for rank 128
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    spec = dict(
-        base=str(Path(base).resolve()), out=str(out), stage=stage, world_size=world_size, steps=steps,
-        dtype=dtype, lr=lr, lora_rank=lora_rank, lora_alpha=lora_alpha,
-    )
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    spawn_ranks(train_and_save, world_size, spec)
-    return out / f"checkpoint-{steps}"
+    return run_ranks(train_and_save, base, out, stage=stage, world_size=world_size, steps=steps, dtype=dtype, lr=lr,
+                     lora_rank=lora_rank, lora_alpha=lora_alpha)
 
 
 @click.command()

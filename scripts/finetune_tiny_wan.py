@@ -30,9 +30,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accelerate_finetune import (TRAIN_DTYPES, collect_truth, prepare, save_checkpoint,  # noqa: E402
+from accelerate_finetune import (TRAIN_DTYPES, collect_truth, prepare, run_ranks, save_checkpoint,  # noqa: E402
                                  start_accelerator, write_truth)
-from deepspeed_cpu import spawn_ranks  # noqa: E402
 
 TEXT_TOKENS = 8
 
@@ -121,13 +120,7 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 def finetune(base: str | os.PathLike, out: str | os.PathLike, *, world_size: int = 2, steps: int = 2,
              dtype: str = "bf16", lr: float = 1e-3) -> Path:
     """Run the fine-tune in ``world_size`` fresh processes; returns OUT/checkpoint-K."""
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    spec = dict(base=str(Path(base).resolve()), out=str(out), stage=2, world_size=world_size, steps=steps,
-                dtype=dtype, lr=lr)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    spawn_ranks(train_and_save, world_size, spec)
-    return out / f"checkpoint-{steps}"
+    return run_ranks(train_and_save, base, out, stage=2, world_size=world_size, steps=steps, dtype=dtype, lr=lr)
 
 
 @click.command()

@@ -20,10 +20,15 @@ function's own source with only this constant changed, so tiny models can be jud
 from __future__ import annotations
 
 import inspect
+import sys
 import textwrap
+from pathlib import Path
 from typing import Callable
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_models import randomize_  # noqa: E402
 
 TINY_HEADS, TINY_HEAD_DIM = 2, 8  # hidden 16
 TINY_TEXT_DIM, TINY_POOLED_DIM = 32, 24  # the tiny Llama's and CLIP text model's widths
@@ -46,21 +51,11 @@ def tiny_config(shape_class: str, **overrides) -> dict:
     return {**TINY, **SHAPE_CLASSES[shape_class], **overrides}
 
 
-def randomize_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Seeded random values in every tensor (Diffusers zero-initialises gates and outputs, which would hide a
-    swapped or misplaced chunk)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            if tensor.is_floating_point():
-                tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.2 + 0.1)
-    return model
-
-
 def build_tiny_transformer(shape_class: str = "t2v", seed: int = 0, **overrides):
     from diffusers import HunyuanVideoTransformer3DModel
 
-    return randomize_(HunyuanVideoTransformer3DModel(**tiny_config(shape_class, **overrides)), seed).eval()
+    return randomize_(HunyuanVideoTransformer3DModel(**tiny_config(shape_class, **overrides)), seed, scale=0.2,
+                      shift=0.1).eval()
 
 
 def original_shapes(config: dict) -> dict[str, torch.Size]:

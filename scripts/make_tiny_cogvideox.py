@@ -32,26 +32,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cogvideox_tiny_configs import (  # noqa: E402
     TINY_TEXT_EMBED_DIM,
-    TINY_TEXT_LENGTH,
     VARIANTS as FAMILIES,
     build_tiny_transformer,
     full_vae_config,
-    randomize_,
     tiny_vae_config,
 )
+from tiny_models import build_text_encoder, build_tokenizer, randomize_  # noqa: E402
 
 ALIASES = {"t2v": "2b", "i2v": "5b-i2v"}
 VARIANT_CHOICES = (*ALIASES, *FAMILIES)
-
-# The words the tiny tokenizer knows whole; anything else is spelled out in CHARACTERS (or becomes <unk>).
-TOKENIZER_WORDS = (
-    "a an the of on in at under over across along and with "
-    "panda cat dog car boat astronaut drone city forest road sea sky lake moon mountains waves fireworks "
-    "playing guitar walking sailing driving sleeping exploding crashing flying red blue calm snowy sunny "
-    "stormy small big night sunset bamboo coastal"
-).split()
-CHARACTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'-"
-
 
 def family(variant: str) -> str:
     """The real model family a variant name stands for ("t2v" -> "2b", "i2v" -> "5b-i2v")."""
@@ -63,44 +52,6 @@ def family(variant: str) -> str:
 
 def pipeline_class_name(variant: str) -> str:
     return "CogVideoXImageToVideoPipeline" if family(variant).endswith("i2v") else "CogVideoXPipeline"
-
-
-def build_tokenizer():
-    """A T5 tokenizer (Unigram; T5's special ids pad 0, eos 1, unk 2), capped at the transformer's text length.
-
-    The vocabulary is written out rather than trained: whole words score higher than the letters that spell
-    them, so known words are one token each and a short prompt fits the tiny 8-token cap.
-    """
-    from transformers import T5Tokenizer
-
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    pieces += [(f"\u2581{word}", -4.0) for word in sorted(set(TOKENIZER_WORDS))]
-    pieces += [("\u2581", -8.0)] + [(character, -10.0) for character in CHARACTERS]
-    # extra_ids=0: T5's 100 sentinel tokens are for span corruption, which nothing here uses.
-    return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=TINY_TEXT_LENGTH)
-
-
-def build_text_encoder(vocab_size: int, width: int = TINY_TEXT_EMBED_DIM):
-    """A 2-layer T5 v1.1-style encoder (gated GELU, relative positions) whose width is the transformer's text dim."""
-    from transformers import T5Config, T5EncoderModel
-
-    config = T5Config(
-        vocab_size=vocab_size,
-        d_model=width,
-        d_kv=8,
-        d_ff=36,
-        num_layers=2,
-        num_heads=2,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=16,
-        feed_forward_proj="gated-gelu",
-        dropout_rate=0.0,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
-    )
-    return T5EncoderModel(config).eval()
 
 
 def build_vae(variant: str, seed: int):
@@ -146,7 +97,7 @@ def build_tiny_pipeline(variant: str = "t2v", seed: int = 0):
 
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
-    text_encoder = build_text_encoder(len(tokenizer))
+    text_encoder = build_text_encoder(len(tokenizer), TINY_TEXT_EMBED_DIM)
     return getattr(diffusers, pipeline_class_name(variant))(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
@@ -156,20 +107,13 @@ def build_tiny_pipeline(variant: str = "t2v", seed: int = 0):
     )
 
 
-def save_tiny_pipeline(out: str | os.PathLike, variant: str = "t2v", seed: int = 0) -> Path:
-    """Build the tiny pipeline and ``save_pretrained`` it to ``out`` (safetensors); returns ``out``."""
-    out = Path(out)
-    build_tiny_pipeline(variant, seed).save_pretrained(out)
-    return out
-
-
 @click.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--variant", type=click.Choice(VARIANT_CHOICES), default="t2v", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def main(out: Path, variant: str, seed: int) -> None:
     """Write a tiny CogVideoX pipeline folder to OUT."""
-    save_tiny_pipeline(out, variant, seed)
+    build_tiny_pipeline(variant, seed).save_pretrained(out)
     click.echo(f"wrote {out} (tiny CogVideoX-{family(variant)}, {pipeline_class_name(variant)})")
 
 

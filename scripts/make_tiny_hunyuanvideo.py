@@ -27,10 +27,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hunyuanvideo_tiny import (MODEL_TYPE, SHAPE_CLASSES, TINY_POOLED_DIM, TINY_TEXT_DIM,  # noqa: E402
                                build_tiny_transformer)
+from tiny_models import CHARACTERS, randomize_  # noqa: E402
 
 WORDS = ("a an the of on in at under with and cat dog panda astronaut car boat city forest sea sky moon "
          "playing guitar walking sailing flying red blue small big night sunset").split()
-LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'-"
 LLAMA_SPECIALS = ("<unk>", "<s>", "</s>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<image>")
 TINY_VAE = {"block_out_channels": (8, 8, 16, 16), "norm_num_groups": 4, "layers_per_block": 1}
 # the tiny prompt template render calls pass: the release's template is hundreds of tokens at these vocabularies
@@ -57,7 +57,7 @@ def build_llama_tokenizer():
     from transformers import LlamaTokenizerFast
 
     vocabulary = {token: index for index, token in enumerate(LLAMA_SPECIALS)}
-    vocabulary.update({piece: len(vocabulary) + i for i, piece in enumerate(["\u2581", *LETTERS])})
+    vocabulary.update({piece: len(vocabulary) + i for i, piece in enumerate(["\u2581", *CHARACTERS])})
     merges = _bpe(vocabulary, WORDS, "\u2581", at_end=False)
     return LlamaTokenizerFast(vocab=vocabulary, merges=merges, pad_token="</s>", add_bos_token=True,
                               additional_special_tokens=list(LLAMA_SPECIALS[3:]))
@@ -67,7 +67,7 @@ def build_clip_tokenizer():
     from transformers import CLIPTokenizer
 
     vocabulary = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for letter in LETTERS.lower():
+    for letter in CHARACTERS.lower():
         vocabulary.setdefault(letter, len(vocabulary))
         vocabulary.setdefault(letter + "</w>", len(vocabulary))
     merges = _bpe(vocabulary, WORDS, "</w>", at_end=True)
@@ -119,12 +119,7 @@ def build_vae(seed: int):
     from diffusers import AutoencoderKLHunyuanVideo
 
     # small random weights: decoded frames stay finite through the tiny, untrained decoder
-    vae = AutoencoderKLHunyuanVideo(**TINY_VAE)
-    generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for tensor in vae.state_dict().values():
-            tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.05)
-    return vae.eval()
+    return randomize_(AutoencoderKLHunyuanVideo(**TINY_VAE), seed + 1, scale=0.05).eval()
 
 
 def build_tiny_pipeline(shape_class: str = "t2v", seed: int = 0):
@@ -142,19 +137,13 @@ def build_tiny_pipeline(shape_class: str = "t2v", seed: int = 0):
                                             image_processor=build_image_processor(), **components)
 
 
-def save_tiny_pipeline(out: str | os.PathLike, shape_class: str = "t2v", seed: int = 0) -> Path:
-    out = Path(out)
-    build_tiny_pipeline(shape_class, seed).save_pretrained(out)
-    return out
-
-
 @click.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--shape-class", type=click.Choice(sorted(SHAPE_CLASSES)), default="t2v", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def main(out: Path, shape_class: str, seed: int) -> None:
     """Write a tiny HunyuanVideo pipeline folder to OUT."""
-    save_tiny_pipeline(out, shape_class, seed)
+    build_tiny_pipeline(shape_class, seed).save_pretrained(out)
     click.echo(f"wrote {out} (tiny HunyuanVideo {shape_class})")
 
 

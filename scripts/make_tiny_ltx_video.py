@@ -25,8 +25,8 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cogvideox_tiny_configs import TINY_TEXT_EMBED_DIM, TINY_TEXT_LENGTH, randomize_  # noqa: E402
-from make_tiny_cogvideox import build_text_encoder, build_tokenizer  # noqa: E402
+from cogvideox_tiny_configs import TINY_TEXT_EMBED_DIM  # noqa: E402
+from tiny_models import TINY_TEXT_LENGTH, build_text_encoder, build_tokenizer, randomize_  # noqa: E402
 
 LAYOUTS = ("2b", "13b")
 VAE_VERSIONS = ("0.9.0", "0.9.1", "0.9.5")
@@ -107,7 +107,7 @@ def build_tiny_pipeline(layout: str = "2b", version: str = "0.9.5", seed: int = 
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
     return getattr(diffusers, pipeline_class_name(layout))(
-        tokenizer=tokenizer, text_encoder=build_text_encoder(len(tokenizer)), vae=build_vae(version, seed),
+        tokenizer=tokenizer, text_encoder=build_text_encoder(len(tokenizer), TINY_TEXT_EMBED_DIM), vae=build_vae(version, seed),
         transformer=build_transformer(layout, seed), scheduler=build_scheduler(version))
 
 

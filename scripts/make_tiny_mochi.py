@@ -28,8 +28,7 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cogvideox_tiny_configs import TINY_TEXT_LENGTH, randomize_  # noqa: E402
-from make_tiny_cogvideox import build_text_encoder, build_tokenizer  # noqa: E402
+from tiny_models import TINY_TEXT_LENGTH, build_text_encoder, build_tokenizer, randomize_  # noqa: E402
 
 RELEASE_LAYERS = 48
 # The T5 width: Mochi's attention pooler splits the text features over 8 heads.

@@ -6,7 +6,7 @@
 OUT is what ``DiffusionPipeline.save_pretrained`` writes for the variant's pipeline, with real Diffusers and
 transformers classes at toy sizes, so ``WanPipeline.from_pretrained(OUT)`` (or ``WanImageToVideoPipeline``) loads it
 and renders a few frames in seconds on a CPU. Nothing is downloaded: the tokenizer is the T5 Unigram tokenizer over a
-written-out vocabulary that make_tiny_cogvideox.py builds (Wan's umT5 tokenizer is a T5 tokenizer too), the text
+written-out vocabulary that tiny_models.py builds (Wan's umT5 tokenizer is a T5 tokenizer too), the text
 encoder a 2-layer UMT5EncoderModel, the image encoder a 2-layer CLIPVisionModel on 28x28 images; every model is
 randomly initialised from ``--seed``.
 
@@ -34,7 +34,7 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_cogvideox import build_tokenizer  # noqa: E402
+from tiny_models import build_text_encoder, build_tokenizer  # noqa: E402
 from wan_tiny_configs import (TINY_IMAGE_DIM, TINY_TEXT_DIM, build_tiny_transformer,  # noqa: E402
                               build_tiny_vae)
 
@@ -48,17 +48,6 @@ VARIANTS = {
     "i2v-a14b": ("WanImageToVideoPipeline", "i2v-a14b", 2, "2.1", False, {"boundary_ratio": 0.9}),
 }
 FLOW_SHIFT = {"flf2v": 16.0, "ti2v": 5.0}  # the published scheduler configs' shift (3.0 for the rest)
-
-
-def build_text_encoder(vocab_size: int):
-    """A 2-layer umT5 encoder whose width is the transformer's text_dim."""
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    config = UMT5Config(vocab_size=vocab_size, d_model=TINY_TEXT_DIM, d_kv=8, d_ff=36, num_layers=2, num_heads=2,
-                        relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                        feed_forward_proj="gated-gelu", dropout_rate=0.0, tie_word_embeddings=False,
-                        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-    return UMT5EncoderModel(config).eval()
 
 
 def build_image_encoder():
@@ -85,7 +74,7 @@ def build_tiny_pipeline(variant: str = "t2v", seed: int = 0):
     pipeline_class, shape_class, experts, vae_version, clip, settings = VARIANTS[variant]
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
-    components = dict(tokenizer=tokenizer, text_encoder=build_text_encoder(len(tokenizer)),
+    components = dict(tokenizer=tokenizer, text_encoder=build_text_encoder(len(tokenizer), TINY_TEXT_DIM, umt5=True),
                       vae=build_tiny_vae(vae_version, seed), scheduler=build_scheduler(variant),
                       transformer=build_tiny_transformer(shape_class, seed))
     if experts == 2:  # the low-noise expert: same shape, other weights
@@ -95,19 +84,13 @@ def build_tiny_pipeline(variant: str = "t2v", seed: int = 0):
     return getattr(diffusers, pipeline_class)(**components, **settings)
 
 
-def save_tiny_pipeline(out: str | os.PathLike, variant: str = "t2v", seed: int = 0) -> Path:
-    out = Path(out)
-    build_tiny_pipeline(variant, seed).save_pretrained(out)
-    return out
-
-
 @click.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--variant", type=click.Choice(list(VARIANTS)), default="t2v", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def main(out: Path, variant: str, seed: int) -> None:
     """Write a tiny Wan pipeline folder to OUT."""
-    save_tiny_pipeline(out, variant, seed)
+    build_tiny_pipeline(variant, seed).save_pretrained(out)
     click.echo(f"wrote {out} (tiny Wan {variant}, {VARIANTS[variant][0]})")
 
 

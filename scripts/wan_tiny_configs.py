@@ -11,16 +11,20 @@ noise so that two tensors of one shape differ by value.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_models import TINY_TEXT_LENGTH, randomize_  # noqa: E402
 
 # shape class -> the Diffusers config values that differ from the tiny common ones
 SHAPE_CLASSES = ("t2v", "i2v", "flf2v", "ti2v", "a14b", "i2v-a14b")
 TINY_TEXT_DIM = 24
 TINY_IMAGE_DIM = 28  # CLIP's hidden size in the tiny I2V pipelines (1280 in the releases)
 TINY_IMAGE_TOKENS = 5  # a 28x28 image in 14x14 patches plus the class token (257 in the releases)
-TINY_TEXT_LENGTH = 8
 
 _COMMON: dict[str, Any] = {
     "num_attention_heads": 2,
@@ -65,16 +69,6 @@ def tiny_transformer_config(shape_class: str, num_layers: int = 2) -> dict[str, 
     if shape_class not in _CLASS:
         raise ValueError(f"unknown shape class {shape_class!r}; one of {', '.join(SHAPE_CLASSES)}")
     return {**_COMMON, **_CLASS[shape_class], "num_layers": num_layers}
-
-
-def randomize_(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Seeded noise in every floating tensor (Diffusers initialises norms to ones, which would hide a swap)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for tensor in module.state_dict(keep_vars=True).values():
-            if tensor.is_floating_point():
-                tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.1)
-    return module
 
 
 def build_tiny_transformer(shape_class: str, seed: int = 0, num_layers: int = 2):

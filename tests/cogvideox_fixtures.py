@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import torch
-from fixtures import SCRIPTS, GroundTruth, cached_fixture
+from fixtures import SCRIPTS, DeepSpeedFixture, cached_fixture
 
 sys.path.insert(0, str(SCRIPTS))
 from cogvideox_tiny_configs import (VARIANTS, build_tiny_transformer, build_tiny_vae,  # noqa: E402,F401
@@ -27,31 +27,21 @@ def config_folder(path: Path, model: torch.nn.Module) -> Path:
 
 def tiny_pipeline(model_type: str) -> Path:
     """A complete tiny CogVideoX pipeline folder (seed 0), made once."""
-    scripts = ("make_tiny_cogvideox.py", "cogvideox_tiny_configs.py")
+    scripts = ("make_tiny_cogvideox.py", "cogvideox_tiny_configs.py", "tiny_models.py")
     return cached_fixture(f"tiny-pipeline-{model_type}", scripts,
                           [str(SCRIPTS / "make_tiny_cogvideox.py"), "--variant", model_type])
 
 
-class FinetuneFixture(GroundTruth):
-    """A tiny CogVideoX transformer fine-tuned under real DeepSpeed, in CogVideo finetune/'s layout."""
-
-    def __init__(self, root: Path, base: Path) -> None:
-        super().__init__(root)
-        self.base = base
-
-    @property
-    def checkpoint(self) -> Path:
-        return next(self.root.glob("checkpoint-*"))
-
-
 def finetune(model_type: str, stage: int, world_size: int, dtype: str = "bf16", lora_rank: int | None = None,
-             steps: int = 2) -> FinetuneFixture:
+             steps: int = 2) -> DeepSpeedFixture:
+    """A tiny CogVideoX transformer fine-tuned under real DeepSpeed, in CogVideo finetune/'s layout
+    (OUT/checkpoint-STEPS), with the base pipeline it started from."""
     base = tiny_pipeline(model_type)
-    scripts = ("finetune_tiny_cogvideox.py", "make_tiny_cogvideox.py", "cogvideox_tiny_configs.py",
+    scripts = ("finetune_tiny_cogvideox.py", "make_tiny_cogvideox.py", "cogvideox_tiny_configs.py", "tiny_models.py",
                "deepspeed_cpu.py", "make_deepspeed_checkpoint.py", "accelerate_finetune.py")
     name = f"finetune-{model_type}-zero{stage}-ws{world_size}-{dtype}" + (f"-lora{lora_rank}" if lora_rank else "")
     command = [str(SCRIPTS / "finetune_tiny_cogvideox.py"), str(base), "--stage", str(stage), "--world-size",
                str(world_size), "--dtype", dtype, "--steps", str(steps)]
     if lora_rank:
         command += ["--lora-rank", str(lora_rank)]
-    return FinetuneFixture(cached_fixture(name, scripts, command), base)
+    return DeepSpeedFixture(cached_fixture(name, scripts, command), base, f"checkpoint-{steps}")

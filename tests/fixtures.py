@@ -116,11 +116,12 @@ class GroundTruth:
 
 
 class DeepSpeedFixture(GroundTruth):
-    """A cached real DeepSpeed checkpoint and the ground truth taken inside its training process."""
+    """A cached real DeepSpeed checkpoint (the folder ``checkpoint`` names) and the ground truth taken inside its
+    training process; a fine-tune's also knows the ``base`` pipeline folder it started from."""
 
-    @property
-    def checkpoint(self) -> Path:
-        return self.root / "checkpoint"
+    def __init__(self, root: Path, base: Path | None = None, checkpoint: str = "checkpoint") -> None:
+        super().__init__(root)
+        self.base, self.checkpoint = base, root / checkpoint
 
     def expected_state_dict(self) -> dict[str, torch.Tensor]:
         """The module's state_dict as a consolidation must give it, in its order (aliases = their source)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 from cogvideox_fixtures import config_folder  # noqa: F401
-from fixtures import SCRIPTS, GroundTruth, cached_fixture
+from fixtures import SCRIPTS, DeepSpeedFixture, cached_fixture
 
 sys.path.insert(0, str(SCRIPTS))
 from hunyuanvideo_tiny import (MODEL_TYPE, SHAPE_CLASSES, build_tiny_transformer, judge,  # noqa: E402,F401
@@ -36,18 +36,13 @@ def release_file(folder: Path, module: dict, **entries) -> Path:
 
 def tiny_pipeline(shape_class: str) -> Path:
     """A complete tiny HunyuanVideo pipeline folder of this shape class (seed 0), made once."""
-    scripts = ("make_tiny_hunyuanvideo.py", "hunyuanvideo_tiny.py")
+    scripts = ("make_tiny_hunyuanvideo.py", "hunyuanvideo_tiny.py", "tiny_models.py")
     return cached_fixture(f"hunyuanvideo-pipeline-{shape_class}", scripts,
                           [str(SCRIPTS / "make_tiny_hunyuanvideo.py"), "--shape-class", shape_class])
 
 
-class FinetuneFixture(GroundTruth):
+class FinetuneFixture(DeepSpeedFixture):
     """A tiny original-layout HunyuanVideo transformer trained two steps under DeepSpeed, with its EMA."""
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.root / "checkpoint"
-
     def masters(self) -> dict[str, torch.Tensor]:
         return {name: self.tensors[name] for name in self.truth["trainable"]}
 
@@ -56,7 +51,7 @@ class FinetuneFixture(GroundTruth):
 
 
 def finetune(stage: int = 2, world_size: int = 2, dtype: str = "bf16") -> FinetuneFixture:
-    scripts = ("finetune_tiny_hunyuanvideo.py", "hunyuanvideo_tiny.py", "deepspeed_cpu.py",
+    scripts = ("finetune_tiny_hunyuanvideo.py", "hunyuanvideo_tiny.py", "tiny_models.py", "deepspeed_cpu.py",
                "make_deepspeed_checkpoint.py")
     command = [str(SCRIPTS / "finetune_tiny_hunyuanvideo.py"), "--stage", str(stage), "--world-size",
                str(world_size), "--dtype", dtype]

@@ -7,12 +7,12 @@ import inspect
 import sys
 from pathlib import Path
 
-from fixtures import SCRIPTS, GroundTruth, cached_fixture
+from fixtures import SCRIPTS, DeepSpeedFixture, cached_fixture
 
 sys.path.insert(0, str(SCRIPTS))
 from make_tiny_ltx_video import TINY_095_ENCODER_WIDTH  # noqa: E402
 
-PIPELINE_SCRIPTS = ("make_tiny_ltx_video.py", "make_tiny_cogvideox.py", "cogvideox_tiny_configs.py")
+PIPELINE_SCRIPTS = ("make_tiny_ltx_video.py", "cogvideox_tiny_configs.py", "tiny_models.py")
 # (layout, VAE version): every shape class and VAE layout the releases have
 SHAPE_CLASSES = [("2b", "0.9.0"), ("2b", "0.9.1"), ("2b", "0.9.5"), ("13b", "0.9.5")]
 
@@ -43,21 +43,10 @@ def judge_vae(checkpoint: dict) -> dict:
     return namespace["convert_ltx_vae_checkpoint_to_diffusers"](dict(checkpoint))
 
 
-class FinetuneFixture(GroundTruth):
+def finetune(stage: int = 2, world_size: int = 2, dtype: str = "bf16") -> DeepSpeedFixture:
     """A tiny LTX-Video transformer fine-tuned under real DeepSpeed (Diffusers names), with its base pipeline."""
-
-    def __init__(self, root: Path, base: Path) -> None:
-        super().__init__(root)
-        self.base = base
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.root / "checkpoint"
-
-
-def finetune(stage: int = 2, world_size: int = 2, dtype: str = "bf16") -> FinetuneFixture:
     base = tiny_pipeline("2b", "0.9.5")
     scripts = ("finetune_tiny_ltx_video.py", *PIPELINE_SCRIPTS, "deepspeed_cpu.py", "make_deepspeed_checkpoint.py")
     command = [str(SCRIPTS / "finetune_tiny_ltx_video.py"), str(base), "--stage", str(stage), "--world-size",
                str(world_size), "--dtype", dtype]
-    return FinetuneFixture(cached_fixture(f"finetune-ltx-zero{stage}-ws{world_size}-{dtype}", scripts, command), base)
+    return DeepSpeedFixture(cached_fixture(f"finetune-ltx-zero{stage}-ws{world_size}-{dtype}", scripts, command), base)

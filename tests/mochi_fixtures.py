@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(SCRIPTS))
 from make_tiny_mochi import original_vae_files  # noqa: E402
 
-PIPELINE_SCRIPTS = ("make_tiny_mochi.py", "make_tiny_cogvideox.py", "cogvideox_tiny_configs.py")
+PIPELINE_SCRIPTS = ("make_tiny_mochi.py", "tiny_models.py")
 
 
 def tiny_pipeline() -> Path:

@@ -15,8 +15,8 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(SCRIPTS))
-from cogvideox_tiny_configs import randomize_  # noqa: E402
 from render_pipeline import render  # noqa: E402
+from tiny_models import randomize_  # noqa: E402
 
 
 def finetuned_weights(base, seed: int) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ from wan_fixtures import (TINY_VAE21, TINY_VAE22, build_tiny_vae, diffsynth_wan_
 
 from cogexport.to_diffusers import export
 from cogexport.to_original import export_original
-from wan_tiny_configs import randomize_
+from tiny_models import randomize_
 
 
 def config_folder(path, config):

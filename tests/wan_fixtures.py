@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures import ROOT, SCRIPTS, GroundTruth, cached_fixture
+from fixtures import ROOT, SCRIPTS, DeepSpeedFixture, cached_fixture
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(SCRIPTS))
@@ -34,7 +34,7 @@ def real_wan() -> Path:
 
 def tiny_wan_pipeline(variant: str) -> Path:
     """A complete tiny Wan pipeline folder of make_tiny_wan.py's variant (seed 0), made once."""
-    scripts = ("make_tiny_wan.py", "wan_tiny_configs.py", "make_tiny_cogvideox.py", "cogvideox_tiny_configs.py")
+    scripts = ("make_tiny_wan.py", "wan_tiny_configs.py", "tiny_models.py")
     return cached_fixture(f"wan-pipeline-{variant}", scripts,
                           [str(SCRIPTS / "make_tiny_wan.py"), "--variant", variant])
 
@@ -84,14 +84,11 @@ def diffsynth_wan_vae_module():
     return module
 
 
-def wan_finetune() -> "GroundTruth":
+def wan_finetune() -> DeepSpeedFixture:
     """A tiny Wan 2.1 T2V fine-tuned two steps in the original names under DeepSpeed ZeRO-2 (2 ranks, bf16), with
     the fp32 masters taken inside training (truth.safetensors, original names). Made once."""
     base = tiny_wan_pipeline("t2v")
     scripts = ("finetune_tiny_wan.py", "accelerate_finetune.py", "deepspeed_cpu.py", "make_deepspeed_checkpoint.py",
-               "make_tiny_wan.py", "wan_tiny_configs.py", "make_tiny_cogvideox.py", "cogvideox_tiny_configs.py")
-    run = GroundTruth(cached_fixture("wan-finetune-t2v-zero2-ws2-bf16", scripts,
-                                     [str(SCRIPTS / "finetune_tiny_wan.py"), str(base)]))
-    run.base = base
-    run.checkpoint = run.root / "checkpoint-2"
-    return run
+               "make_tiny_wan.py", "wan_tiny_configs.py", "tiny_models.py")
+    return DeepSpeedFixture(cached_fixture("wan-finetune-t2v-zero2-ws2-bf16", scripts,
+                                           [str(SCRIPTS / "finetune_tiny_wan.py"), str(base)]), base, "checkpoint-2")
