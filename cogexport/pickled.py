@@ -1,9 +1,12 @@
 """Objects of classes cogexport never imports, as the readers make them from pickles and the writers put them back:
-inert data holders shared by the source side (checkpoint/) and the sink side (write/)."""
+inert data holders shared by the source side (checkpoint/) and the sink side (write/); and the unpickler the readers
+make them with, which resolves nothing but an allowlist."""
 
 from __future__ import annotations
 
-from typing import Any
+import io
+import pickle
+from typing import Any, Callable, Mapping
 
 
 class PickledObject:
@@ -40,3 +43,22 @@ class PickledObject:
 
 def stand_in(qualified_name: str) -> type[PickledObject]:
     return type(qualified_name.rsplit(".", 1)[-1], (PickledObject,), {"type_name": qualified_name})
+
+
+class AllowlistUnpickler(pickle.Unpickler):
+    """Unpickles ``data`` resolving only the globals ``allowed`` maps (and stand-ins for any name under
+    ``stand_in_prefixes``); any other global is refused with the error ``refusal(qualified name)`` makes, before
+    anything of the file's choosing can run."""
+
+    def __init__(self, data: bytes, allowed: Mapping[str, Any], refusal: Callable[[str], Exception],
+                 stand_in_prefixes: tuple[str, ...] = ()) -> None:
+        super().__init__(io.BytesIO(data))
+        self._allowed, self._refusal, self._stand_in_prefixes = allowed, refusal, stand_in_prefixes
+
+    def find_class(self, module: str, name: str) -> Any:
+        qualified = f"{module}.{name}"
+        if qualified in self._allowed:
+            return self._allowed[qualified]
+        if qualified.startswith(self._stand_in_prefixes):
+            return stand_in(qualified)
+        raise self._refusal(qualified)

@@ -10,7 +10,6 @@ a damaged or hand-made file gives one line instead of a wrong model.
 from __future__ import annotations
 
 import collections
-import io
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Any
 import torch
 
 from ..errors import CogExportError, UnsafeCheckpointError
-from .torch_archive import _ALLOWED, PickledObject, stand_in
+from ..pickled import AllowlistUnpickler, PickledObject, stand_in
+from .torch_archive import _ALLOWED
 
 METADATA_FILE = ".metadata"
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -96,20 +96,6 @@ class DcpMetadata:
         return tuple(self.paths.get(key) or (key,))
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, path: Path) -> None:
-        super().__init__(io.BytesIO(data))
-        self._path = path
-
-    def find_class(self, module: str, name: str) -> Any:
-        qualified = f"{module}.{name}"
-        if qualified in _ALLOWED_HERE:
-            return _ALLOWED_HERE[qualified]
-        raise UnsafeCheckpointError(
-            f"refused to load {self._path}: it pickles '{qualified}', which would run code when loaded; a DCP "
-            ".metadata holds only checkpoint metadata (if this save is not yours, do not load it with torch either)")
-
-
 def read_metadata(folder: Path) -> DcpMetadata:
     """The checkpoint's metadata, from ``folder/.metadata``; nothing of the file's choosing runs."""
     path = Path(folder) / METADATA_FILE
@@ -118,7 +104,9 @@ def read_metadata(folder: Path) -> DcpMetadata:
     except OSError as error:
         raise CogExportError(f"cannot read {path}: {error.strerror}") from None
     try:
-        root = _MetadataUnpickler(data, path).load()
+        root = AllowlistUnpickler(data, _ALLOWED_HERE, lambda qualified: UnsafeCheckpointError(
+            f"refused to load {path}: it pickles '{qualified}', which would run code when loaded; a DCP .metadata "
+            "holds only checkpoint metadata (if this save is not yours, do not load it with torch either)")).load()
     except CogExportError:
         raise
     except Exception as error:  # a damaged pickle fails in many ways; all mean the same to the user

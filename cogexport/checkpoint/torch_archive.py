@@ -11,7 +11,6 @@ from the file into the result, a slice at a time if that is all that is needed.
 from __future__ import annotations
 
 import collections
-import io
 import pickle
 import zipfile
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import torch
 
 from ..errors import CogExportError, UnsafeCheckpointError, quoted
 from ..lazy import SizedTensor
-from ..pickled import PickledObject, stand_in
+from ..pickled import AllowlistUnpickler, PickledObject, stand_in
 from ..tensor_bytes import tensor_buffer
 from .byte_window import ByteWindow
 from .zip_records import ZipRecords
@@ -124,22 +123,15 @@ def _allowed_globals() -> dict[str, Any]:
 _ALLOWED = _allowed_globals()
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, archive: "TorchArchive") -> None:
-        super().__init__(io.BytesIO(data))
-        self._archive = archive
+class _RestrictedUnpickler(AllowlistUnpickler):
+    """The allowlist above, and storages resolved to where their bytes sit in the archive."""
 
-    def find_class(self, module: str, name: str) -> Any:
-        qualified = f"{module}.{name}"
-        if qualified in _ALLOWED:
-            return _ALLOWED[qualified]
-        if qualified.startswith(_STAND_IN_PREFIXES):
-            return stand_in(qualified)
-        raise UnsafeCheckpointError(
-            f"refused to load {self._archive.path}: it pickles {quoted(qualified)}, which would run code when loaded; "
+    def __init__(self, data: bytes, archive: "TorchArchive") -> None:
+        super().__init__(data, _ALLOWED, lambda qualified: UnsafeCheckpointError(
+            f"refused to load {archive.path}: it pickles {quoted(qualified)}, which would run code when loaded; "
             "cogexport loads only tensors and plain data (if this file is yours, re-save its state dict with "
-            "torch.save; if not, do not load it with torch.load(weights_only=False) either)"
-        )
+            "torch.save; if not, do not load it with torch.load(weights_only=False) either)"), _STAND_IN_PREFIXES)
+        self._archive = archive
 
     def persistent_load(self, pid: Any) -> _StorageRef:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
