@@ -5,22 +5,29 @@ names, each with its alpha.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch
 
 from ..errors import CogExportError
-from ..keymap.plan import plan_translation
+from ..keymap.plan import match_key, plan_translation, translate_shapes
 from ..lazy import LazyTensor
-from ..models.family import ModelFamily
+from ..models.family import ModelFamily, family_named
+from ..models.target import build_target
 from .adapter import LoraAdapter, LoraModule
 from .formats import ALPHA, BASE_BIAS, BASE_WEIGHT
-from .modules import translate_modules
+from .fuse import misfits
+from .modules import rule_of, translate_modules
 from .names import blocks_needed, decode_kohya, names_schema
 from .strength import Recorded, pattern_value, positive, recorded_config
 from .tables import LoraTable, lora_tables
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
 
 def _listing(names: list[str], limit: int = 3) -> str:
     return ", ".join(names[:limit]) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
@@ -102,6 +109,23 @@ def _build(layout: _Layout, where: str) -> None:
                                  f"{family.name} transformer")
         if module.down is None and f"{target}.weight" not in schema and f"{target}.bias" not in schema:
             raise CogExportError(f"{where}: {layout.origins[target][0]} is not a layer of a {family.name} transformer")
+    foreign = _foreign_weights(layout, schema)
+    if foreign:
+        raise CogExportError(f"{where}: the model's own weights beside the adapter are not a {family.name} "
+                             f"transformer's: {_listing(foreign)}")
+
+
+def _foreign_weights(layout: _Layout, schema: Mapping[str, torch.Size]) -> list[str]:
+    """The base weights a wrapped model saved beside its adapters that are no tensor of the family's transformer
+    (compared by name with block indices left out: the adapter does not say how many blocks the model has)."""
+    table = layout.table
+    if not layout.plain or table.modules is None:  # a whole-run key map (SAT) checks the base weights itself
+        return []
+    shapes = {name: layout.tensors[key].shape for name, key in layout.plain.items()}
+    unknown = [name for name in shapes if not match_key(table.modules, name)]
+    known = {_INDEX.sub("#", name) for name in schema}
+    translated = translate_shapes(table.modules, {n: s for n, s in shapes.items() if n not in unknown})
+    return unknown + [name for name in translated if _INDEX.sub("#", name) not in known]
 
 
 def _check_pair(module: LoraModule, name: str, where: str) -> None:
@@ -130,6 +154,14 @@ def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | 
             fitting.append(layout)
     if family is not None and len({f.table.family.key for f in fitting}) > 1:
         fitting = [f for f in fitting if f.table.family.key == family.key]
+    if len({f.table.family.key for f in fitting}) > 1:
+        # names several families share (CogVideoX's and LTX-Video's transformer_blocks.0.attn1.to_q): the layer
+        # sizes of the published models tell them apart
+        released = [f for f in fitting if _fits_a_release(f)]
+        if len({f.table.family.key for f in released}) == 1:
+            fitting = released
+    if len(fitting) > 1 and len({_reading(f) for f in fitting}) == 1:
+        fitting = fitting[:1]  # several layouts read the file alike (names two namings share): any of them will do
     if len(fitting) == 1:
         return fitting[0]
     if len({f.table.family.key for f in fitting}) > 1:
@@ -143,6 +175,30 @@ def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | 
     sample = ", ".join(list(source)[:3]) or "no tensors at all"
     raise CogExportError(f"{where} is no LoRA layout cogexport knows (formats: Diffusers, PEFT, DiffSynth-Studio, "
                          f"kohya / musubi-tuner, ComfyUI, SAT); its first keys are {sample}")
+
+
+def _fits_a_release(layout: _Layout) -> bool:
+    """Whether every adapted layer has the shape it has in one of the family's published models."""
+    return any(not misfits(layout.modules_out, schema) for schema in _release_schemas(layout.table.family.key))
+
+
+@cache
+def _release_schemas(key: str) -> tuple[dict[str, torch.Size], ...]:
+    family = family_named(key)
+    configs = {repr(config): config for config in (family.transformer_config(v) for v in family.variants)}
+    return tuple(build_target(family.transformer.class_name, config).schema for config in configs.values())
+
+
+def _reading(layout: _Layout) -> tuple:
+    """How a layout reads the file: each Diffusers module, the file's modules it comes from and how their rows are
+    split (a rename, a chunk, a half swap), and the base weights."""
+    modules = layout.table.modules
+    how = []
+    for target, origins in sorted(layout.origins.items()):
+        found = [rule_of(modules, name) if modules is not None else None for name in origins]
+        how.append((target, tuple(origins), tuple((f[0].source_chunks, f[0].target_chunks, f[0].dim, f[1])
+                                                  if f else None for f in found)))
+    return layout.table.family.key, tuple(how), tuple(sorted(layout.plain.items()))
 
 
 def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: float | None = None,
