@@ -1,0 +1,323 @@
+"""HunyuanVideo LoRAs in every trainer's layout, written as every other, at exactly the trained strength.
+
+A HunyuanVideo LoRA is trained on the original model's layers (musubi-tuner, diffusion-pipe, ComfyUI), some of which
+are fused: img_attn_qkv / txt_attn_qkv hold q, k and v, a single block's linear1 holds q, k, v and the MLP's input,
+the final adaLN holds (shift, scale) where Diffusers has (scale, shift). The adapter of such a layer reaches several
+Diffusers modules: each takes its rows of lora_B and the whole lora_A. The test makes adapters on the original
+layers with distinct ranks and alphas, and splits them itself by the layout of docs/video-dit-formats.md 2.2
+(written out below, never with cogexport's tables); W + (alpha / r) B A is computed here in PEFT's operation order.
+
+The judges: Diffusers' HunyuanVideo loader (lora_state_dict + load_lora_adapter, fuse_lora at 1.0) for the Diffusers
+files and for the original-names files it converts; PEFT's own merge for PEFT folders. Diffusers' loader reads no
+kohya / musubi-tuner file and none in ComfyUI's own names (it converts only the original underscore names, and
+applies no .alpha): our musubi and comfyui outputs must equal, tensor for tensor, the files the test writes from the
+trainers' documented names, and read back they fuse to the truth through Diffusers.
+
+Diffusers' LoRA converter hard-codes the release's hidden size (3072) where it splits linear1; at the tiny size it
+runs from its own source with that constant changed (scripts/hunyuanvideo_tiny.py with_hidden), as the single-file
+judge does.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import snapshot
+from diffusers import HunyuanVideoPipeline, HunyuanVideoTransformer3DModel
+from hunyuanvideo_fixtures import HIDDEN, build_tiny_transformer, original_shapes, tiny_config
+from hunyuanvideo_tiny import with_hidden
+from lora_helpers import adapter_metadata, assert_all_equal, diffusers_fused, header, merged, peft_fused
+from safetensors.torch import load_file, save_file
+
+from cogexport.to_diffusers import export
+
+OUTPUTS = ("diffusers", "peft", "comfyui", "musubi")
+OUTPUT_FILE = {"diffusers": "pytorch_lora_weights.safetensors", "peft": "adapter_model.safetensors",
+               "comfyui": "lora.safetensors", "musubi": "lora.safetensors"}
+
+# Each original layer a LoRA trains: ComfyUI's name for it (ComfyUI renames the original keys: _attn_qkv -> _attn.qkv,
+# _attn_proj -> _attn.proj, _mod.linear -> _mod.lin, mlp.fc1 / fc2 -> mlp.0 / 2, modulation.linear -> modulation.lin,
+# an embedder's mlp.0 / mlp.2 or linear_1 / linear_2 -> in_layer / out_layer), how many equal chunks its output rows
+# come in, and the Diffusers modules it feeds with the chunks each takes.
+DOUBLE_LAYERS = {
+    "img_attn_qkv": ("img_attn.qkv", 3, (("attn.to_q", (0,)), ("attn.to_k", (1,)), ("attn.to_v", (2,)))),
+    "txt_attn_qkv": ("txt_attn.qkv", 3, (("attn.add_q_proj", (0,)), ("attn.add_k_proj", (1,)),
+                                         ("attn.add_v_proj", (2,)))),
+    "img_attn_proj": ("img_attn.proj", 1, (("attn.to_out.0", (0,)),)),
+    "txt_attn_proj": ("txt_attn.proj", 1, (("attn.to_add_out", (0,)),)),
+    "img_mlp.fc1": ("img_mlp.0", 1, (("ff.net.0.proj", (0,)),)),
+    "img_mlp.fc2": ("img_mlp.2", 1, (("ff.net.2", (0,)),)),
+    "txt_mlp.fc1": ("txt_mlp.0", 1, (("ff_context.net.0.proj", (0,)),)),
+    "txt_mlp.fc2": ("txt_mlp.2", 1, (("ff_context.net.2", (0,)),)),
+    "img_mod.linear": ("img_mod.lin", 1, (("norm1.linear", (0,)),)),
+    "txt_mod.linear": ("txt_mod.lin", 1, (("norm1_context.linear", (0,)),)),
+}
+SINGLE_LAYERS = {
+    # q, k, v (hidden rows each) and the MLP's input (4 x hidden): 7 chunks of hidden rows
+    "linear1": ("linear1", 7, (("attn.to_q", (0,)), ("attn.to_k", (1,)), ("attn.to_v", (2,)),
+                               ("proj_mlp", (3, 4, 5, 6)))),
+    "linear2": ("linear2", 1, (("proj_out", (0,)),)),
+    "modulation.linear": ("modulation.lin", 1, (("norm.linear", (0,)),)),
+}
+REFINER = "txt_in.individual_token_refiner.blocks.0"
+REFINER_DIFFUSERS = "context_embedder.token_refiner.refiner_blocks.0"
+OUTSIDE_LAYERS = {  # layers trainers rarely adapt: the output, the text refiner, the embedders
+    "final_layer.adaLN_modulation.1": ("final_layer.adaLN_modulation.1", 2, (("norm_out.linear", (1, 0)),)),
+    "final_layer.linear": ("final_layer.linear", 1, (("proj_out", (0,)),)),
+    f"{REFINER}.self_attn_qkv": (f"{REFINER}.self_attn.qkv", 3, ((f"{REFINER_DIFFUSERS}.attn.to_q", (0,)),
+                                                                 (f"{REFINER_DIFFUSERS}.attn.to_k", (1,)),
+                                                                 (f"{REFINER_DIFFUSERS}.attn.to_v", (2,)))),
+    f"{REFINER}.mlp.fc2": (f"{REFINER}.mlp.2", 1, ((f"{REFINER_DIFFUSERS}.ff.net.2", (0,)),)),
+    f"{REFINER}.adaLN_modulation.1": (f"{REFINER}.adaLN_modulation.1", 1, ((f"{REFINER_DIFFUSERS}.norm_out.linear",
+                                                                            (0,)),)),
+    "time_in.mlp.0": ("time_in.in_layer", 1, (("time_text_embed.timestep_embedder.linear_1", (0,)),)),
+    "vector_in.out_layer": ("vector_in.out_layer", 1, (("time_text_embed.text_embedder.linear_2", (0,)),)),
+    "guidance_in.mlp.2": ("guidance_in.out_layer", 1, (("time_text_embed.guidance_embedder.linear_2", (0,)),)),
+    "txt_in.t_embedder.mlp.0": ("txt_in.t_embedder.in_layer", 1,
+                                (("context_embedder.time_text_embed.timestep_embedder.linear_1", (0,)),)),
+    "txt_in.c_embedder.linear_2": ("txt_in.c_embedder.out_layer", 1,
+                                   (("context_embedder.time_text_embed.text_embedder.linear_2", (0,)),)),
+    "txt_in.input_embedder": ("txt_in.input_embedder", 1, (("context_embedder.proj_in", (0,)),)),
+}
+
+
+def block_layers(blocks: int = 2) -> dict[str, tuple]:
+    """The layers musubi-tuner and diffusion-pipe adapt (every linear layer of the double and single blocks), by their
+    full original names."""
+    layers = {}
+    for i in range(blocks):
+        for name, (comfy, chunks, parts) in DOUBLE_LAYERS.items():
+            layers[f"double_blocks.{i}.{name}"] = (f"double_blocks.{i}.{comfy}", chunks,
+                                                   tuple((f"transformer_blocks.{i}.{m}", c) for m, c in parts))
+        for name, (comfy, chunks, parts) in SINGLE_LAYERS.items():
+            layers[f"single_blocks.{i}.{name}"] = (f"single_blocks.{i}.{comfy}", chunks,
+                                                   tuple((f"single_transformer_blocks.{i}.{m}", c) for m, c in parts))
+    return layers
+
+
+# (rank, alpha) per original layer, cycled: distinct ranks and strengths
+STRENGTHS = ((4, 8.0), (4, 2.0), (8, 8.0), (4, 16.0), (2, 1.0), (8, 32.0), (4, 3.0))
+USUAL = (4, 8.0)
+
+
+@dataclass
+class Adapter:
+    """A LoRA made here on original layers: layer -> (A, B, rank, alpha), and the layers' naming and splits."""
+
+    modules: dict[str, tuple[torch.Tensor, torch.Tensor, int, float]]
+    layers: dict[str, tuple]
+
+    def diffusers(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, int, float]]:
+        """The same adapter on the Diffusers modules: each takes its chunks of lora_B's rows and the whole lora_A."""
+        split = {}
+        for layer, (down, up, rank, alpha) in self.modules.items():
+            _, chunks, parts = self.layers[layer]
+            pieces = torch.chunk(up, chunks, dim=0)
+            for module, take in parts:
+                split[module] = (down, torch.cat([pieces[i] for i in take]), rank, alpha)
+        return split
+
+    def truth(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return merged(weights, {m: (a, b, alpha / r) for m, (a, b, r, alpha) in self.diffusers().items()})
+
+    def at_scale_one(self) -> "Adapter":
+        """The adapter a file without alphas holds: every module at alpha = r."""
+        return replace(self, modules={m: (a, b, r, float(r)) for m, (a, b, r, _) in self.modules.items()})
+
+    def patterns(self, naming: str) -> dict:
+        """PEFT LoraConfig arguments on Diffusers ("diffusers") or original ("original") module names."""
+        modules = self.diffusers() if naming == "diffusers" else self.modules
+        rank, alpha = USUAL
+        return {"r": rank, "lora_alpha": alpha, "target_modules": sorted(modules),
+                "rank_pattern": {m: r for m, (_, _, r, _) in modules.items() if r != rank},
+                "alpha_pattern": {m: a for m, (_, _, _, a) in modules.items() if a != alpha}}
+
+
+def make_adapter(layers: dict[str, tuple], seed: int = 0, strengths=STRENGTHS) -> Adapter:
+    shapes = original_shapes(tiny_config("t2v"))
+    generator = torch.Generator().manual_seed(seed)
+    made = {}
+    for index, layer in enumerate(sorted(layers)):
+        rank, alpha = strengths[index % len(strengths)]
+        out, inp = shapes[f"{layer}.weight"]
+        made[layer] = (torch.randn(rank, inp, generator=generator) * 0.3,
+                       torch.randn(out, rank, generator=generator) * 0.3, rank, alpha)
+    return Adapter(made, layers)
+
+
+# -- the trainers' layouts, by their documented names ---------------------------------------------------------------
+def write_musubi(path: Path, adapter: Adapter) -> Path:
+    tensors = {}
+    for layer, (a, b, _, alpha) in adapter.modules.items():
+        name = "lora_unet_" + layer.replace(".", "_")
+        tensors.update({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b,
+                        f"{name}.alpha": torch.tensor(alpha)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, path, metadata={"ss_network_module": "networks.lora", "ss_network_dim": "4",
+                                       "ss_network_alpha": "8.0"})
+    return path
+
+
+def write_comfyui(path: Path, adapter: Adapter) -> Path:
+    """ComfyUI's own names; .alpha where the strength is not 1 (ComfyUI applies a module without one at 1)."""
+    tensors = {}
+    for layer, (a, b, rank, alpha) in adapter.modules.items():
+        name = "diffusion_model." + adapter.layers[layer][0]
+        tensors.update({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b})
+        if alpha != rank:
+            tensors[f"{name}.alpha"] = torch.tensor(alpha)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, path)
+    return path
+
+
+def write_original(path: Path, adapter: Adapter) -> Path:
+    """The original underscore names with lora_A / lora_B and no alpha (musubi-tuner's convert_lora --target other,
+    older ComfyUI files): what Diffusers' HunyuanVideo loader converts. It holds no strength: scale 1."""
+    assert all(alpha == rank for _, _, rank, alpha in adapter.modules.values())
+    tensors = {f"diffusion_model.{layer}.lora_{part}.weight": t for layer, (a, b, _, _) in adapter.modules.items()
+               for part, t in (("A", a), ("B", b))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, path)
+    return path
+
+
+def write_diffusion_pipe(folder: Path, adapter: Adapter) -> Path:
+    """diffusion-pipe: PEFT's adapter of the original model, keys prefixed transformer., adapter_config.json beside."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {f"transformer.{layer}.lora_{part}.weight": t for layer, (a, b, _, _) in adapter.modules.items()
+               for part, t in (("A", a), ("B", b))}
+    save_file(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", **adapter.patterns("original")}))
+    return folder / "adapter_model.safetensors"
+
+
+def write_diffusers(folder: Path, adapter: Adapter) -> Path:
+    layers = {f"{m}.lora_{part}.weight": tensor.clone() for m, (a, b, _, _) in adapter.diffusers().items()
+              for part, tensor in (("A", a), ("B", b))}
+    HunyuanVideoPipeline.save_lora_weights(folder, transformer_lora_layers=layers,
+                                           transformer_lora_adapter_metadata=adapter.patterns("diffusers"))
+    return folder / "pytorch_lora_weights.safetensors"
+
+
+def peft_wrapped(adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]):
+    """The tiny model wrapped by PEFT itself, its adapters set to the test's values."""
+    from peft import LoraConfig, get_peft_model
+
+    model = HunyuanVideoTransformer3DModel.from_config(config)
+    model.load_state_dict(weights)
+    wrapped = get_peft_model(model, LoraConfig(**adapter.patterns("diffusers")))
+    with torch.no_grad():
+        for module, (a, b, _, _) in adapter.diffusers().items():
+            layer = wrapped.base_model.model.get_submodule(module)
+            layer.lora_A["default"].weight.copy_(a)
+            layer.lora_B["default"].weight.copy_(b)
+    return wrapped
+
+
+def write_peft(folder: Path, adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]) -> Path:
+    peft_wrapped(adapter, config, weights).save_pretrained(str(folder))
+    return folder / "adapter_model.safetensors"
+
+
+def write_peft_checkpoint(folder: Path, adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]) -> Path:
+    """A DDP training checkpoint of the PEFT-wrapped model (module.base_model.model.<...>.base_layer.weight,
+    .lora_A.default.weight, every other weight) with the run's adapter_config.json beside it."""
+    wrapped = peft_wrapped(adapter, config, weights)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({f"module.{name}": t.contiguous() for name, t in wrapped.state_dict().items()},
+              folder / "model.safetensors")
+    wrapped.peft_config["default"].save_pretrained(str(folder))
+    return folder / "model.safetensors"
+
+
+# -- judges ---------------------------------------------------------------------------------------------------------
+@contextmanager
+def loader_at_the_tiny_width():
+    """Diffusers' HunyuanVideo LoRA loader as it is, its converter run with the tiny model's hidden size."""
+    from diffusers.loaders import lora_pipeline
+
+    converter = lora_pipeline._convert_hunyuan_video_lora_to_diffusers
+    lora_pipeline._convert_hunyuan_video_lora_to_diffusers = with_hidden(converter, HIDDEN)
+    try:
+        yield
+    finally:
+        lora_pipeline._convert_hunyuan_video_lora_to_diffusers = converter
+
+
+def diffusers_judged(path: Path, config: dict, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    with loader_at_the_tiny_width():
+        return diffusers_fused(HunyuanVideoPipeline, HunyuanVideoTransformer3DModel, config, weights, path)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    model = build_tiny_transformer("t2v", seed=0)
+    folder = tmp_path_factory.mktemp("hunyuanvideo-base") / "transformer"
+    model.save_pretrained(folder)
+    return folder, dict(model.config), {name: t.clone() for name, t in model.state_dict().items()}
+
+
+def judged(folder: Path, target: str, config: dict, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our output as its loader applies it: PEFT for peft, Diffusers for diffusers; the musubi and comfyui files,
+    which Diffusers does not read, read back by cogexport into a Diffusers file first."""
+    if target == "peft":
+        return peft_fused(HunyuanVideoTransformer3DModel, config, weights, folder)
+    if target != "diffusers":
+        export(folder, folder.with_name(folder.name + "-read-back"), base=folder.parent / "base", lora_format="diffusers")
+        folder = folder.with_name(folder.name + "-read-back")
+    return diffusers_judged(folder / OUTPUT_FILE["diffusers"], config, weights)
+
+
+WRITERS = {"comfyui": write_comfyui, "musubi": write_musubi}
+
+
+def assert_the_trainers_file(folder: Path, target: str, adapter: Adapter, tmp_path: Path) -> None:
+    """Our comfyui / musubi file holds exactly the tensors the trainer's own file of this adapter holds."""
+    expected = load_file(WRITERS[target](tmp_path / f"expected-{target}.safetensors", adapter))
+    assert_all_equal(load_file(folder / OUTPUT_FILE[target]), expected)
+
+
+INPUTS = ("diffusers", "peft", "peft-checkpoint", "musubi", "comfyui", "original", "diffusion-pipe")
+READ_BY_DIFFUSERS = ("diffusers", "original", "diffusion-pipe")
+
+
+@pytest.fixture(scope="module")
+def synthetic(base, tmp_path_factory):
+    folder, config, weights = base
+    inputs = tmp_path_factory.mktemp("hunyuanvideo-inputs")
+    adapter = make_adapter(block_layers())
+    unit = adapter.at_scale_one()
+    made = {"diffusers": (write_diffusers(inputs / "diffusers", adapter), adapter),
+            "peft": (write_peft(inputs / "peft", adapter, config, weights), adapter),
+            "peft-checkpoint": (write_peft_checkpoint(inputs / "ddp", adapter, config, weights), adapter),
+            "musubi": (write_musubi(inputs / "musubi" / "lora.safetensors", adapter), adapter),
+            "comfyui": (write_comfyui(inputs / "comfyui" / "lora.safetensors", adapter), adapter),
+            "original": (write_original(inputs / "original" / "lora.safetensors", unit), unit),
+            "diffusion-pipe": (write_diffusion_pipe(inputs / "diffusion-pipe", adapter), adapter)}
+    return made
+
+
+@pytest.mark.parametrize("source", INPUTS)
+def test_every_layout_to_every_layout_at_the_trained_strength(source, synthetic, base, tmp_path):
+    folder, config, weights = base
+    (tmp_path / "base").symlink_to(folder)
+    path, adapter = synthetic[source]
+    truth = adapter.truth(weights)
+    if source in READ_BY_DIFFUSERS:  # the input itself, as Diffusers applies it (no alpha: diffusion-pipe at 1)
+        expected = adapter.at_scale_one().truth(weights) if source == "diffusion-pipe" else truth
+        assert_all_equal(diffusers_judged(path, config, weights), expected)
+    for target in OUTPUTS:
+        result = export(path, tmp_path / target, base=folder, lora_format=target)
+        assert result.family == "HunyuanVideo" and result.lora["modules"] == 40 and result.lora["layers"] == 4
+        assert result.lora["ranks"] == [2, 4, 8]
+        assert_all_equal(judged(tmp_path / target, target, config, weights), truth)
+        if target in WRITERS:
+            assert_the_trainers_file(tmp_path / target, target, adapter, tmp_path)
+    export(path, tmp_path / "fused", base=folder, lora="fuse", dtype="fp32")
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth)
