@@ -321,3 +321,211 @@ def test_every_layout_to_every_layout_at_the_trained_strength(source, synthetic,
             assert_the_trainers_file(tmp_path / target, target, adapter, tmp_path)
     export(path, tmp_path / "fused", base=folder, lora="fuse", dtype="fp32")
     assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth)
+
+
+def files_of(folder: Path) -> dict[str, object]:
+    """Every tensor, the header metadata and the side files an adapter folder holds (not the model card)."""
+    found: dict[str, object] = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix == ".safetensors":
+            found[path.name] = (load_file(path), header(path))
+        elif path.name != "README.md":
+            found[path.name] = path.read_text()
+    return found
+
+
+def assert_same_files(actual: dict, expected: dict) -> None:
+    assert set(actual) == set(expected)
+    for name, value in expected.items():
+        if isinstance(value, tuple):
+            assert_all_equal(actual[name][0], value[0])
+            assert actual[name][1] == value[1], name
+        else:
+            assert actual[name] == value, name
+
+
+def test_any_to_any_to_any_is_exact(synthetic, base, tmp_path):
+    """Through every layout and back, the same files bit for bit: a fused layer's adapter split into the Diffusers
+    modules (lora_A copied to each) is one adapter again in the original layouts."""
+    folder = base[0]
+    for source in ("musubi", "peft"):
+        path = synthetic[source][0]
+        direct = {target: export(path, tmp_path / f"{source}-{target}", base=folder, lora_format=target)
+                  and files_of(tmp_path / f"{source}-{target}") for target in OUTPUTS}
+        for middle in OUTPUTS:
+            for target in OUTPUTS:
+                out = tmp_path / f"{source}-{middle}-{target}"
+                export(tmp_path / f"{source}-{middle}", out, base=folder, lora_format=target)
+                assert_same_files(files_of(out), direct[target])
+    musubi = load_file(tmp_path / "peft-musubi" / "lora.safetensors")
+    assert musubi["lora_unet_single_blocks_0_linear1.lora_down.weight"].shape[0] == \
+        synthetic["musubi"][1].modules["single_blocks.0.linear1"][2]  # the trained rank, not 4 parts' worth
+    assert header(tmp_path / "peft-musubi" / "lora.safetensors")["ss_network_module"] == "networks.lora"
+    metadata = adapter_metadata(tmp_path / "musubi-diffusers" / OUTPUT_FILE["diffusers"])
+    assert metadata["transformer.rank_pattern"] and metadata["transformer.alpha_pattern"]
+
+
+def test_separate_diffusers_adapters_in_a_fused_layer(base, tmp_path, cli):
+    """A Diffusers-trained LoRA has its own lora_A for each of to_q, to_k, to_v: written into the original's fused
+    qkv / linear1 they become one block-diagonal adapter (rank r1 + r2 + r3), exact when they share one strength;
+    different strengths cannot be one adapter's, and are refused."""
+    folder, config, weights = base
+    generator = torch.Generator().manual_seed(5)
+    modules = {}
+    for i in range(2):
+        for module, rank in (("attn.to_q", 4), ("attn.to_k", 2), ("attn.to_v", 8)):
+            modules[f"transformer_blocks.{i}.{module}"] = rank
+        for module, rank in (("attn.to_q", 4), ("proj_mlp", 8)):
+            modules[f"single_transformer_blocks.{i}.{module}"] = rank
+    made = {m: (torch.randn(r, HIDDEN, generator=generator), torch.randn(weights[f"{m}.weight"].shape[0], r,
+                                                                         generator=generator), r, 2.0 * r)
+            for m, r in modules.items()}
+    layers = {f"{m}.lora_{part}.weight": t for m, (a, b, _, _) in made.items() for part, t in (("A", a), ("B", b))}
+    patterns = {"r": 4, "lora_alpha": 8.0, "target_modules": sorted(made),
+                "rank_pattern": {m: r for m, (_, _, r, _) in made.items() if r != 4},
+                "alpha_pattern": {m: a for m, (_, _, _, a) in made.items() if a != 8.0}}
+    HunyuanVideoPipeline.save_lora_weights(tmp_path / "in", transformer_lora_layers=layers,
+                                           transformer_lora_adapter_metadata=patterns)
+    truth = merged(weights, {m: (a, b, alpha / r) for m, (a, b, r, alpha) in made.items()})
+    for target in ("musubi", "comfyui"):
+        export(tmp_path / "in", tmp_path / target, base=folder, lora_format=target)
+        export(tmp_path / target, tmp_path / f"{target}-diffusers", base=folder)
+        assert_all_equal(diffusers_judged(tmp_path / f"{target}-diffusers" / OUTPUT_FILE["diffusers"], config, weights),
+                         truth)
+        export(tmp_path / target, tmp_path / f"{target}-fused", base=folder, lora="fuse", dtype="fp32")
+        assert_all_equal(load_file(tmp_path / f"{target}-fused" / "diffusion_pytorch_model.safetensors"), truth)
+    written = load_file(tmp_path / "musubi" / "lora.safetensors")
+    assert written["lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"].shape == (14, HIDDEN)
+    assert written["lora_unet_double_blocks_0_img_attn_qkv.alpha"].item() == 28.0  # scale 2 at rank 14
+
+    patterns["alpha_pattern"]["transformer_blocks.1.attn.to_k"] = 8.0  # scale 4 beside to_q's and to_v's 2
+    HunyuanVideoPipeline.save_lora_weights(tmp_path / "uneven", transformer_lora_layers=layers,
+                                           transformer_lora_adapter_metadata=patterns)
+    refused = cli(tmp_path / "uneven", tmp_path / "o1", "--base", folder, "--lora-format", "musubi")
+    assert refused.exit_code == 2 and len(refused.error_lines) == 1, refused.stderr
+    assert "transformer_blocks.1.attn.to_q, transformer_blocks.1.attn.to_k, transformer_blocks.1.attn.to_v" in \
+        refused.stderr and "different strengths" in refused.stderr
+    assert not (tmp_path / "o1").exists()
+
+
+def test_layers_outside_the_blocks(base, tmp_path):
+    """The output layer (its adaLN's halves swapped), the text refiner and the embedders, from ComfyUI's names; and
+    what Diffusers' own converter makes of them in original names: it swaps the final adaLN's lora_A rows as if they
+    were output rows (a silently wrong weight) and splits the refiner's qkv lora_A into three (an error)."""
+    folder, config, weights = base
+    adapter = make_adapter(OUTSIDE_LAYERS, seed=3)
+    truth = adapter.truth(weights)
+    path = write_comfyui(tmp_path / "comfy" / "lora.safetensors", adapter)
+    for target in OUTPUTS:
+        export(path, tmp_path / target, base=folder, lora_format=target)
+        if target == "peft":
+            assert_all_equal(peft_fused(HunyuanVideoTransformer3DModel, config, weights, tmp_path / target), truth)
+        elif target == "diffusers":  # Diffusers names: Diffusers' loader converts nothing and applies it right
+            assert_all_equal(diffusers_judged(tmp_path / target / OUTPUT_FILE[target], config, weights), truth)
+        else:
+            assert_the_trainers_file(tmp_path / target, target, adapter, tmp_path)
+    export(path, tmp_path / "fused", base=folder, lora="fuse", dtype="fp32")
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth)
+
+    # Diffusers' converter of original names, on a scale-1 adapter it could read (it converts a file only when some
+    # key names img_attn_qkv, so one such layer comes along)
+    qkv = {"double_blocks.0.img_attn_qkv": block_layers(1)["double_blocks.0.img_attn_qkv"]}
+    unit = make_adapter({**qkv, **{k: v for k, v in OUTSIDE_LAYERS.items() if "self_attn" not in k}}, seed=4,
+                        strengths=((4, 4.0),))
+    original = write_original(tmp_path / "original" / "lora.safetensors", unit)
+    read = diffusers_judged(original, config, weights)
+    expected = unit.truth(weights)
+    assert [name for name in expected if not torch.equal(read[name], expected[name])] == ["norm_out.linear.weight"]
+    export(original, tmp_path / "ours", base=folder)
+    assert_all_equal(diffusers_judged(tmp_path / "ours" / OUTPUT_FILE["diffusers"], config, weights), expected)
+    refiner = make_adapter({**qkv, f"{REFINER}.self_attn_qkv": OUTSIDE_LAYERS[f"{REFINER}.self_attn_qkv"]}, seed=5,
+                           strengths=((4, 4.0),))
+    original = write_original(tmp_path / "refiner" / "lora.safetensors", refiner)
+    with pytest.raises(ValueError, match="not enough values to unpack"):
+        diffusers_judged(original, config, weights)
+    export(original, tmp_path / "refiner-ours", base=folder)
+    assert_all_equal(diffusers_judged(tmp_path / "refiner-ours" / OUTPUT_FILE["diffusers"], config, weights),
+                     refiner.truth(weights))
+
+
+def test_what_diffusers_does_not_read(synthetic, base, tmp_path):
+    """Diffusers' HunyuanVideo loader converts only the original underscore names: a file in ComfyUI's own names
+    loads nothing (a warning, the base model unchanged), a kohya / musubi-tuner file fails in its converter."""
+    folder, config, weights = base
+    with pytest.raises(AssertionError, match="Diffusers loaded no LoRA layers"):
+        diffusers_judged(synthetic["comfyui"][0], config, weights)
+    with pytest.raises(RuntimeError, match="chunk expects at least a 1-dimensional tensor"):
+        diffusers_judged(synthetic["musubi"][0], config, weights)
+
+
+def test_names_comfyui_and_the_original_share(base, tmp_path, cli):
+    """ComfyUI names the single blocks' linear1 / linear2 and the final layer as the original does: a file that
+    adapts only those is read the same under either naming, and is a ComfyUI LoRA."""
+    folder, config, weights = base
+    layers = {k: v for k, v in block_layers().items() if k.endswith(("linear1", "linear2"))}
+    adapter = make_adapter(layers, seed=6)
+    path = write_comfyui(tmp_path / "in" / "lora.safetensors", adapter)
+    result = export(path, tmp_path / "out", base=folder)
+    assert result.lora["layout"] == "hunyuanvideo/comfyui_lora"
+    assert_all_equal(diffusers_judged(tmp_path / "out" / OUTPUT_FILE["diffusers"], config, weights),
+                     adapter.truth(weights))
+
+
+def test_inspect_says_what_each_file_is(synthetic, cli):
+    expected = {"musubi": ("hunyuanvideo/musubi_lora", "the file's .alpha tensors"),
+                "comfyui": ("hunyuanvideo/comfyui_lora", "the file's .alpha tensors"),
+                "original": ("hunyuanvideo/original_lora", "no .alpha tensors: applied at scale 1 (alpha = r)"),
+                "diffusers": ("hunyuanvideo/diffusers_lora", "the file's lora_adapter_metadata")}
+    for source, (layout, alpha_source) in expected.items():
+        result = cli("inspect", synthetic[source][0], "--json")
+        assert result.exit_code == 0, result.stderr
+        lora = json.loads(result.stdout)["models"]["lora"]
+        assert (lora["family"], lora["layout"], lora["alpha_source"]) == ("HunyuanVideo", layout, alpha_source)
+        assert (lora["modules"], lora["layers"], lora["ranks"]) == (40, 4, [2, 4, 8])
+    path = synthetic["diffusion-pipe"][0]
+    lora = json.loads(cli("inspect", path, "--json").stdout)["models"]["lora"]
+    assert (lora["layout"], lora["alpha"], lora["per_module_alphas"]) == ("hunyuanvideo/diffusion_pipe_lora", 8.0, True)
+    assert lora["alpha_source"] == f"recorded in {path.parent / 'adapter_config.json'}"
+    lora = json.loads(cli("inspect", synthetic["peft-checkpoint"][0], "--json").stdout)["models"]["lora"]
+    assert (lora["layout"], lora["base_weights"]) == ("hunyuanvideo/peft_lora", True)
+
+
+def assert_refused(result, *phrases) -> None:
+    assert result.exit_code == 2 and len(result.error_lines) == 1, result.stderr
+    assert all(phrase in result.error_lines[0] for phrase in phrases), result.error_lines[0]
+
+
+def test_bad_hunyuanvideo_lora_input(cli, tmp_path, synthetic):
+    sys_path_scripts = Path(__file__).resolve().parent.parent / "scripts"
+    import sys
+
+    sys.path.insert(0, str(sys_path_scripts))
+    from make_tiny_ltx_video import build_transformer as build_ltx
+
+    musubi = synthetic["musubi"][0]
+    before = snapshot(musubi.parent)
+    build_ltx("2b").save_pretrained(tmp_path / "ltx")
+    assert_refused(cli(musubi, tmp_path / "o1", "--base", tmp_path / "ltx"), "is a HunyuanVideo LoRA",
+                   "is a LTX-Video model")
+
+    tensors = load_file(musubi)
+    up = "lora_unet_single_blocks_0_linear1.lora_up.weight"
+    tensors[up] = tensors[up][:-1].contiguous()  # 111 rows: not q, k, v and the MLP's seven equal parts
+    save_file(tensors, tmp_path / "rows.safetensors")
+    assert_refused(cli(tmp_path / "rows.safetensors", tmp_path / "o2"), "single_blocks.0.linear1 has 111 output rows",
+                   "7 equal parts")
+
+    tensors = load_file(musubi)
+    tensors["lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight"] = torch.zeros(48, 3)
+    save_file(tensors, tmp_path / "ranks.safetensors")
+    assert_refused(cli(tmp_path / "ranks.safetensors", tmp_path / "o3"),
+                   "the ranks of lora_unet_double_blocks_0_img_attn_qkv differ")
+
+    comfy = load_file(synthetic["comfyui"][0])
+    comfy["diffusion_model.double_blocks.1.img_attn_qkv.lora_down.weight"] = torch.zeros(4, 16)  # two namings mixed
+    comfy["diffusion_model.double_blocks.1.img_attn_qkv.lora_up.weight"] = torch.zeros(48, 4)
+    save_file(comfy, tmp_path / "mixed.safetensors")
+    assert_refused(cli(tmp_path / "mixed.safetensors", tmp_path / "o4"), "double_blocks.1.img_attn_qkv",
+                   "hunyuanvideo/comfyui_transformer")
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+    assert snapshot(musubi.parent) == before
