@@ -46,10 +46,17 @@ class _Layout:
     alpha_keys: dict[str, str] = field(default_factory=dict)
     modules_out: dict[str, LoraModule] = field(default_factory=dict)  # built: Diffusers names
     origins: dict[str, list[str]] = field(default_factory=dict)
+    # How far building got, and how many of the file's modules are the family's layers: when no layout fits, the
+    # one that got furthest says best what is wrong with the file (a Wan file's mismatched ranks, rather than its
+    # names being no HunyuanVideo layer's).
+    stage: int = 0
+    known: int = 0
 
 
-def _layouts(source: Mapping[str, LazyTensor], where: str) -> tuple[list[_Layout], list[CogExportError]]:
-    """Every table whose grammar the keys fit, and why a table that recognised them could not read them."""
+def _layouts(source: Mapping[str, LazyTensor],
+             where: str) -> tuple[list[_Layout], list[tuple[tuple[int, int], CogExportError]]]:
+    """Every table whose grammar the keys fit, and why a table that recognised them could not read them (with how far
+    that got: as far as keys that all fit a layout)."""
     keys = list(source)
     found, problems = [], []
     for table in lora_tables():
@@ -60,7 +67,7 @@ def _layouts(source: Mapping[str, LazyTensor], where: str) -> tuple[list[_Layout
             try:
                 tensors = plan_translation(table.keymap, source, None, {}, what=where).tensors
             except CogExportError as error:
-                problems.append(error)
+                problems.append(((1, 0), error))
                 continue
         split = table.format.split(tensors)
         if split is None:
@@ -85,22 +92,28 @@ def _build(layout: _Layout, where: str) -> None:
     if layout.unknown:
         raise CogExportError(f"{where}: {len(layout.unknown)} key(s) are not part of a {table.format.title} LoRA: "
                              f"{_listing(layout.unknown)}")
+    layout.stage = 1
     names = list(layout.modules)
     decoded = decode_kohya(table, names) if table.format.encoded else {name: name for name in names}
-    unknown = [name for name, module in decoded.items() if module is None]
+    unknown = [name for name, module in decoded.items()
+               if module is None or table.modules is not None and rule_of(table.modules, module) is None]
+    layout.known = len(names) - len(unknown)
     if unknown:
         raise CogExportError(f"{where}: {table.format.prefix}{unknown[0]} names no layer of a {family.name} "
                              "transformer")
+    layout.stage = 2
     for name, parts in layout.modules.items():
         module = LoraModule().with_parts({part: layout.tensors[key] for part, key in parts.items() if part != ALPHA})
         _check_pair(module, table.format.prefix + name, where)
         layout.source[decoded[name]] = module
         if ALPHA in parts:
             layout.alpha_keys[decoded[name]] = parts[ALPHA]
+    layout.stage = 3
     if table.modules is not None:
         layout.modules_out, layout.origins = translate_modules(layout.source, table.modules, where)
     else:
         layout.modules_out, layout.origins = dict(layout.source), {name: [name] for name in layout.source}
+    layout.stage = 4
     schema = names_schema(family, blocks_needed(layout.modules_out))
     for target, module in layout.modules_out.items():
         weight = schema.get(f"{target}.weight")
@@ -149,7 +162,7 @@ def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | 
         try:
             _build(layout, where)
         except CogExportError as error:
-            problems.append(error)
+            problems.append(((layout.stage, layout.known), error))
         else:
             fitting.append(layout)
     if family is not None and len({f.table.family.key for f in fitting}) > 1:
@@ -165,13 +178,14 @@ def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | 
     if len(fitting) == 1:
         return fitting[0]
     if len({f.table.family.key for f in fitting}) > 1:
-        raise CogExportError(f"{where} adapts layers that {' and '.join(f.table.family.name for f in fitting)} "
-                             "models all have; pass --base with the model it adapts")
+        names = sorted({f.table.family.name for f in fitting})
+        raise CogExportError(f"{where} adapts layers that {', '.join(names[:-1])} and {names[-1]} models all have; "
+                             "pass --base with the model it adapts")
     if fitting:
         raise CogExportError(f"{where} fits several LoRA layouts ({', '.join(f.table.name for f in fitting)}); "
                              "its keys are mixed")
     if problems:
-        raise problems[0]
+        raise max(problems, key=lambda problem: problem[0])[1]  # the first of those that got furthest
     sample = ", ".join(list(source)[:3]) or "no tensors at all"
     raise CogExportError(f"{where} is no LoRA layout cogexport knows (formats: Diffusers, PEFT, DiffSynth-Studio, "
                          f"kohya / musubi-tuner, ComfyUI, SAT); its first keys are {sample}")
