@@ -164,22 +164,32 @@ def test_peft_lora_inside_a_dcp_save(tmp_path, cli):
     assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), expected)
 
 
-@pytest.mark.parametrize("writer", ["accelerate-fsdp2", "finetrainers"])
-def test_peft_lora_of_a_wan_transformer_inside_a_dcp_save(writer, tmp_path, cli):
-    """A Wan LoRA trained under FSDP2 (accelerate's save_state; finetrainers' dcp.save of a bf16 model): the adapter
-    Diffusers' Wan loader loads from the export, and --lora fuse, give W + (alpha/r) B A of the weights gathered in
-    training."""
-    from diffusers import WanPipeline, WanTransformer3DModel
+# (model, writer, family, pipeline, transformer, adapted modules)
+FAMILY_LORA_SAVES = [("wan-t2v", "accelerate-fsdp2", "Wan", "WanPipeline", "WanTransformer3DModel", 16),
+                     ("wan-t2v", "finetrainers", "Wan", "WanPipeline", "WanTransformer3DModel", 16),
+                     ("hunyuanvideo-t2v", "accelerate-fsdp2", "HunyuanVideo", "HunyuanVideoPipeline",
+                      "HunyuanVideoTransformer3DModel", 22),
+                     ("ltx-2b", "accelerate-fsdp2", "LTX-Video", "LTXPipeline", "LTXVideoTransformer3DModel", 16)]
+
+
+@pytest.mark.parametrize("model, writer, family, pipeline, transformer, modules", FAMILY_LORA_SAVES)
+def test_peft_lora_of_each_family_inside_a_dcp_save(model, writer, family, pipeline, transformer, modules, tmp_path,
+                                                    cli):
+    """A LoRA on a Wan, HunyuanVideo or LTX-Video transformer trained under FSDP2 (accelerate's save_state;
+    finetrainers' dcp.save of a bf16 model): the adapter the family's Diffusers loader loads from the export, and
+    --lora fuse, give W + (alpha/r) B A of the weights gathered in training."""
+    import diffusers
     from lora_helpers import diffusers_fused
 
-    run = dcp_checkpoint(writer, "wan-t2v", 2, lora_rank=4)
+    model_class = getattr(diffusers, transformer)
+    run = dcp_checkpoint(writer, model, 2, lora_rank=4)
     rank, alpha = 4, 8  # what make_dcp_checkpoint.py gives the adapter; a DCP save records neither
     base = tmp_path / "base"
-    WanTransformer3DModel.from_config(run.truth["config"]).save_config(base)
+    model_class.from_config(run.truth["config"]).save_config(base)
     result = cli(run.run, tmp_path / "adapter", "--base", base, "--lora-alpha", alpha, "--json")
     assert result.exit_code == 0, result.stderr
     lora = json.loads(result.stdout)["lora"]
-    assert (lora["family"], lora["format"], lora["rank"], lora["modules"]) == ("Wan", "peft-checkpoint", rank, 16)
+    assert (lora["family"], lora["format"], lora["rank"], lora["modules"]) == (family, "peft-checkpoint", rank, modules)
     written = load_file(tmp_path / "adapter" / "pytorch_lora_weights.safetensors")
     trained = [name for name in run.weights if ".lora_" in name]
     assert trained and set(written) == {"transformer." + name.replace(".default", "") for name in trained}
@@ -190,7 +200,7 @@ def test_peft_lora_of_a_wan_transformer_inside_a_dcp_save(writer, tmp_path, cli)
     pairs = {name[: -len(".lora_A.default.weight")]: (run.weights[name], run.weights[name.replace("lora_A", "lora_B")])
              for name in trained if ".lora_A." in name}
     expected = merged(weights, pairs, alpha, rank)
-    fused = diffusers_fused(WanPipeline, WanTransformer3DModel, run.truth["config"], weights,
+    fused = diffusers_fused(getattr(diffusers, pipeline), model_class, run.truth["config"], weights,
                             tmp_path / "adapter" / "pytorch_lora_weights.safetensors")
     assert_all_equal(fused, expected)
     result = cli(run.run, tmp_path / "fused", "--base", base, "--lora", "fuse", "--lora-alpha", alpha, "--dtype",
