@@ -172,7 +172,8 @@ FAMILY_LORA_SAVES = [("wan-t2v", "accelerate-fsdp2", "Wan", "WanPipeline", "WanT
                      ("ltx-2b", "accelerate-fsdp2", "LTX-Video", "LTXPipeline", "LTXVideoTransformer3DModel", 16)]
 
 
-@pytest.mark.parametrize("model, writer, family, pipeline, transformer, modules", FAMILY_LORA_SAVES)
+@pytest.mark.parametrize("model, writer, family, pipeline, transformer, modules", FAMILY_LORA_SAVES,
+                         ids=["wan", "wan-finetrainers", "hunyuanvideo", "ltx-video"])
 def test_peft_lora_of_each_family_inside_a_dcp_save(model, writer, family, pipeline, transformer, modules, tmp_path,
                                                     cli):
     """A LoRA on a Wan, HunyuanVideo or LTX-Video transformer trained under FSDP2 (accelerate's save_state;

@@ -205,6 +205,17 @@ def write_diffusers(folder: Path, adapter: Adapter) -> Path:
     return folder / "pytorch_lora_weights.safetensors"
 
 
+def write_finetrainers(path: Path, adapter: Adapter) -> Path:
+    """finetrainers: Diffusers names, one rank and alpha in its lora_config metadata (which Diffusers does not read)."""
+    rank, alpha = USUAL
+    tensors = {f"transformer.{m}.lora_{part}.weight": t.clone() for m, (a, b, _, _) in adapter.diffusers().items()
+               for part, t in (("A", a), ("B", b))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, path, metadata={"lora_config": json.dumps(
+        {"r": rank, "lora_alpha": alpha, "init_lora_weights": True, "target_modules": sorted(adapter.diffusers())})})
+    return path
+
+
 def peft_wrapped(adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]):
     """The tiny model wrapped by PEFT itself, its adapters set to the test's values."""
     from peft import LoraConfig, get_peft_model
@@ -283,8 +294,9 @@ def assert_the_trainers_file(folder: Path, target: str, adapter: Adapter, tmp_pa
     assert_all_equal(load_file(folder / OUTPUT_FILE[target]), expected)
 
 
-INPUTS = ("diffusers", "peft", "peft-checkpoint", "musubi", "comfyui", "original", "diffusion-pipe")
-READ_BY_DIFFUSERS = ("diffusers", "original", "diffusion-pipe")
+INPUTS = ("diffusers", "finetrainers", "peft", "peft-checkpoint", "musubi", "comfyui", "original", "diffusion-pipe")
+READ_BY_DIFFUSERS = ("diffusers", "finetrainers", "original", "diffusion-pipe")
+AT_SCALE_ONE_IN_DIFFUSERS = ("finetrainers", "diffusion-pipe")  # their alphas are in files Diffusers does not read
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +305,10 @@ def synthetic(base, tmp_path_factory):
     inputs = tmp_path_factory.mktemp("hunyuanvideo-inputs")
     adapter = make_adapter(block_layers())
     unit = adapter.at_scale_one()
+    one = make_adapter(block_layers(), strengths=(USUAL,))  # finetrainers: one rank and alpha
     made = {"diffusers": (write_diffusers(inputs / "diffusers", adapter), adapter),
+            "finetrainers": (write_finetrainers(inputs / "finetrainers" / "lora_weights" / "000002" /
+                                                "pytorch_lora_weights.safetensors", one), one),
             "peft": (write_peft(inputs / "peft", adapter, config, weights), adapter),
             "peft-checkpoint": (write_peft_checkpoint(inputs / "ddp", adapter, config, weights), adapter),
             "musubi": (write_musubi(inputs / "musubi" / "lora.safetensors", adapter), adapter),
@@ -309,13 +324,13 @@ def test_every_layout_to_every_layout_at_the_trained_strength(source, synthetic,
     (tmp_path / "base").symlink_to(folder)
     path, adapter = synthetic[source]
     truth = adapter.truth(weights)
-    if source in READ_BY_DIFFUSERS:  # the input itself, as Diffusers applies it (no alpha: diffusion-pipe at 1)
-        expected = adapter.at_scale_one().truth(weights) if source == "diffusion-pipe" else truth
+    if source in READ_BY_DIFFUSERS:  # the input itself, as Diffusers applies it
+        expected = adapter.at_scale_one().truth(weights) if source in AT_SCALE_ONE_IN_DIFFUSERS else truth
         assert_all_equal(diffusers_judged(path, config, weights), expected)
     for target in OUTPUTS:
         result = export(path, tmp_path / target, base=folder, lora_format=target)
         assert result.family == "HunyuanVideo" and result.lora["modules"] == 40 and result.lora["layers"] == 4
-        assert result.lora["ranks"] == [2, 4, 8]
+        assert result.lora["ranks"] == ([4] if source == "finetrainers" else [2, 4, 8])
         assert_all_equal(judged(tmp_path / target, target, config, weights), truth)
         if target in WRITERS:
             assert_the_trainers_file(tmp_path / target, target, adapter, tmp_path)
