@@ -13,7 +13,7 @@ import click
 
 from . import __version__
 from .errors import CogExportError, one_line
-from .inspect_report import inspect_checkpoint, render_inspect_text
+from .inspect_report import inspect_paths, render_inspect_text
 
 
 def _user_errors_exit_2(command):
@@ -121,7 +121,7 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
     read. Exit code 0 when the checkpoint is usable as it is, 1 when problems are listed (it is not), 2 when it
     cannot be read at all or the command line is wrong (one line on stderr).
     """
-    report = inspect_checkpoint(list(checkpoint), tag, check_data=not quick)
+    report = inspect_paths(list(checkpoint), tag, check_data=not quick)
     click.echo(json.dumps(report, indent=2) if as_json else render_inspect_text(report))
     if not report["usable"]:
         sys.exit(1)

@@ -124,6 +124,14 @@ def test_a14b_experts_both_ways(variant, tmp_path, cli):
     for component in ("transformer", "transformer_2"):
         assert same_files(tmp_path / "back" / component, pipeline / component) == []
 
+    # inspect describes each expert of the release folder
+    result = cli("inspect", tmp_path / "original", "--json")
+    assert result.exit_code == 0, result.stdout
+    report = json.loads(result.stdout)
+    assert set(report["experts"]) == {"transformer", "transformer_2"} and report["usable"]
+    assert all(expert["models"]["transformer"]["family"] == "Wan" for expert in report["experts"].values())
+    assert "== transformer_2: low_noise_model" in cli("inspect", tmp_path / "original").stdout
+
 
 def test_one_expert_alone_exports_as_one_transformer(tmp_path):
     pipeline = tiny_wan_pipeline("t2v-a14b")
