@@ -11,6 +11,7 @@ conversion of it, and its recorded forward output.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import shutil
 
 import pytest
@@ -131,6 +132,13 @@ def test_a14b_experts_both_ways(variant, tmp_path, cli):
     assert set(report["experts"]) == {"transformer", "transformer_2"} and report["usable"]
     assert all(expert["models"]["transformer"]["family"] == "Wan" for expert in report["experts"].values())
     assert "== transformer_2: low_noise_model" in cli("inspect", tmp_path / "original").stdout
+
+    # verify checks each expert of a pipeline against its own folder of the release
+    result = cli(tmp_path / "original", tmp_path / "pipeline", "--base", pipeline, "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    result = cli("verify", tmp_path / "pipeline", "--against", tmp_path / "original", "--json")
+    assert result.exit_code == 0, result.stdout
+    assert [Path(r["folder"]).name for r in json.loads(result.stdout)] == ["transformer", "transformer_2"]
 
 
 def test_one_expert_alone_exports_as_one_transformer(tmp_path):
