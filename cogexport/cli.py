@@ -131,8 +131,8 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
 @checkpoint_paths
 @output_path
 @click.option("--model-type", metavar="TASK",
-              help="The model's task, checked against the checkpoint when given: CogVideoX t2v|i2v; Wan t2v|i2v|flf2v|ti2v; "
-                   "... (each family's tasks; see README).")
+              help="The model's task, checked against the checkpoint (and choosing between variants of the same shapes): "
+                   "CogVideoX t2v|i2v; Wan t2v|i2v|flf2v|ti2v; HunyuanVideo t2v|i2v; LTX-Video t2v|condition; Mochi t2v.")
 @click.option("--component", type=click.Choice(["transformer", "vae", "pipeline"]),
               help="What to write [default: pipeline when --base is a pipeline folder, else transformer].")
 @click.option("--base", type=click.Path(path_type=Path),
