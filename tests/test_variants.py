@@ -90,6 +90,6 @@ def test_model_type_help_names_every_familys_tasks():
     from cogexport.cli import main
     from cogexport.models.family import families
 
-    text = " ".join(CliRunner().invoke(main, ["export", "--help"]).stdout.split())
+    text = " ".join(CliRunner().invoke(main, ["export", "--help"]).stdout.split()).replace("- ", "-")  # unwrap
     for family in families():
         assert f"{family.name} {'|'.join(family.tasks)}" in text, family.name
