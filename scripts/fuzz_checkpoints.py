@@ -36,7 +36,7 @@ each run is classed:
 The converter a user would otherwise run goes through the same damaged copies, judged against its own output on the
 undamaged copy: DeepSpeed's ``zero_to_fp32`` (``deepspeed.utils.zero_to_fp32``, what its ``zero_to_fp32.py`` runs)
 on the ZeRO copies, torch's ``dcp_to_torch_save`` (``torch.distributed.checkpoint.format_utils``) on the DCP model
-folders: right, silently wrong, error (an exception: its command line shows a traceback), ran the pickle's code,
+folders: right, silently wrong, traceback (an exception: its command line shows one), ran the pickle's code,
 hang or crash.
 
 The exit status is 1 if any cogexport run failed. The same seed gives the same mutations.
@@ -589,7 +589,7 @@ def judge_reference(run: Run, output: Path, baseline: Any, root: Path) -> str:
     if run.code is None:
         return "hang"
     if run.code == 99:
-        return "error (traceback)"
+        return "traceback"
     if run.code != 0:
         return "crash"
     written = torch.load(output, weights_only=True)
