@@ -110,7 +110,7 @@ class Source:
     export: tuple[str, ...] | None = None  # extra arguments of an export run, when the source is a CogVideoX model
     export_truth: dict[str, torch.Tensor] = field(default_factory=dict)
     damage: str | None = None  # the folder (relative to root) whose files are damaged; default: the checkpoint
-    reference: str | None = None  # the other tool run side by side (a key of REFERENCES)
+    reference: str | None = None  # the other tool run side by side (one of REFERENCES)
     reference_input: str | None = None  # what it is given (relative to root)
 
 
@@ -132,7 +132,7 @@ def dcp_source(writer: str, model: str, world_size: int) -> Source:
     model_folder = f"{step}/pytorch_model_fsdp_0" if writer.startswith("accelerate") else step
     export, export_truth = None, {}
     if model.startswith("cogvideox"):
-        base = CACHE / "fuzz-dcp-bases" / fixture.root.name
+        base = fixture.root.with_name(f"{fixture.root.name}-fuzz-base")  # a --base with the model's config
         if not (base / "config.json").exists():
             fixture.base(base)
         export, export_truth = ("--base", str(base), "--dtype", "fp32"), fixture.weights
