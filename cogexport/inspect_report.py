@@ -4,12 +4,27 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from .checkpoint import LazyCheckpoint, open_checkpoint
 from .checkpoint.deepspeed_zero import DTYPE_NAMES
 from .errors import CogExportError
-from .models.recognize import recognise
+from .lazy import LazyTensor
+from .lora import read_adapter
+from .models.recognize import component_tables, config_beside, expert_folders, fitting_tables, lora_key, read_facts
 from .progress import byte_progress
+
+
+def inspect_paths(paths: list[Path], tag: str | None = None, check_data: bool = True,
+                  progress: bool | None = None) -> dict:
+    """``inspect_checkpoint`` of the checkpoint, or of each expert of a release holding several (Wan 2.2 A14B's
+    high_noise_model/ and low_noise_model/), under ``experts`` by the pipeline component each becomes."""
+    experts = expert_folders([Path(p) for p in paths])
+    if not experts:
+        return inspect_checkpoint(paths, tag, check_data, progress)
+    reports = {component: inspect_checkpoint([folder], tag, check_data, progress)
+               for component, folder in experts.items()}
+    return {"paths": [str(p) for p in paths], "experts": reports, "usable": all(r["usable"] for r in reports.values())}
 
 
 def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bool = True,
@@ -42,7 +57,7 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bo
         report["stored_dtypes"] = sorted({DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", "")) for t in unique})
         folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
         folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
-        report["models"] = recognise(checkpoint, info.metadata, folders) if len(checkpoint) else {}
+        report["models"] = recognise_models(checkpoint, info.metadata, folders) if len(checkpoint) else {}
     return report
 
 
@@ -59,6 +74,52 @@ def _check_data(checkpoint: LazyCheckpoint, progress: bool | None) -> None:
             bar.update(checkpoint[name].nbytes)
     problems += checkpoint.check_stored_data()
     problems[:] = list(dict.fromkeys(problems))
+
+
+def recognise_models(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None = None,
+                     folders: Sequence = ()) -> dict:
+    """A description of the models in a checkpoint, for ``inspect`` (never raises for unknown content)."""
+    keys = list(source)
+    found: dict = {}
+    marker = lora_key(keys)
+    if marker is not None:
+        try:
+            adapter = read_adapter(source, "the checkpoint", folders=folders, metadata=metadata)
+        except CogExportError as error:
+            found["lora"] = {"marker": marker, "problem": str(error)}
+        else:
+            found["lora"] = {**adapter.summary(), "alpha": adapter.alpha if adapter.alpha_recorded else None,
+                             "assumed_alpha": None if adapter.alpha_recorded else adapter.alpha}
+        return found
+    for component in ("transformer", "vae"):
+        for family, table in fitting_tables(keys, component_tables(component)):
+            selected, ignored = table.select(keys)
+            entry = {"family": family.name, "layout": table.name, "description": table.source, "keys": len(selected),
+                     "other_keys": len(ignored)}
+            if component == "transformer":
+                try:
+                    recognised = read_facts(family, table, {k: source[k].shape for k in keys}, metadata=metadata)
+                except CogExportError as error:
+                    entry["problem"] = str(error)
+                else:
+                    model = recognised.model
+                    layout = recognised.variant
+                    if layout is None:  # a custom size: the published variant its own config is built like
+                        try:
+                            config = config_beside(family, folders, recognised.facts)
+                        except CogExportError:
+                            config = None
+                        if config is not None:
+                            layout = family.layout_variant(config)
+                            model = f"custom-size {family.name} ({layout.name} layout)"
+                    entry.update(model=model, model_type=" or ".join(recognised.tasks),
+                                 variant=recognised.variant.name if recognised.variant else None,
+                                 layout_variant=layout.name if layout else None,
+                                 description_of_shape=family.shapes.describe(recognised.facts),
+                                 layers=recognised.facts.get("layers"), hidden_size=recognised.facts.get("hidden"),
+                                 in_channels=recognised.facts.get("in_channels"))
+            found[component] = entry
+    return found
 
 
 def _names(names: list[str], limit: int = 6) -> str:
@@ -110,6 +171,9 @@ def _model_rows(models: dict) -> list[tuple[str, str]]:
 
 
 def render_inspect_text(report: dict) -> str:
+    if "experts" in report:
+        return "\n\n".join(f"== {component}: {Path(expert['paths'][0]).name}\n{render_inspect_text(expert)}"
+                             for component, expert in report["experts"].items())
     tags = report["tags"]
     rows = [
         ("checkpoint", ", ".join(report["paths"])),

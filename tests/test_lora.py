@@ -376,3 +376,14 @@ def test_cogvideox_round_trips_are_exact(tmp_path):
                      load_file(tmp_path / "peft" / "adapter_model.safetensors"))
     assert (tmp_path / "peft-again" / "adapter_config.json").read_text() == \
         (tmp_path / "peft" / "adapter_config.json").read_text()
+
+
+def test_an_adapter_of_an_unpublished_size_needs_no_base(tmp_path, cli):
+    """An adapter needs only its modules' names and shapes: the run's own weights give both."""
+    original = build_tiny_transformer("2b", num_layers=2, seed=5)
+    run = write_sat_run(tmp_path / "run", original.state_dict(), lora_rank=4, dtype=torch.float32)
+    without = cli(run.run_dir, tmp_path / "without")
+    assert without.exit_code == 0, without.stderr
+    assert cli(run.run_dir, tmp_path / "with", "--base", config_folder(tmp_path / "base", original)).exit_code == 0
+    assert_all_equal(load_file(tmp_path / "without" / "pytorch_lora_weights.safetensors"),
+                     load_file(tmp_path / "with" / "pytorch_lora_weights.safetensors"))

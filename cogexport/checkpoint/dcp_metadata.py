@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import CogExportError, UnsafeCheckpointError
-from .torch_archive import _ALLOWED, PickledObject, _stand_in
+from .torch_archive import _ALLOWED, PickledObject, stand_in
 
 METADATA_FILE = ".metadata"
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -46,7 +46,7 @@ _ALLOWED_HERE: dict[str, Any] = {
     **{name: value for name, value in _ALLOWED.items() if isinstance(value, torch.dtype) or name == "torch.Size"},
     "torch.serialization._get_layout": _layout,
     "collections.OrderedDict": collections.OrderedDict,
-    **{name: _stand_in(name) for name in _STAND_INS},
+    **{name: stand_in(name) for name in _STAND_INS},
 }
 
 
@@ -191,5 +191,20 @@ def _records(root: Any) -> DcpMetadata:
             StorageLocation(file, start, length, transforms)
     paths = {key: tuple(path) for key, path in (fields.get("planner_data") or {}).items()
              if isinstance(key, str) and isinstance(path, (tuple, list))}
+    _check_paths(entries, paths)
     version = fields.get("version")
     return DcpMetadata(entries, paths, storage, version if isinstance(version, str) else None)
+
+
+def _check_paths(entries: dict, paths: dict[str, tuple]) -> None:
+    """DCP flattens the saved state dict by joining each value's path with dots, and keeps every path in
+    ``planner_data``: a name and its path that disagree, or an entry without a path, mean a damaged name (which would
+    otherwise put a tensor under another name, or out of the model)."""
+    for key, path in paths.items():
+        joined = ".".join(str(part) for part in path)
+        if joined != key:
+            raise _Malformed(f"the entry {key!r} is filed under the path {joined!r}")
+    if paths:
+        unplaced = [key for key in entries if key not in paths]
+        if unplaced:
+            raise _Malformed(f"the entry {unplaced[0]!r} has no path in the saved state dict")

@@ -18,7 +18,7 @@ import torch
 from ..errors import CogExportError, quoted
 from ..lazy import LazyTensor
 from ..tensor_bytes import pread_into, tensor_buffer
-from ..write.safetensors_file import SAFETENSORS_DTYPES
+from ..safetensors_dtypes import SAFETENSORS_DTYPES
 from .base import CheckpointInfo, LazyCheckpoint
 
 _DTYPES = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()}

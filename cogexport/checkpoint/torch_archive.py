@@ -22,48 +22,13 @@ import torch
 
 from ..errors import CogExportError, UnsafeCheckpointError, quoted
 from ..lazy import SizedTensor
+from ..pickled import PickledObject, stand_in
 from ..tensor_bytes import tensor_buffer
 from .byte_window import ByteWindow
 from .zip_records import ZipRecords
 
 # torch.save's legacy (non-zip) format starts with a pickled magic number.
 _LEGACY_MAGIC_PREFIX = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
-
-
-class PickledObject:
-    """An object of a class cogexport never imports, kept as inert data.
-
-    ``type_name`` is the pickled class's dotted name, ``args`` what it was constructed with and ``state``
-    what was pickled as its state. Nothing of the original class runs.
-    """
-
-    type_name = "?"
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "PickledObject":
-        obj = object.__new__(cls)
-        obj.args = args
-        obj.state = None
-        return obj
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """An attribute from the pickled state (a dict, or a (dict, slots) pair)."""
-        state = self.state
-        if isinstance(state, tuple) and len(state) == 2:
-            state = {**(state[0] or {}), **(state[1] or {})}
-        return state.get(key, default) if isinstance(state, dict) else default
-
-    def __repr__(self) -> str:
-        return f"<{self.type_name} (not loaded) {self.state!r}>"
-
-
-def _stand_in(qualified_name: str) -> type[PickledObject]:
-    return type(qualified_name.rsplit(".", 1)[-1], (PickledObject,), {"type_name": qualified_name})
 
 
 # Classes that training checkpoints legitimately pickle. DeepSpeed adds classes between versions, so any
@@ -152,7 +117,7 @@ def _allowed_globals() -> dict[str, Any]:
     for dtype, storage_name in torch.storage._dtype_to_storage_type_map().items():
         table[f"torch.{storage_name}"] = _StorageType(dtype)
     for name in _STAND_IN_NAMES:
-        table[name] = _stand_in(name)
+        table[name] = stand_in(name)
     return table
 
 
@@ -169,7 +134,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if qualified in _ALLOWED:
             return _ALLOWED[qualified]
         if qualified.startswith(_STAND_IN_PREFIXES):
-            return _stand_in(qualified)
+            return stand_in(qualified)
         raise UnsafeCheckpointError(
             f"refused to load {self._archive.path}: it pickles {quoted(qualified)}, which would run code when loaded; "
             "cogexport loads only tensors and plain data (if this file is yours, re-save its state dict with "

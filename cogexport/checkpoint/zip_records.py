@@ -24,6 +24,7 @@ from typing import Iterator
 
 from .byte_window import ByteWindow
 from ..errors import CogExportError, quoted
+from ..pending_checks import before_publishing
 from ..tensor_bytes import pread_into
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
@@ -39,7 +40,7 @@ try:  # ISA-L's CRC-32 (carry-less multiplication) runs several times faster tha
 except ImportError:  # pragma: no cover - a platform without isal wheels
     from zlib import crc32
 
-# A private switch for measuring what the CRC checks cost (scripts/measure_crc_cost.py); never for users.
+# A private switch for measuring what the CRC checks cost (scripts/benchmark_consolidate.py); never for users.
 _SKIP_CRC_VARIABLE = "_COGEXPORT_SKIP_CRC_FOR_BENCHMARK"
 
 # -- CRC-32 arithmetic ------------------------------------------------------------------------------------
@@ -305,6 +306,7 @@ def _zip64_sizes(extra: bytes, compressed: int, uncompressed: int) -> set[tuple[
 _UNFINISHED: set[ZipRecords] = set()
 
 
+@before_publishing
 def finish_partial_reads() -> None:
     """Complete the CRC-32 check of every record read in part so far (raises on the first that fails)."""
     for records in list(_UNFINISHED):

@@ -64,6 +64,13 @@ class KeyMapTable:
         return any(fnmatch.fnmatchcase(key, glob) for key in keys for glob in self.signature) and all(
             any(fnmatch.fnmatchcase(key, glob) for key in keys) for glob in self.requires)
 
+    @property
+    def renames_nothing(self) -> bool:
+        """The names are already the target's: the table only selects keys and strips wrapper prefixes."""
+        return bool(self.rules) and all(len(rule.sources) == len(rule.targets) == 1 and
+                                        rule.sources[0].text == rule.targets[0].text and not rule.value_maps
+                                        for rule in self.rules) and self.fallback is None
+
     def select(self, keys: Iterable[str]) -> tuple[dict[str, str], list[str]]:
         """Keys this table applies to, as {name without prefixes: original name}, and the keys it ignores.
 

@@ -122,49 +122,22 @@ def diffusers_config_beside(class_name: str, folders: Sequence) -> dict | None:
     return None
 
 
-def recognise(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None = None,
-              folders: Sequence = ()) -> dict:
-    """A description of the models in a checkpoint, for ``inspect`` (never raises for unknown content)."""
-    from ..lora import read_adapter
-
-    keys = list(source)
-    found: dict = {}
-    marker = lora_key(keys)
-    if marker is not None:
-        try:
-            adapter = read_adapter(source, "the checkpoint", folders=folders, metadata=metadata)
-        except CogExportError as error:
-            found["lora"] = {"marker": marker, "problem": str(error)}
-        else:
-            found["lora"] = {**adapter.summary(), "alpha": adapter.alpha if adapter.alpha_recorded else None,
-                             "assumed_alpha": None if adapter.alpha_recorded else adapter.alpha}
-        return found
-    for component in ("transformer", "vae"):
-        for family, table in fitting_tables(keys, component_tables(component)):
-            selected, ignored = table.select(keys)
-            entry = {"family": family.name, "layout": table.name, "description": table.source, "keys": len(selected),
-                     "other_keys": len(ignored)}
-            if component == "transformer":
-                try:
-                    recognised = read_facts(family, table, {k: source[k].shape for k in keys}, metadata=metadata)
-                except CogExportError as error:
-                    entry["problem"] = str(error)
-                else:
-                    model = recognised.model
-                    layout = recognised.variant
-                    if layout is None:  # a custom size: the published variant its own config is built like
-                        try:
-                            config = config_beside(family, folders, recognised.facts)
-                        except CogExportError:
-                            config = None
-                        if config is not None:
-                            layout = family.layout_variant(config)
-                            model = f"custom-size {family.name} ({layout.name} layout)"
-                    entry.update(model=model, model_type=" or ".join(recognised.tasks),
-                                 variant=recognised.variant.name if recognised.variant else None,
-                                 layout_variant=layout.name if layout else None,
-                                 description_of_shape=family.shapes.describe(recognised.facts),
-                                 layers=recognised.facts.get("layers"), hidden_size=recognised.facts.get("hidden"),
-                                 in_channels=recognised.facts.get("in_channels"))
-            found[component] = entry
-    return found
+def expert_folders(paths: list[Path]) -> dict[str, Path]:
+    """A release or run holding one model per expert (Wan 2.2 A14B: high_noise_model/, low_noise_model/): the
+    pipeline component each subfolder becomes. Empty when the paths are one ordinary checkpoint."""
+    if len(paths) != 1 or not paths[0].is_dir():
+        return {}
+    for family in families():
+        for variant in family.variants:
+            if not variant.experts:
+                continue
+            present = {component: paths[0] / sub for component, sub in variant.experts.items()
+                       if (paths[0] / sub).is_dir()}
+            if present and len(present) < len(variant.experts):
+                missing = [sub for component, sub in variant.experts.items() if component not in present]
+                raise CogExportError(f"{paths[0]} holds {', '.join(p.name for p in present.values())} but not "
+                                     f"{', '.join(missing)}: a {variant.name} run needs every expert (a half pipeline "
+                                     "would not generate); point at one expert's folder to export it alone")
+            if present:
+                return present
+    return {}

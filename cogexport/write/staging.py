@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..checkpoint.zip_records import finish_partial_reads
+from ..pending_checks import run_pending_checks
 from ..errors import CogExportError
 
 
@@ -61,7 +61,7 @@ def staged_folder(destination: Path) -> Iterator[Path]:
                              "an output folder you can write to") from None
     try:
         yield staging
-        finish_partial_reads()  # every input byte the output was made of passes its CRC-32 check first
+        run_pending_checks()  # e.g. every input byte the output was made of passes its CRC-32 check first
         _move_into_place(staging, destination)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

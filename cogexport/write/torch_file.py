@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoint.torch_archive import PickledObject
+from ..pickled import PickledObject
 
 
 class _StandInPickler(pickle._Pickler):  # the Python pickler, whose save() can be extended
