@@ -13,7 +13,7 @@ import click
 
 from . import __version__
 from .errors import CogExportError, one_line
-from .inspect_report import inspect_checkpoint, render_inspect_text
+from .inspect_report import inspect_paths, render_inspect_text
 
 
 def _user_errors_exit_2(command):
@@ -121,7 +121,7 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
     read. Exit code 0 when the checkpoint is usable as it is, 1 when problems are listed (it is not), 2 when it
     cannot be read at all or the command line is wrong (one line on stderr).
     """
-    report = inspect_checkpoint(list(checkpoint), tag, check_data=not quick)
+    report = inspect_paths(list(checkpoint), tag, check_data=not quick)
     click.echo(json.dumps(report, indent=2) if as_json else render_inspect_text(report))
     if not report["usable"]:
         sys.exit(1)
@@ -131,8 +131,8 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
 @checkpoint_paths
 @output_path
 @click.option("--model-type", metavar="TASK",
-              help="The model's task, checked against the checkpoint when given: CogVideoX t2v|i2v; Wan t2v|i2v|flf2v|ti2v; "
-                   "... (each family's tasks; see README).")
+              help="The model's task, checked against the checkpoint (and choosing between variants of the same shapes): "
+                   "CogVideoX t2v|i2v; Wan t2v|i2v|flf2v|ti2v; HunyuanVideo t2v|i2v; LTX-Video t2v|condition; Mochi t2v.")
 @click.option("--component", type=click.Choice(["transformer", "vae", "pipeline"]),
               help="What to write [default: pipeline when --base is a pipeline folder, else transformer].")
 @click.option("--base", type=click.Path(path_type=Path),

@@ -11,8 +11,20 @@ from .checkpoint.deepspeed_zero import DTYPE_NAMES
 from .errors import CogExportError
 from .lazy import LazyTensor
 from .lora import read_adapter
-from .models.recognize import component_tables, config_beside, fitting_tables, lora_key, read_facts
+from .models.recognize import component_tables, config_beside, expert_folders, fitting_tables, lora_key, read_facts
 from .progress import byte_progress
+
+
+def inspect_paths(paths: list[Path], tag: str | None = None, check_data: bool = True,
+                  progress: bool | None = None) -> dict:
+    """``inspect_checkpoint`` of the checkpoint, or of each expert of a release holding several (Wan 2.2 A14B's
+    high_noise_model/ and low_noise_model/), under ``experts`` by the pipeline component each becomes."""
+    experts = expert_folders([Path(p) for p in paths])
+    if not experts:
+        return inspect_checkpoint(paths, tag, check_data, progress)
+    reports = {component: inspect_checkpoint([folder], tag, check_data, progress)
+               for component, folder in experts.items()}
+    return {"paths": [str(p) for p in paths], "experts": reports, "usable": all(r["usable"] for r in reports.values())}
 
 
 def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bool = True,
@@ -159,6 +171,9 @@ def _model_rows(models: dict) -> list[tuple[str, str]]:
 
 
 def render_inspect_text(report: dict) -> str:
+    if "experts" in report:
+        return "\n\n".join(f"== {component}: {Path(expert['paths'][0]).name}\n{render_inspect_text(expert)}"
+                             for component, expert in report["experts"].items())
     tags = report["tags"]
     rows = [
         ("checkpoint", ", ".join(report["paths"])),

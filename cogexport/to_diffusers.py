@@ -26,7 +26,7 @@ from .lora import WRITABLE, AdapterOutput, LoraAdapter, base_weights, check_fits
 from .lora.formats import FORMATS
 from .models.base_folder import BaseFolder, open_base, read_json
 from .models.family import ModelFamily, Variant, family_of_variant, families
-from .models.recognize import (Recognised, choose_table, component_tables, config_beside, diffusers_config_beside,
+from .models.recognize import (Recognised, choose_table, expert_folders, component_tables, config_beside, diffusers_config_beside,
                                fitting_tables, lora_key, read_facts)
 from .models.target import TargetModel, build_target
 from .precision import PrecisionPolicy
@@ -112,27 +112,6 @@ def command_line() -> str:
 
 def open_source(paths: list[Path], options: ExportOptions) -> LazyCheckpoint:
     return open_ema(paths, options.tag) if options.ema else open_checkpoint(paths, options.tag)
-
-
-def expert_folders(paths: list[Path]) -> dict[str, Path]:
-    """A release or run holding one model per expert (Wan 2.2 A14B: high_noise_model/, low_noise_model/): the
-    pipeline component each subfolder becomes. Empty when the paths are one ordinary checkpoint."""
-    if len(paths) != 1 or not paths[0].is_dir():
-        return {}
-    for family in families():
-        for variant in family.variants:
-            if not variant.experts:
-                continue
-            present = {component: paths[0] / sub for component, sub in variant.experts.items()
-                       if (paths[0] / sub).is_dir()}
-            if present and len(present) < len(variant.experts):
-                missing = [sub for component, sub in variant.experts.items() if component not in present]
-                raise CogExportError(f"{paths[0]} holds {', '.join(p.name for p in present.values())} but not "
-                                     f"{', '.join(missing)}: a {variant.name} run needs every expert (a half pipeline "
-                                     "would not generate); point at one expert's folder to export it alone")
-            if present:
-                return present
-    return {}
 
 
 def _policy(defaults: Sequence[str], options: ExportOptions) -> PrecisionPolicy:

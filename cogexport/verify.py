@@ -35,7 +35,7 @@ from .checkpoint import open_checkpoint
 from .lora import base_weights, plan_fused, read_adapter
 from .models.base_folder import read_json
 from .models.family import family_of_class
-from .models.recognize import choose_table, lora_key
+from .models.recognize import choose_table, expert_folders, lora_key
 from .models.target import build_target
 from .to_diffusers import ExportOptions, open_source
 from .write.diffusers_folders import variant_of
@@ -104,13 +104,15 @@ def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, ta
     if (output / "config.json").is_file():
         checks = [(output, as_paths(against))]
     elif is_pipeline(output):
-        checks = [(output / "transformer", as_paths(against))]
+        experts = expert_folders(as_paths(against))  # a release holding one model per expert: each against its own
+        checks = [(output / component, [folder]) for component, folder in experts.items()] if experts else \
+            [(output / "transformer", as_paths(against))]
         if vae_against is not None:
             checks.append((output / "vae", as_paths(vae_against)))
     else:
         raise CogExportError(f"{output} is not an exported folder (no config.json, model_index.json or adapter "
                              "weights)")
-    if vae_against is not None and len(checks) == 1:
+    if vae_against is not None and not is_pipeline(output):
         raise CogExportError(f"--vae-against applies to a pipeline folder; {output} is a model folder")
     options = ExportOptions(tag=tag, ema=ema)
     return [_verify_folder(folder, sources, options, load, judge_limit) for folder, sources in checks]
@@ -158,7 +160,9 @@ def _verify_adapter(folder: Path, sources: list[Path], options: ExportOptions) -
     where = ", ".join(map(str, sources))
     with open_source(sources, options) as source, open_checkpoint(folder) as written_file:
         trained = read_adapter(source, where, None, _folders(sources), source.info.metadata)
-        written = read_adapter(written_file, str(folder), None, [folder], written_file.info.metadata)
+        # the folder's names may fit another family too (Diffusers names CogVideoX and LTX-Video share): it holds
+        # the run's family's adapter
+        written = read_adapter(written_file, str(folder), None, [folder], written_file.info.metadata, trained.family)
         report = VerifyReport(str(folder), f"{written.table.format.title} LoRA adapter", kind="LoRA adapter")
         for name in sorted(set(trained.modules) - set(written.modules)):
             report.mismatches.append(f"{name}: the run adapts it, the folder does not")

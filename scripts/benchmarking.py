@@ -57,6 +57,7 @@ class Measurement:
     largest_process_bytes: int | None = None  # ru_maxrss of the largest single process the command waited for
     processes: int = 1  # processes of the tree seen over the run
     most_alive: int = 1  # the most of them alive at one sample
+    cpu_seconds: float | None = None  # user + system time of the command and the children it waited for
 
 
 class ProcessTree:
@@ -190,7 +191,7 @@ def measure_tree(command: list[str], env: dict | None = None) -> Measurement:
             raise click.ClickException(f"{' '.join(command)} failed:\n{stderr.read().decode()[-3000:]}")
     largest = usage.ru_maxrss * 1024
     return Measurement(elapsed, max(sampler.peak_rss, largest), sampler.peak_pss or None, largest,
-                       len(sampler.tree.seen), sampler.most_alive)
+                       len(sampler.tree.seen), sampler.most_alive, usage.ru_utime + usage.ru_stime)
 
 
 def measure(command: list[str], env: dict | None = None) -> tuple[float, int]:

@@ -1,27 +1,43 @@
 """Corrupt real checkpoints on purpose, and check that cogexport never turns one into a silently wrong model.
 
-    .venv/bin/python scripts/fuzz_checkpoints.py --seed 1 --count 500 [--no-deepspeed] [--json] [--verbose]
+    .venv/bin/python scripts/fuzz_checkpoints.py --seed 1 --count 500 [--cogexport-only] [--json] [--verbose]
 
-Sources are the test suite's real fixtures (DeepSpeed ZeRO stages 0-3 made by real DeepSpeed runs, a SAT-style
-CogVideoX run, a safetensors file), copied, then damaged one way each: truncated; a byte flipped in the zip
-directory, a zip local header, the pickle, tensor data or a safetensors header's structure (safetensors has no
-checksum: damage to its data or names cannot be detected by anyone, so it is left out); a rank file deleted,
-swapped with another or overwritten by another's copy; ``latest`` rewritten (each source takes the classes in
-turn; where and how from the case's seed). On every damaged copy ``cogexport
+Sources are the test suite's real fixtures: DeepSpeed ZeRO stages 0-3 made by real DeepSpeed runs, a SAT-style
+CogVideoX run, a safetensors file, and PyTorch distributed checkpoints (DCP) made by real ``dcp.save`` and
+accelerate FSDP2 runs on gloo ranks. Each case copies one source and damages it one way:
+
+  truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
+  flip <region>            one byte changed in a torch.save archive's zip directory, a local header, the pickle or
+                           tensor data (for DCP: in the chunk archives inside ``.distcp`` files), in a DCP
+                           ``.metadata`` pickle, or in a safetensors header's structure (safetensors has no checksum:
+                           damage to its data or names cannot be detected by anyone, so it is left out)
+  delete / swap / duplicate rank file
+                           a rank file (``*zero_pp_rank_*``, ``__R_0.distcp``) deleted, two swapped, or one copied
+                           over another. DCP rank files carry no identity (no rank, no name inside them): two whose
+                           chunks have the same sizes at the same places can be swapped without any reader being able
+                           to tell, so swaps are only made between rank files whose layouts differ
+  rewrite latest           DeepSpeed's ``latest`` replaced by garbage, a missing tag, a path, ...
+  rewrite .metadata        a DCP ``.metadata`` replaced by garbage, nothing, another object's pickle, a pickle that
+                           would run code, the ``.metadata`` of the next folder or step, or re-pickled with one chunk's
+                           storage record pointing at another chunk's bytes, reaching over the next one, or dropped
+
+Each source takes the classes in turn; where and how comes from the case's seed. On every damaged copy ``cogexport
 inspect`` and ``consolidate`` (and ``export`` for CogVideoX sources) run in a forked child with a time limit, and
 each run is classed:
 
   right           exit 0 and the output equals the ground truth taken where it was born (the training process's
-                  fp32 masters; the Diffusers model the SAT run was written from; the tensors the safetensors
-                  library saved); for inspect, the report of the undamaged copy
+                  fp32 masters or full state dict; the Diffusers model the SAT run was written from; the tensors the
+                  safetensors library saved); for inspect, the report of the undamaged copy
   clean error     exit 2 with exactly one line on stderr, nothing written, the input unchanged
   problems listed inspect only: exit 1 with the problems listed (the checkpoint is not usable)
   silently wrong  exit 0 with a wrong output, or inspect exit 0 (usable) on a copy consolidate refuses
   traceback, multi-line error, hang, dirty (something written or the input changed on an error): failures
 
-DeepSpeed's own consolidator (``deepspeed.utils.zero_to_fp32``, what its ``zero_to_fp32.py`` runs) goes through the
-same damaged ZeRO copies, judged against its own output on the undamaged copy: right, silently wrong, error
-(an exception: its command line shows a traceback), hang or crash.
+The converter a user would otherwise run goes through the same damaged copies, judged against its own output on the
+undamaged copy: DeepSpeed's ``zero_to_fp32`` (``deepspeed.utils.zero_to_fp32``, what its ``zero_to_fp32.py`` runs)
+on the ZeRO copies, torch's ``dcp_to_torch_save`` (``torch.distributed.checkpoint.format_utils``) on the DCP model
+folders: right, silently wrong, traceback (an exception: its command line shows one), ran the pickle's code,
+hang or crash.
 
 The exit status is 1 if any cogexport run failed. The same seed gives the same mutations.
 """
@@ -34,9 +50,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
+import dataclasses  # noqa: E402
 import hashlib  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
+import pickle  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
+import resource  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -47,7 +68,7 @@ import zipfile  # noqa: E402
 from collections import Counter  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
 import click  # noqa: E402
 
@@ -61,7 +82,10 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from fixtures import CACHE, DeepSpeedVariant, deepspeed_checkpoint  # noqa: E402
 
 TIME_LIMIT = 60.0  # seconds per run; a toy checkpoint takes well under one
+MEMORY_HEADROOM = 3 << 30  # address space a run may add to the harness's: a damaged size must not take the machine
 FAILURES = ("silently wrong", "traceback", "multi-line error", "hang", "dirty", "inspect missed it")
+DISTCP = re.compile(r"^__\d+_\d+\.distcp$")
+PWNED = "PWNED"  # the file a code-running .metadata pickle creates in the case's folder
 
 ZERO_VARIANTS = [
     DeepSpeedVariant(0, "bf16", 2), DeepSpeedVariant(1, "bf16", 2), DeepSpeedVariant(1, "bf16", 2, bf16_optimizer=True),
@@ -69,18 +93,25 @@ ZERO_VARIANTS = [
     DeepSpeedVariant(2, "bf16", 3, parameter_alignment=True), DeepSpeedVariant(3, "bf16", 2),
     DeepSpeedVariant(3, "fp32", 3), DeepSpeedVariant(3, "bf16", 2, sub_group_size=300),
 ]
+# (writer, model, world size): a plain dcp.save whose toy sizes no rank count divides (a zero-size chunk on rank 2,
+# a shard on dim 1, model and optimizer in the same files); accelerate FSDP2 saves (model and optimizer folders,
+# two steps) of the toy and of a tiny CogVideoX transformer, which is exported too.
+DCP_SAVES = [("plain", "toy", 3), ("accelerate-fsdp2", "toy", 2), ("accelerate-fsdp2", "cogvideox-2b", 2)]
 
 
 # -- sources: a pristine copy, what to run on it, and the ground truth ---------------------------------------
 @dataclass
 class Source:
     name: str
+    family: str  # "deepspeed", "dcp" or "cogvideox": the tables group by it
     root: Path  # folder copied for each case; the checkpoint is root / checkpoint
     checkpoint: str  # relative path given to cogexport
     truth: dict[str, torch.Tensor]  # what consolidate must write
     export: tuple[str, ...] | None = None  # extra arguments of an export run, when the source is a CogVideoX model
     export_truth: dict[str, torch.Tensor] = field(default_factory=dict)
-    deepspeed: bool = False  # run DeepSpeed's zero_to_fp32 too
+    damage: str | None = None  # the folder (relative to root) whose files are damaged; default: the checkpoint
+    reference: str | None = None  # the other tool run side by side (one of REFERENCES)
+    reference_input: str | None = None  # what it is given (relative to root)
 
 
 def zero_source(variant: DeepSpeedVariant) -> Source:
@@ -88,7 +119,25 @@ def zero_source(variant: DeepSpeedVariant) -> Source:
     expected = fixture.expected_state_dict()
     truth = {name: t if name in fixture.truth["buffers"] or not t.dtype.is_floating_point else t.float()
              for name, t in expected.items()}
-    return Source(variant.id, fixture.root, "checkpoint", truth, deepspeed=variant.stage > 0)
+    return Source(variant.id, "deepspeed", fixture.root, "checkpoint", truth,
+                  reference="zero_to_fp32" if variant.stage > 0 else None, reference_input="checkpoint")
+
+
+def dcp_source(writer: str, model: str, world_size: int) -> Source:
+    """cogexport is given the run folder (it picks the newest step); the damage goes to that step."""
+    from dcp_fixtures import dcp_checkpoint
+
+    fixture = dcp_checkpoint(writer, model, world_size)
+    step = fixture.truth["checkpoint"]  # run/checkpoint or run/checkpoint-2
+    model_folder = f"{step}/pytorch_model_fsdp_0" if writer.startswith("accelerate") else step
+    export, export_truth = None, {}
+    if model.startswith("cogvideox"):
+        base = fixture.root.with_name(f"{fixture.root.name}-fuzz-base")  # a --base with the model's config
+        if not (base / "config.json").exists():
+            fixture.base(base)
+        export, export_truth = ("--base", str(base), "--dtype", "fp32"), fixture.weights
+    return Source(f"dcp-{writer}-{model}-ws{world_size}", "dcp", fixture.root, "run", fixture.weights, export,
+                  export_truth, damage=step, reference="dcp_to_torch_save", reference_input=model_folder)
 
 
 def cogvideox_sources() -> list[Source]:
@@ -107,31 +156,54 @@ def cogvideox_sources() -> list[Source]:
         config_folder(folder / "base", original)
         (folder / ".complete").touch()
     export = ("--model-type", "t2v", "--base", str(folder / "base"), "--dtype", "fp32")
-    return [Source("sat-2b", folder / "sat", "checkpoint", {}, export, truth),
-            Source("safetensors-2b", folder / "safetensors", "model.safetensors", truth, export, truth)]
+    return [Source("sat-2b", "cogvideox", folder / "sat", "checkpoint", {}, export, truth),
+            Source("safetensors-2b", "cogvideox", folder / "safetensors", "model.safetensors", truth, export, truth)]
 
 
 def sources() -> list[Source]:
-    return [zero_source(v) for v in ZERO_VARIANTS] + cogvideox_sources()
+    return [zero_source(v) for v in ZERO_VARIANTS] + cogvideox_sources() + [dcp_source(*save) for save in DCP_SAVES]
 
 
-# -- mutations ----------------------------------------------------------------------------------------------
-def zip_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
-    """Byte ranges of a torch.save archive by kind."""
+# -- where the bytes are ------------------------------------------------------------------------------------
+def zip_regions(data: bytes, base: int = 0) -> dict[str, list[tuple[int, int]]]:
+    """Byte ranges of a torch.save archive by kind, counted from ``base`` (where the archive starts in its file)."""
     regions: dict[str, list[tuple[int, int]]] = {"zip directory": [], "local header": [], "pickle": [],
                                                  "tensor data": []}
-    with zipfile.ZipFile(path) as archive, open(path, "rb") as handle:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
         for info in archive.infolist():
-            handle.seek(info.header_offset + 26)
-            name_length, extra_length = int.from_bytes(handle.read(2), "little"), int.from_bytes(handle.read(2), "little")
-            data = info.header_offset + 30 + name_length + extra_length
-            regions["local header"].append((info.header_offset, data))
+            name_length, extra_length = (int.from_bytes(data[info.header_offset + at:info.header_offset + at + 2],
+                                                        "little") for at in (26, 28))
+            start = info.header_offset + 30 + name_length + extra_length
+            regions["local header"].append((base + info.header_offset, base + start))
             kind = "pickle" if info.filename.endswith("data.pkl") else "tensor data" if "/data/" in info.filename \
                 else None
             if kind and info.file_size:
-                regions[kind].append((data, data + info.file_size))
-        regions["zip directory"].append((archive.start_dir, path.stat().st_size))
-    return {k: v for k, v in regions.items() if v}
+                regions[kind].append((base + start, base + start + info.file_size))
+        regions["zip directory"].append((base + archive.start_dir, base + len(data)))
+    return regions
+
+
+def dcp_storage(folder: Path) -> dict:
+    """torch's own reading of a (pristine) DCP folder's .metadata: MetadataIndex -> _StorageInfo."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return FileSystemReader(str(folder)).read_metadata().storage_data
+
+
+def layout(path: Path) -> list[tuple[int, int]]:
+    """The (offset, length) of every record .metadata places in the .distcp file ``path``."""
+    return sorted((info.offset, info.length) for info in dcp_storage(path.parent).values()
+                  if info.relative_path == path.name)
+
+
+def distcp_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
+    """The regions of every chunk archive in a .distcp file, found through its folder's .metadata."""
+    data = path.read_bytes()
+    regions: dict[str, list[tuple[int, int]]] = {}
+    for offset, length in layout(path):
+        for kind, ranges in zip_regions(data[offset:offset + length], offset).items():
+            regions.setdefault(kind, []).extend(ranges)
+    return regions
 
 
 def safetensors_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
@@ -155,6 +227,17 @@ def safetensors_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
     return {"safetensors header": allowed}
 
 
+def regions_of(path: Path) -> dict[str, list[tuple[int, int]]]:
+    if path.suffix == ".safetensors":
+        return safetensors_regions(path)
+    if path.name == ".metadata":
+        return {".metadata pickle": [(0, path.stat().st_size)]}
+    if path.suffix == ".distcp":
+        return distcp_regions(path)
+    return {k: v for k, v in zip_regions(path.read_bytes()).items() if v}
+
+
+# -- mutations ----------------------------------------------------------------------------------------------
 def flip(path: Path, region: tuple[int, int], rng: random.Random) -> str:
     data = bytearray(path.read_bytes())
     position = rng.randrange(*region)
@@ -167,13 +250,17 @@ def flip(path: Path, region: tuple[int, int], rng: random.Random) -> str:
 Mutation = Callable[[Path, random.Random], str]
 
 
-def rank_files(checkpoint: Path) -> list[Path]:
-    return sorted(p for p in checkpoint.rglob("*.pt") if "zero_pp_rank_" in p.name)
+def swap_files(first: Path, second: Path) -> None:
+    temporary = first.with_suffix(".swap")
+    first.rename(temporary)
+    second.rename(first)
+    temporary.rename(second)
 
 
-def mutations_for(source: Source, checkpoint: Path) -> dict[str, Mutation]:
-    """The mutations that apply to this source, by class name."""
-    data_files = sorted(p for p in checkpoint.rglob("*") if p.suffix in (".pt", ".safetensors"))
+def mutations_for(source: Source, folder: Path) -> dict[str, Mutation]:
+    """The mutations that apply to this source's files under ``folder``, by class name."""
+    data_files = sorted(p for p in folder.rglob("*") if p.suffix in (".pt", ".safetensors", ".distcp")
+                        or p.name == ".metadata")
     found: dict[str, Mutation] = {}
 
     def on_file(kind: str) -> Mutation:
@@ -183,7 +270,7 @@ def mutations_for(source: Source, checkpoint: Path) -> dict[str, Mutation]:
             return f"{path.relative_to(root)}: {flip(path, region, rng)}"
         return mutate
 
-    kinds = {kind for p in data_files for kind in regions_of(p)}
+    kinds = {kind for p in data_files for kind, ranges in regions_of(p).items() if ranges}
     for kind in sorted(kinds):
         found[f"flip {kind}"] = on_file(kind)
 
@@ -195,7 +282,16 @@ def mutations_for(source: Source, checkpoint: Path) -> dict[str, Mutation]:
         return f"{path.relative_to(root)}: truncated to {keep} of {size} bytes"
 
     found["truncate"] = truncate
-    ranks = rank_files(checkpoint)
+    if source.family == "dcp":
+        found.update(dcp_rank_mutations(folder))
+    else:
+        found.update(zero_rank_mutations(folder))
+    return found
+
+
+def zero_rank_mutations(checkpoint: Path) -> dict[str, Mutation]:
+    ranks = sorted(p for p in checkpoint.rglob("*.pt") if "zero_pp_rank_" in p.name)
+    found: dict[str, Mutation] = {}
     if ranks:
         def delete(root: Path, rng: random.Random) -> str:
             path = rng.choice(ranks)
@@ -205,10 +301,7 @@ def mutations_for(source: Source, checkpoint: Path) -> dict[str, Mutation]:
     if len(ranks) > 1:
         def swap(root: Path, rng: random.Random) -> str:
             first, second = rng.sample([p for p in ranks if "optim" in p.name] if rng.random() < 0.7 else ranks, 2)
-            temporary = first.with_suffix(".swap")
-            first.rename(temporary)
-            second.rename(first)
-            temporary.rename(second)
+            swap_files(first, second)
             return f"swapped {first.relative_to(root)} and {second.name}"
 
         def duplicate(root: Path, rng: random.Random) -> str:
@@ -229,8 +322,94 @@ def mutations_for(source: Source, checkpoint: Path) -> dict[str, Mutation]:
     return found
 
 
-def regions_of(path: Path) -> dict[str, list[tuple[int, int]]]:
-    return safetensors_regions(path) if path.suffix == ".safetensors" else zip_regions(path)
+def dcp_rank_mutations(step: Path) -> dict[str, Mutation]:
+    """Rank files are interchangeable only within one DCP folder (accelerate keeps model and optimizer apart)."""
+    folders = sorted({p.parent for p in step.rglob("*.distcp")})
+    ranks = {folder: sorted(p for p in folder.iterdir() if DISTCP.match(p.name)) for folder in folders}
+    pairs = [(a, b) for files in ranks.values() for i, a in enumerate(files) for b in files[i + 1:]]
+    # Files whose records have the same sizes at the same places can be swapped unseen: nothing in them says whose.
+    swappable = [(a, b) for a, b in pairs if layout(a) != layout(b)]
+    found: dict[str, Mutation] = {}
+
+    def delete(root: Path, rng: random.Random) -> str:
+        path = rng.choice([p for files in ranks.values() for p in files])
+        path.unlink()
+        return f"deleted {path.relative_to(root)}"
+
+    def swap(root: Path, rng: random.Random) -> str:
+        first, second = rng.choice(swappable)
+        swap_files(first, second)
+        return f"swapped {first.relative_to(root)} and {second.name}"
+
+    def duplicate(root: Path, rng: random.Random) -> str:
+        first, second = rng.sample(rng.choice([files for files in ranks.values() if len(files) > 1]), 2)
+        shutil.copyfile(first, second)
+        return f"copied {first.relative_to(root)} over {second.name}"
+
+    def rewrite_metadata(root: Path, rng: random.Random) -> str:
+        folder = rng.choice(folders)
+        target = folder / ".metadata"
+        how, content = rng.choice(metadata_rewrites(folder, root, rng))
+        target.write_bytes(content)
+        return f"{target.relative_to(root)} := {how}"
+
+    found["delete rank file"] = delete
+    if pairs:
+        found["duplicate rank file"] = duplicate
+    if swappable:
+        found["swap rank files"] = swap
+    found["rewrite .metadata"] = rewrite_metadata
+    return found
+
+
+def metadata_rewrites(folder: Path, root: Path, rng: random.Random) -> list[tuple[str, bytes]]:
+    """What a .metadata can be replaced with, each named. All but one are wrong for this folder in a way a reader can
+    tell; the .metadata of the same folder of the step before describes the very same layout, so it reads right."""
+    original = (folder / ".metadata").read_bytes()
+    garbage = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
+    marker = root / PWNED
+    rewrites = [
+        ("random bytes", garbage), ("nothing", b""),
+        ("a pickled dict", pickle.dumps({"state_dict_metadata": {}, "storage_data": {}})),
+        ("a pickle that runs a shell command", b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."),
+        ("the pickle with its last byte dropped", original[:-1]),
+    ]
+    rewrites += [(f"the .metadata of {other.parent.relative_to(root)}", other.read_bytes())
+                 for other in sorted(root.rglob(".metadata")) if other.parent != folder]
+    rewrites += [(how, pickle.dumps(metadata)) for how, metadata in retargeted_metadata(folder, rng)]
+    return rewrites
+
+
+def retargeted_metadata(folder: Path, rng: random.Random) -> list[tuple[str, Any]]:
+    """The folder's metadata (read by torch, trusted: it is the pristine copy) with one chunk's storage record pointed
+    at another record's bytes (of the same length where there is one) or reaching over the next record, as a flipped
+    bit in an offset or a length could do; or with one entry left out, bytes and all."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    changed = []
+    reader = FileSystemReader(str(folder))
+    records = sorted(reader.read_metadata().storage_data.items(), key=lambda r: (r[1].relative_path, r[1].offset))
+    index, info = rng.choice(records)
+    same_length = [i for i, other in records if other.length == info.length and i != index] or \
+        [i for i, _ in records if i != index]
+    metadata = reader.read_metadata()
+    other = rng.choice(same_length)
+    metadata.storage_data[index] = metadata.storage_data[other]
+    changed.append((f"{index.fqn}'s chunk pointed at {other.fqn}'s bytes", metadata))
+    following = [i for i, r in records
+                 if r.relative_path == info.relative_path and r.offset == info.offset + info.length]
+    if following:
+        metadata = reader.read_metadata()
+        metadata.storage_data[index] = dataclasses.replace(
+            info, length=info.length + metadata.storage_data[following[0]].length)
+        changed.append((f"{index.fqn}'s chunk reaching over {following[0].fqn}'s", metadata))
+    metadata = reader.read_metadata()
+    fqn = index.fqn
+    metadata.state_dict_metadata.pop(fqn)
+    metadata.planner_data.pop(fqn, None)
+    metadata.storage_data = {i: r for i, r in metadata.storage_data.items() if i.fqn != fqn}
+    changed.append((f"{fqn} left out", metadata))
+    return changed
 
 
 # -- running a command in a forked child ---------------------------------------------------------------------
@@ -242,14 +421,22 @@ class Run:
     seconds: float
 
 
+def _address_space() -> int:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmSize:"))
+    return int(line.split()[1]) * 1024
+
+
 def run_forked(function: Callable[[], int], workdir: Path) -> Run:
     """Run ``function`` in a forked child with stdout/stderr captured, killed after TIME_LIMIT seconds."""
     out_path, err_path = workdir / ".stdout", workdir / ".stderr"
     start = time.perf_counter()
+    limit = _address_space() + MEMORY_HEADROOM
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 98
         try:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
             out_fd, err_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), \
                 os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(out_fd, 1)
@@ -313,6 +500,19 @@ def same_tensors(written: dict[str, torch.Tensor], truth: dict[str, torch.Tensor
         written[n].dtype == truth[n].dtype and torch.equal(written[n], truth[n]) for n in truth)
 
 
+def same_values(first: Any, second: Any) -> bool:
+    """Nested dicts, lists and tuples of tensors and plain values, equal to the bit."""
+    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
+        return isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and \
+            first.dtype == second.dtype and first.shape == second.shape and torch.equal(first, second)
+    if isinstance(first, dict) and isinstance(second, dict):
+        return first.keys() == second.keys() and all(same_values(first[k], second[k]) for k in first)
+    if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
+        return type(first) is type(second) and len(first) == len(second) and \
+            all(same_values(a, b) for a, b in zip(first, second))
+    return type(first) is type(second) and first == second
+
+
 def judge_error(run: Run, output: Path, before: dict[str, str], root: Path) -> str:
     """Class of a run that did not succeed."""
     if run.code is None:
@@ -357,26 +557,43 @@ def judge_inspect(run: Run, pristine: dict | None, root: Path, before: dict[str,
     return judge_error(run, root / "no-output", before, root)
 
 
-# -- DeepSpeed's consolidator, side by side ------------------------------------------------------------------
-def deepspeed_command(checkpoint: Path, output: Path) -> Callable[[], int]:
-    def run() -> int:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+# -- the converters a user would otherwise run, side by side --------------------------------------------------
+def zero_to_fp32(checkpoint: Path) -> Any:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
-        torch.save({name: t.clone() for name, t in state.items()}, output)
+    return {name: t.clone() for name, t in get_fp32_state_dict_from_zero_checkpoint(str(checkpoint)).items()}
+
+
+def dcp_to_torch_save(folder: Path, output: Path) -> None:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save as convert
+
+    convert(str(folder), str(output))
+
+
+def reference_command(tool: str, source: Path, output: Path) -> Callable[[], int]:
+    def run() -> int:
+        if tool == "zero_to_fp32":
+            torch.save(zero_to_fp32(source), output)
+        else:
+            dcp_to_torch_save(source, output)
         return 0
     return run
 
 
-def judge_deepspeed(run: Run, output: Path, baseline: dict | None) -> str:
+REFERENCES = ("zero_to_fp32", "dcp_to_torch_save")
+
+
+def judge_reference(run: Run, output: Path, baseline: Any, root: Path) -> str:
+    if (root / PWNED).exists():
+        return "ran the pickle's code"
     if run.code is None:
         return "hang"
     if run.code == 99:
-        return "error (traceback)"
+        return "traceback"
     if run.code != 0:
         return "crash"
     written = torch.load(output, weights_only=True)
-    return "right" if baseline is not None and same_tensors(written, baseline) else "silently wrong"
+    return "right" if baseline is not None and same_values(written, baseline) else "silently wrong"
 
 
 # -- the campaign -------------------------------------------------------------------------------------------
@@ -384,14 +601,17 @@ def judge_deepspeed(run: Run, output: Path, baseline: dict | None) -> str:
 class Case:
     seed: int
     source: str
+    family: str
     mutation: str
     detail: str
     results: dict[str, str]
     seconds: dict[str, float] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)  # each cogexport run's last line on stderr
 
 
-def baseline(source: Source, work: Path, deepspeed: bool) -> tuple[dict, dict | None]:
-    """The undamaged copy's inspect report and DeepSpeed's output on it; and a check that cogexport is right."""
+def baseline(source: Source, work: Path, references: bool) -> tuple[dict, Any]:
+    """The undamaged copy's inspect report and the reference tool's output on it; and a check that cogexport is
+    right on it."""
     root = work / "pristine"
     shutil.copytree(source.root, root)
     checkpoint = root / source.checkpoint
@@ -399,64 +619,82 @@ def baseline(source: Source, work: Path, deepspeed: bool) -> tuple[dict, dict | 
     if inspected.code != 0:
         raise click.ClickException(f"inspect fails on the undamaged {source.name}: {inspected.stderr[-2000:]}")
     report = comparable_report(inspected.stdout, root)
-    if source.truth:
-        done = run_forked(cogexport_command("consolidate", str(checkpoint), str(work / "out")), work)
-        if done.code != 0 or not same_tensors(read_output(work / "out"), source.truth):
-            raise click.ClickException(f"consolidate is not right on the undamaged {source.name}: {done.stderr}")
-    ds_baseline = None
-    if deepspeed and source.deepspeed:
-        ran = run_forked(deepspeed_command(checkpoint, work / "ds.pt"), work)
-        ds_baseline = torch.load(work / "ds.pt", weights_only=True) if ran.code == 0 else None
+    for command, truth in (("consolidate", source.truth), ("export", source.export_truth)):
+        if truth:
+            args = (str(checkpoint), str(work / "out"), *source.export) if command == "export" else \
+                ("consolidate", str(checkpoint), str(work / "out"))
+            done = run_forked(cogexport_command(*args), work)
+            if done.code != 0 or not same_tensors(read_output(work / "out"), truth):
+                raise click.ClickException(f"{command} is not right on the undamaged {source.name}: {done.stderr}")
+            shutil.rmtree(work / "out")
+    reference_output = None
+    if references and source.reference:
+        ran = run_forked(reference_command(source.reference, root / source.reference_input, work / "ref.pt"), work)
+        # zero_to_fp32 cannot read every layout (BF16_Optimizer files): then it sits out this source's cases
+        reference_output = torch.load(work / "ref.pt", weights_only=True) if ran.code == 0 else None
     shutil.rmtree(root)
-    shutil.rmtree(work / "out", ignore_errors=True)
-    (work / "ds.pt").unlink(missing_ok=True)
-    return report, ds_baseline
+    (work / "ref.pt").unlink(missing_ok=True)
+    return report, reference_output
 
 
-def run_case(source: Source, seed: int, turn: int, work: Path, pristine: dict, ds_baseline: dict | None,
-             deepspeed: bool) -> Case:
-    """Damage a copy of ``source`` (the ``turn``-th time) and judge every run on it."""
+def run_case(source: Source, seed: int, turn: int, work: Path, pristine: dict, reference_output: Any,
+             references: bool) -> Case:
+    """Damage a copy of ``source`` with the ``turn``-th of its mutation classes (in turn, so that small runs cover
+    them all; where and how from ``seed``) and judge every run on it."""
     rng = random.Random(seed)
     root = work / f"case-{seed}"
     shutil.copytree(source.root, root)
     checkpoint = root / source.checkpoint
-    choices = mutations_for(source, checkpoint.parent if checkpoint.is_file() else checkpoint)
-    mutation = sorted(choices)[(turn + seed) % len(choices)]  # each class in turn, so small runs cover them all
+    damaged = root / source.damage if source.damage else checkpoint.parent if checkpoint.is_file() else checkpoint
+    choices = mutations_for(source, damaged)
+    mutation = sorted(choices)[turn % len(choices)]
     detail = choices[mutation](root, rng)
     before = snapshot(root)
-    seconds = {}
+    seconds, messages = {}, {}
     run = run_forked(cogexport_command("inspect", str(checkpoint), "--json"), work)
     results, seconds["inspect"] = {"inspect": judge_inspect(run, pristine, root, before)}, run.seconds
+    messages["inspect"] = last_line(run)
     if source.truth:
         output = work / f"out-{seed}"
         run = run_forked(cogexport_command("consolidate", str(checkpoint), str(output)), work)
         results["consolidate"], seconds["consolidate"] = judge_writer(run, output, source.truth, before, root), \
             run.seconds
+        messages["consolidate"] = last_line(run)
         shutil.rmtree(output, ignore_errors=True)
     if source.export:
         output = work / f"export-{seed}"
         run = run_forked(cogexport_command(str(checkpoint), str(output), *source.export), work)
         results["export"], seconds["export"] = judge_writer(run, output, source.export_truth, before, root), \
             run.seconds
+        messages["export"] = last_line(run)
         shutil.rmtree(output, ignore_errors=True)
     if results["inspect"] == "right" and any(r != "right" for k, r in results.items() if k != "inspect"):
         results["inspect"] = "inspect missed it"  # told usable, yet a writer refused or erred
-    if deepspeed and source.deepspeed and ds_baseline is not None:
-        output = work / f"ds-{seed}.pt"
-        run = run_forked(deepspeed_command(checkpoint, output), work)
-        results["zero_to_fp32"], seconds["zero_to_fp32"] = judge_deepspeed(run, output, ds_baseline), run.seconds
+    if references and source.reference and reference_output is not None:
+        output = work / f"reference-{seed}.pt"
+        run = run_forked(reference_command(source.reference, root / source.reference_input, output), work)
+        results[source.reference] = judge_reference(run, output, reference_output, root)
+        seconds[source.reference] = run.seconds
         output.unlink(missing_ok=True)
     shutil.rmtree(root)
-    return Case(seed, source.name, mutation, detail, results, {k: round(v, 2) for k, v in seconds.items()})
+    return Case(seed, source.name, source.family, mutation, detail, results,
+                {k: round(v, 2) for k, v in seconds.items()}, {k: v for k, v in messages.items() if v})
 
 
-def campaign(seed: int, count: int, deepspeed: bool, verbose: bool = False) -> list[Case]:
-    if deepspeed:
+def last_line(run: Run) -> str:
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    return lines[-1][:300].replace(str(Path(tempfile.gettempdir())), "<tmp>") if lines else ""
+
+
+def campaign(seed: int, count: int, references: bool, verbose: bool = False,
+             only: tuple[str, ...] = ()) -> list[Case]:
+    if references:
         import deepspeed.utils.zero_to_fp32  # noqa: F401  (imported once, before forking)
+        from torch.distributed.checkpoint import format_utils  # noqa: F401
     import cogexport.cli  # noqa: F401
     import cogexport.to_diffusers  # noqa: F401
     torch.set_num_threads(1)
-    all_sources = sources()
+    all_sources = [s for s in sources() if not only or s.family in only]
     cases = []
     with tempfile.TemporaryDirectory(prefix="cogexport-fuzz-") as temporary:
         work = Path(temporary)
@@ -464,14 +702,27 @@ def campaign(seed: int, count: int, deepspeed: bool, verbose: bool = False) -> l
         for index in range(count):
             source = all_sources[index % len(all_sources)]
             if source.name not in baselines:
-                baselines[source.name] = baseline(source, work, deepspeed)
-            case = run_case(source, seed * 1_000_003 + index, index // len(all_sources), work,
-                            *baselines[source.name], deepspeed)
+                baselines[source.name] = baseline(source, work, references)
+            # Sources start three classes apart (the seed shifts them all), so that a few turns of neighbouring
+            # sources together take every class.
+            turn = seed + index // len(all_sources) + 3 * (index % len(all_sources))
+            case = run_case(source, seed * 1_000_003 + index, turn, work, *baselines[source.name], references)
             cases.append(case)
             if verbose:
                 click.echo(f"{case.seed} {case.source} [{case.mutation}] {case.detail}: {case.results} {case.seconds}",
                            err=True)
+                for tool, message in case.messages.items():
+                    click.echo(f"    {tool}: {message}", err=True)
     return cases
+
+
+def outcomes(cases: list[Case]) -> dict[str, dict]:
+    """mutation -> {"cases": n, tool: outcome counts} over ``cases``."""
+    return {mutation: {"cases": sum(1 for c in cases if c.mutation == mutation),
+                       **{tool: dict(Counter(c.results[tool] for c in cases if c.mutation == mutation
+                                             and tool in c.results))
+                          for tool in sorted({t for c in cases for t in c.results})}}
+            for mutation in sorted({c.mutation for c in cases})}
 
 
 def summary(cases: list[Case]) -> dict:
@@ -483,20 +734,43 @@ def summary(cases: list[Case]) -> dict:
         "by_mutation": {m: dict(Counter(r for c in cases if c.mutation == m for r in c.results.values()))
                         for m in sorted({c.mutation for c in cases})},
         "by_source": dict(Counter(c.source for c in cases)),
+        "by_family": {family: outcomes([c for c in cases if c.family == family])
+                      for family in sorted({c.family for c in cases})},
+        # the cases each reference tool went through, cogexport beside it (the README's tables)
+        "side_by_side": {tool: outcomes([c for c in cases if tool in c.results])
+                         for tool in REFERENCES if any(tool in c.results for c in cases)},
         "failures": [case.__dict__ for case in cases
-                     if any(r in FAILURES for t, r in case.results.items() if t != "zero_to_fp32")],
+                     if any(r in FAILURES for t, r in case.results.items() if t not in REFERENCES)],
     }
+
+
+def table(title: str, rows: dict[str, dict], columns: tuple[str, ...]) -> list[str]:
+    """Damage classes against tools: the outcome counts of each, most frequent first; a last row for all."""
+    tools = [t for t in columns if any(row.get(t) for row in rows.values())]
+    total = {"cases": sum(row["cases"] for row in rows.values()),
+             **{t: sum((Counter(row.get(t, {})) for row in rows.values()), Counter()) for t in tools}}
+    cells = [[name, str(row["cases"]), *(", ".join(f"{k} {v}" for k, v in sorted(row.get(t, {}).items(),
+                                                                                 key=lambda kv: (-kv[1], kv[0])))
+                                         for t in tools)]
+             for name, row in [*sorted(rows.items(), key=lambda r: (-r[1]["cases"], r[0])), ("all", total)]]
+    header = ["damage", "cases", *(f"cogexport {t}" if t not in REFERENCES else t for t in tools)]
+    widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
+    line = lambda r: "  ".join(c.rjust(w) if i == 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa
+    return [title, *(line(r).rstrip() for r in [header, *cells])]
 
 
 @click.command()
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--count", type=click.IntRange(1), default=100, show_default=True, help="Damaged copies to make.")
-@click.option("--no-deepspeed", is_flag=True, help="Do not run DeepSpeed's zero_to_fp32 side by side.")
+@click.option("--cogexport-only", is_flag=True, help="Do not run zero_to_fp32 and dcp_to_torch_save side by side.")
+@click.option("--only", "families", multiple=True, type=click.Choice(["deepspeed", "cogvideox", "dcp"]),
+              help="Only these sources (repeatable).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--verbose", is_flag=True, help="One line per case on stderr.")
-def main(seed: int, count: int, no_deepspeed: bool, as_json: bool, verbose: bool) -> None:
+def main(seed: int, count: int, cogexport_only: bool, families: tuple[str, ...], as_json: bool,
+         verbose: bool) -> None:
     started = time.perf_counter()
-    cases = campaign(seed, count, not no_deepspeed, verbose)
+    cases = campaign(seed, count, not cogexport_only, verbose, families)
     result = summary(cases)
     result.update(seed=seed, seconds=round(time.perf_counter() - started, 1))
     if as_json:
@@ -505,10 +779,11 @@ def main(seed: int, count: int, no_deepspeed: bool, as_json: bool, verbose: bool
         click.echo(f"seed {seed}: {result['cases']} damaged copies, {result['runs']} runs, {result['seconds']} s")
         click.echo(f"sources: {', '.join(f'{k} {v}' for k, v in result['by_source'].items())}")
         for tool, classes in result["by_tool"].items():
-            click.echo(f"  {tool:<13} " + ", ".join(f"{k} {v}" for k, v in sorted(classes.items())))
-        click.echo("by mutation:")
-        for mutation, classes in result["by_mutation"].items():
-            click.echo(f"  {mutation:<26} " + ", ".join(f"{k} {v}" for k, v in sorted(classes.items())))
+            click.echo(f"  {tool:<17} " + ", ".join(f"{k} {v}" for k, v in sorted(classes.items())))
+        for family, rows in result["by_family"].items():
+            click.echo("\n".join(table(f"{family} sources:", rows, ("inspect", "consolidate", "export"))))
+        for tool, rows in result["side_by_side"].items():
+            click.echo("\n".join(table(f"the copies {tool} went through:", rows, ("consolidate", "export", tool))))
         for failure in result["failures"]:
             click.echo(f"FAILED seed {failure['seed']} {failure['source']} [{failure['mutation']}] "
                        f"{failure['detail']}: {failure['results']}")

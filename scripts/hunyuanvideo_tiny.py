@@ -13,8 +13,9 @@ written from the model's facts (video-dit-formats.md, section 2) and independent
 that Diffusers' converter turns exactly these names into the Diffusers model's.
 
 The judge: ``diffusers.loaders.single_file_utils.convert_hunyuan_video_transformer_to_diffusers`` hard-codes the
-release's hidden size 3072 where it splits the single blocks' linear1. ``diffusers_converter(hidden)`` runs that
-function's own source with only this constant changed, so tiny models can be judged by Diffusers' code.
+release's hidden size 3072 where it splits the single blocks' linear1 (so does Diffusers' LoRA converter).
+``diffusers_converter(hidden)`` runs that function's own source with only this constant changed (``with_hidden``
+does it for either), so tiny models can be judged by Diffusers' code.
 """
 
 from __future__ import annotations
@@ -128,17 +129,22 @@ def diffusers_converter(hidden: int) -> Callable[[dict], dict]:
     """Diffusers' HunyuanVideo single-file converter, its hard-coded hidden size replaced by ``hidden``."""
     from diffusers.loaders import single_file_utils
 
-    converter = single_file_utils.convert_hunyuan_video_transformer_to_diffusers
+    return with_hidden(single_file_utils.convert_hunyuan_video_transformer_to_diffusers, hidden)
+
+
+def with_hidden(function: Callable, hidden: int) -> Callable:
+    """A function of Diffusers that hard-codes the release's hidden size (the single-file converter, the LoRA
+    converter), run from its own source with only that constant replaced by ``hidden``."""
     if hidden == JUDGE_HIDDEN:
-        return converter
-    source = textwrap.dedent(inspect.getsource(converter))
+        return function
+    source = textwrap.dedent(inspect.getsource(function))
     constant = f"hidden_size = {JUDGE_HIDDEN}"
     if source.count(constant) != 1:
-        raise RuntimeError(f"Diffusers' converter no longer reads {constant!r}; re-check the judge")
-    namespace = dict(vars(single_file_utils))  # its own module globals (torch, ...)
-    exec(compile(source.replace(constant, f"hidden_size = {hidden}"), inspect.getsourcefile(converter), "exec"),
+        raise RuntimeError(f"{function.__name__} no longer reads {constant!r}; re-check the judge")
+    namespace = dict(vars(inspect.getmodule(function)))  # its own module globals (torch, ...)
+    exec(compile(source.replace(constant, f"hidden_size = {hidden}"), inspect.getsourcefile(function), "exec"),
          namespace)
-    return namespace[converter.__name__]
+    return namespace[function.__name__]
 
 
 def judge(original: dict[str, torch.Tensor], hidden: int) -> dict[str, torch.Tensor]:

@@ -29,8 +29,9 @@ optimizer state; truth.json holds the state-dict order, the trainable / frozen /
 checkpoint folder of that step, and the settings.
 
 Models: ``toy`` has sizes no world size divides (13, 29, 7, 2 rows: a zero-size chunk on 3 ranks), a frozen
-layer, a float and an int buffer; ``cogvideox-VARIANT`` is a tiny CogVideoX transformer (``--lora-rank`` adds a
-PEFT adapter and trains only it); ``bench`` is the ~1.9 GB model of the DeepSpeed benchmark (``bench-small`` the
+layer, a float and an int buffer; ``cogvideox-VARIANT`` is a tiny CogVideoX transformer, ``wan-t2v``,
+``hunyuanvideo-t2v`` and ``ltx-2b`` tiny Wan 2.1, HunyuanVideo and LTX-Video ones (``--lora-rank`` adds a PEFT adapter
+to any of them and trains only it); ``bench`` is the ~1.9 GB model of the DeepSpeed benchmark (``bench-small`` the
 same at width 1024).
 """
 
@@ -53,6 +54,8 @@ from deepspeed_cpu import spawn_ranks  # noqa: E402
 
 WRITERS = ("accelerate-fsdp1", "accelerate-fsdp2", "torchtitan", "finetrainers", "plain")
 COGVIDEOX_MODELS = ("cogvideox-2b", "cogvideox-5b", "cogvideox-5b-i2v", "cogvideox-1.5-5b", "cogvideox-1.5-5b-i2v")
+# Diffusers transformers (a LoRA can be trained on them)
+DIFFUSERS_MODELS = (*COGVIDEOX_MODELS, "wan-t2v", "hunyuanvideo-t2v", "ltx-2b")
 
 
 class ShardingToy(nn.Module):
@@ -87,9 +90,22 @@ def build_model(spec: dict) -> nn.Module:
         return BenchModel()
     if name == "bench-small":
         return small_bench_model()
-    from cogvideox_tiny_configs import build_tiny_transformer
+    if name.startswith("wan-"):
+        from wan_tiny_configs import build_tiny_transformer as build_wan
 
-    model = build_tiny_transformer(name[len("cogvideox-"):]).train()
+        model = build_wan(name[len("wan-"):]).train()
+    elif name.startswith("hunyuanvideo-"):
+        from hunyuanvideo_tiny import build_tiny_transformer as build_hunyuanvideo
+
+        model = build_hunyuanvideo(name[len("hunyuanvideo-"):]).train()
+    elif name.startswith("ltx-"):
+        from make_tiny_ltx_video import build_transformer as build_ltx
+
+        model = build_ltx(name[len("ltx-"):]).train()
+    else:
+        from cogvideox_tiny_configs import build_tiny_transformer
+
+        model = build_tiny_transformer(name[len("cogvideox-"):]).train()
     if spec["lora_rank"]:
         from peft import LoraConfig
 
@@ -124,10 +140,25 @@ def training_loss(model: nn.Module, plain: nn.Module, spec: dict, step: int, ran
         return model(step, rank)
     if spec["model"].startswith("bench"):
         return model(plain.batch(step, rank))
+    dtype = next(plain.parameters()).dtype
+    if spec["model"].startswith("wan-"):
+        from wan_tiny_configs import transformer_forward_inputs
+
+        inputs = {name: value.to(dtype) if value.is_floating_point() else value
+                  for name, value in transformer_forward_inputs(dict(plain.config), seed=1000 * step + rank).items()}
+        return model(**inputs, return_dict=False)[0].float().pow(2).mean()
+    if spec["model"].startswith("hunyuanvideo-"):
+        from finetune_tiny_hunyuanvideo import flow_matching_loss
+
+        return flow_matching_loss(lambda **inputs: model(**inputs, return_dict=False)[0], dict(plain.config), step,
+                                  rank, dtype)
+    if spec["model"].startswith("ltx-"):
+        from finetune_tiny_ltx_video import flow_loss
+
+        return flow_loss(model, plain.config, step, rank, dtype)
     from diffusers import CogVideoXDDIMScheduler
     from finetune_tiny_cogvideox import diffusion_loss
 
-    dtype = next(plain.parameters()).dtype
     return diffusion_loss(model, plain.config, CogVideoXDDIMScheduler(), step, rank, dtype)
 
 
@@ -144,7 +175,7 @@ def shard_fsdp2(model: nn.Module, spec: dict, world_size: int) -> nn.Module:
     from torch.distributed.tensor import Shard
 
     device_mesh = mesh(world_size)
-    blocks = getattr(model, "transformer_blocks", None)
+    blocks = getattr(model, "transformer_blocks", None) or getattr(model, "blocks", None)  # CogVideoX, Wan
     if blocks is not None:
         for index, block in enumerate(blocks):
             if spec["compile"]:
@@ -168,7 +199,9 @@ def make_accelerator(spec: dict):
 
     version = 1 if spec["writer"] == "accelerate-fsdp1" else 2
     # One FSDP unit per block (per Linear for the bench model, so no rank ever gathers the whole 1.9 GB).
-    blocks = {"cogvideox": ["CogVideoXBlock"], "bench": ["Linear"]}.get(spec["model"].split("-")[0])
+    blocks = {"cogvideox": ["CogVideoXBlock"], "wan": ["WanTransformerBlock"], "ltx": ["LTXVideoTransformerBlock"],
+              "hunyuanvideo": ["HunyuanVideoTransformerBlock", "HunyuanVideoSingleTransformerBlock"],
+              "bench": ["Linear"]}.get(spec["model"].split("-")[0])
     wrap = {"auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": blocks} if blocks else {}
     plugin = FullyShardedDataParallelPlugin(fsdp_version=version, state_dict_type="SHARDED_STATE_DICT",
                                             **({"use_orig_params": True} if version == 1 else {}), **wrap)
@@ -296,7 +329,7 @@ def record_truth(model: nn.Module, optimizer, plain: nn.Module, spec: dict, rank
         "checkpoint": checkpoint,
         "settings": {k: spec[k] for k in ("writer", "model", "world_size", "steps", "lora_rank", "compile")},
     }
-    if spec["model"].startswith("cogvideox"):
+    if spec["model"] in DIFFUSERS_MODELS:
         truth["config"] = dict(plain.config)
     (out / "truth.json").write_text(json.dumps(truth, indent=1, default=str))
 
@@ -318,17 +351,18 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 @click.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--writer", type=click.Choice(WRITERS), required=True)
-@click.option("--model", type=click.Choice(["toy", "bench", "bench-small", *COGVIDEOX_MODELS]), default="toy",
+@click.option("--model", type=click.Choice(["toy", "bench", "bench-small", *DIFFUSERS_MODELS]), default="toy",
               show_default=True)
 @click.option("--world-size", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--lora-rank", type=click.IntRange(1), default=None, help="CogVideoX: train only a PEFT LoRA adapter.")
+@click.option("--lora-rank", type=click.IntRange(1), default=None,
+              help="Diffusers transformers: train only a PEFT LoRA adapter.")
 @click.option("--compile", is_flag=True, help="FSDP2 writers: torch.compile each block (keys gain _orig_mod.).")
 @click.option("--truth/--no-truth", default=True, show_default=True, help="Write truth.safetensors and truth.json.")
 def main(out: Path, **spec) -> None:
     """Train MODEL a few steps on CPU ranks and save DCP checkpoints as WRITER does, into OUT/run."""
-    if spec["lora_rank"] and not spec["model"].startswith("cogvideox"):
-        raise click.UsageError("--lora-rank needs a CogVideoX model")
+    if spec["lora_rank"] and spec["model"] not in DIFFUSERS_MODELS:
+        raise click.UsageError("--lora-rank needs a Diffusers transformer (cogvideox-*, wan-*, hunyuanvideo-*, ltx-*)")
     out.mkdir(parents=True, exist_ok=True)
     spec.update(out=str(out.resolve()))
     spawn_ranks(train_and_save, spec["world_size"], spec)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -15,10 +17,12 @@ from fixtures import SCRIPTS, DeepSpeedVariant, deepspeed_checkpoint
 from safetensors.torch import load_file, save_file
 
 from cogexport.consolidate import consolidate
+from cogexport.errors import CogExportError
 from cogexport.to_diffusers import export
 from cogexport.universal import universal
 
 sys.path.insert(0, str(SCRIPTS))
+from benchmark_consolidate import SKIP_CRC  # noqa: E402
 from benchmark_export import TruthMismatch as ExportMismatch  # noqa: E402
 from benchmark_export import check_export, meta_model, reference_export, write_run  # noqa: E402
 from benchmark_universal import TruthMismatch as UniversalMismatch  # noqa: E402
@@ -42,11 +46,32 @@ def flip_first(tensor: torch.Tensor) -> torch.Tensor:
     return spoiled
 
 
-# consolidate: check_against_truth.py ---------------------------------------------------------------------------
+# consolidate: check_against_truth.py, and the row without CRC-32 checks ----------------------------------------
 
 @pytest.fixture(scope="module")
 def toy():
     return deepspeed_checkpoint(TOY)
+
+
+def test_the_crc_checks_off_row_reads_the_same_without_them(tmp_path, monkeypatch):
+    """benchmark_consolidate.py times cogexport with its CRC-32 checks off through the private variable cogexport
+    reads: with it, a flipped byte of tensor data goes through unseen; without it, the same file is refused. So the
+    row does the same work but the checks, and their cost is the difference of the two rows."""
+    path = tmp_path / "state.pt"
+    torch.save({"weight": torch.arange(64, dtype=torch.float32)}, path)
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        member = next(info for info in archive.infolist() if "/data/" in info.filename)
+    name_length, extra_length = struct.unpack_from("<HH", data, member.header_offset + 26)
+    data[member.header_offset + 30 + name_length + extra_length + 5] ^= 0x40
+    path.write_bytes(bytes(data))
+    monkeypatch.delenv(SKIP_CRC, raising=False)
+    with pytest.raises(CogExportError, match="fails its CRC-32 check"):
+        consolidate(path, tmp_path / "checked")
+    monkeypatch.setenv(SKIP_CRC, "1")
+    consolidate(path, tmp_path / "unchecked")
+    weight = load_file(tmp_path / "unchecked" / "model.safetensors")["weight"]
+    assert not torch.equal(weight, torch.arange(64, dtype=torch.float32))
 
 
 def test_consolidate_check_accepts_right_outputs_at_each_dtype(toy, tmp_path):

@@ -162,3 +162,49 @@ def test_peft_lora_inside_a_dcp_save(tmp_path, cli):
                 "--lora-alpha", alpha, "--dtype", "fp32", "--component", "transformer")
     assert fused.exit_code == 0, fused.stderr
     assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), expected)
+
+
+# (model, writer, family, pipeline, transformer, adapted modules)
+FAMILY_LORA_SAVES = [("wan-t2v", "accelerate-fsdp2", "Wan", "WanPipeline", "WanTransformer3DModel", 16),
+                     ("wan-t2v", "finetrainers", "Wan", "WanPipeline", "WanTransformer3DModel", 16),
+                     ("hunyuanvideo-t2v", "accelerate-fsdp2", "HunyuanVideo", "HunyuanVideoPipeline",
+                      "HunyuanVideoTransformer3DModel", 22),
+                     ("ltx-2b", "accelerate-fsdp2", "LTX-Video", "LTXPipeline", "LTXVideoTransformer3DModel", 16)]
+
+
+@pytest.mark.parametrize("model, writer, family, pipeline, transformer, modules", FAMILY_LORA_SAVES,
+                         ids=["wan", "wan-finetrainers", "hunyuanvideo", "ltx-video"])
+def test_peft_lora_of_each_family_inside_a_dcp_save(model, writer, family, pipeline, transformer, modules, tmp_path,
+                                                    cli):
+    """A LoRA on a Wan, HunyuanVideo or LTX-Video transformer trained under FSDP2 (accelerate's save_state;
+    finetrainers' dcp.save of a bf16 model): the adapter the family's Diffusers loader loads from the export, and
+    --lora fuse, give W + (alpha/r) B A of the weights gathered in training."""
+    import diffusers
+    from lora_helpers import diffusers_fused
+
+    model_class = getattr(diffusers, transformer)
+    run = dcp_checkpoint(writer, model, 2, lora_rank=4)
+    rank, alpha = 4, 8  # what make_dcp_checkpoint.py gives the adapter; a DCP save records neither
+    base = tmp_path / "base"
+    model_class.from_config(run.truth["config"]).save_config(base)
+    result = cli(run.run, tmp_path / "adapter", "--base", base, "--lora-alpha", alpha, "--json")
+    assert result.exit_code == 0, result.stderr
+    lora = json.loads(result.stdout)["lora"]
+    assert (lora["family"], lora["format"], lora["rank"], lora["modules"]) == (family, "peft-checkpoint", rank, modules)
+    written = load_file(tmp_path / "adapter" / "pytorch_lora_weights.safetensors")
+    trained = [name for name in run.weights if ".lora_" in name]
+    assert trained and set(written) == {"transformer." + name.replace(".default", "") for name in trained}
+    for name in trained:  # the adapters as trained (fp32 masters, or finetrainers' bf16), kept in fp32
+        assert torch.equal(written["transformer." + name.replace(".default", "")], run.weights[name].float()), name
+
+    weights = {name.replace(".base_layer", ""): t for name, t in run.weights.items() if ".lora_" not in name}
+    pairs = {name[: -len(".lora_A.default.weight")]: (run.weights[name], run.weights[name.replace("lora_A", "lora_B")])
+             for name in trained if ".lora_A." in name}
+    expected = merged(weights, pairs, alpha, rank)
+    fused = diffusers_fused(getattr(diffusers, pipeline), model_class, run.truth["config"], weights,
+                            tmp_path / "adapter" / "pytorch_lora_weights.safetensors")
+    assert_all_equal(fused, expected)
+    result = cli(run.run, tmp_path / "fused", "--base", base, "--lora", "fuse", "--lora-alpha", alpha, "--dtype",
+                 "fp32")
+    assert result.exit_code == 0, result.stderr
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), expected)

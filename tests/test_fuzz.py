@@ -1,7 +1,8 @@
-"""A fixed-seed slice of scripts/fuzz_checkpoints.py: real checkpoints of every ZeRO stage, a SAT run and a
-safetensors file, damaged in every way the script knows; each inspect, consolidate and export run must give the
-exactly right output, or one clean line with exit 2 (inspect: the problems listed, exit 1), nothing written and
-the input unchanged. The long form (hundreds of cases, DeepSpeed's consolidator side by side) is the script."""
+"""A fixed-seed slice of scripts/fuzz_checkpoints.py: real checkpoints of every ZeRO stage, a SAT run, a safetensors
+file and DCP saves (plain dcp.save at world size 3 with uneven and zero-size chunks, accelerate FSDP2), damaged in
+every way the script knows; each inspect, consolidate and export run must give the exactly right output, or one
+clean line with exit 2 (inspect: the problems listed, exit 1), nothing written and the input unchanged. The long
+form (hundreds of cases, zero_to_fp32 and dcp_to_torch_save side by side) is the script."""
 
 from __future__ import annotations
 
@@ -11,17 +12,20 @@ import sys
 
 from fixtures import SCRIPTS
 
-SEED, COUNT = 15, 36  # three damaged copies of each of the twelve sources
+SEED, COUNT = 15, 90  # six damaged copies of each of the fifteen sources
+DCP_CLASSES = {"truncate", "flip .metadata pickle", "flip zip directory", "flip local header", "flip pickle",
+               "flip tensor data", "delete rank file", "swap rank files", "duplicate rank file", "rewrite .metadata"}
 
 
 def test_damaged_checkpoints_never_become_a_silently_wrong_model():
     done = subprocess.run([sys.executable, str(SCRIPTS / "fuzz_checkpoints.py"), "--seed", str(SEED), "--count",
-                           str(COUNT), "--no-deepspeed", "--json"], capture_output=True, text=True, timeout=900)
+                           str(COUNT), "--cogexport-only", "--json"], capture_output=True, text=True, timeout=1800)
     assert done.returncode in (0, 1), done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["failures"] == [], json.dumps(result["failures"], indent=1)
-    assert result["cases"] == COUNT and len(result["by_source"]) == 12
+    assert result["cases"] == COUNT and len(result["by_source"]) == 15
     # The slice exercises both outcomes: damage refused in one line, and damage that leaves the output exact.
     outcomes = {outcome for classes in result["by_tool"].values() for outcome in classes}
     assert {"clean error", "right", "problems listed"} <= outcomes
-    assert len(result["by_mutation"]) >= 8
+    assert len(result["by_family"]["deepspeed"]) >= 8
+    assert set(result["by_family"]["dcp"]) == DCP_CLASSES

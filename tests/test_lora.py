@@ -113,7 +113,15 @@ def test_a_lora_file_without_alpha_gets_the_documented_default_and_a_warning(tmp
 
 def test_inspect_reports_the_adapter(cli, tmp_path):
     run = finetune("t2v", 2, 2, lora_rank=4)
-    report = json.loads(cli("inspect", run.root / "pytorch_lora_weights.safetensors", "--json").stdout)
+    tiny = run.root / "pytorch_lora_weights.safetensors"
+    # By names alone this adapter (attn1's to_q, to_k, to_v, to_out.0) could be LTX-Video's as well; at the tiny test
+    # width no published model's layer sizes tell which, and inspect says so. At CogVideoX-2B's width (1920) they do.
+    problem = json.loads(cli("inspect", tiny, "--json").stdout)["models"]["lora"]["problem"]
+    assert "CogVideoX and LTX-Video" in problem and "pass --base" in problem
+    generator = torch.Generator().manual_seed(0)
+    save_file({name: torch.randn((4, 1920) if ".lora_A." in name else (1920, 4), generator=generator)
+               for name in load_file(tiny)}, tmp_path / "pytorch_lora_weights.safetensors")
+    report = json.loads(cli("inspect", tmp_path / "pytorch_lora_weights.safetensors", "--json").stdout)
     assert report["models"]["lora"] == {
         "family": "CogVideoX", "format": "diffusers", "format_title": "Diffusers", "layout": "cogvideox/diffusers_lora",
         "description": "Diffusers LoRA weights (pytorch_lora_weights.safetensors)",

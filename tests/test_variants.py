@@ -82,3 +82,14 @@ def test_vae_key_count_at_full_size():
     shapes = translate_shapes(load_table("cogvideox/sat_transformer"), {"transformer.final_layernorm.weight": torch.Size([8])})
     assert shapes == {"norm_final.weight": torch.Size([8])}
     assert json.dumps(COGVIDEOX.scheduler_for(COGVIDEOX.variant_named("CogVideoX-2b")))  # plain JSON values
+
+
+def test_model_type_help_names_every_familys_tasks():
+    from click.testing import CliRunner
+
+    from cogexport.cli import main
+    from cogexport.models.family import families
+
+    text = " ".join(CliRunner().invoke(main, ["export", "--help"]).stdout.split()).replace("- ", "-")  # unwrap
+    for family in families():
+        assert f"{family.name} {'|'.join(family.tasks)}" in text, family.name

@@ -11,6 +11,7 @@ conversion of it, and its recorded forward output.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import shutil
 
 import pytest
@@ -123,6 +124,21 @@ def test_a14b_experts_both_ways(variant, tmp_path, cli):
     assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["transformer", "transformer_2"]
     for component in ("transformer", "transformer_2"):
         assert same_files(tmp_path / "back" / component, pipeline / component) == []
+
+    # inspect describes each expert of the release folder
+    result = cli("inspect", tmp_path / "original", "--json")
+    assert result.exit_code == 0, result.stdout
+    report = json.loads(result.stdout)
+    assert set(report["experts"]) == {"transformer", "transformer_2"} and report["usable"]
+    assert all(expert["models"]["transformer"]["family"] == "Wan" for expert in report["experts"].values())
+    assert "== transformer_2: low_noise_model" in cli("inspect", tmp_path / "original").stdout
+
+    # verify checks each expert of a pipeline against its own folder of the release
+    result = cli(tmp_path / "original", tmp_path / "pipeline", "--base", pipeline, "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    result = cli("verify", tmp_path / "pipeline", "--against", tmp_path / "original", "--json")
+    assert result.exit_code == 0, result.stdout
+    assert [Path(r["folder"]).name for r in json.loads(result.stdout)] == ["transformer", "transformer_2"]
 
 
 def test_one_expert_alone_exports_as_one_transformer(tmp_path):

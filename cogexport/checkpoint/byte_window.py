@@ -7,6 +7,7 @@ the chunk ends. Positions inside the window count from the chunk's first byte.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 
@@ -29,8 +30,8 @@ class ByteWindow(io.RawIOBase):
 
     def seek(self, position: int, whence: int = os.SEEK_SET) -> int:
         base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: self._length}[whence]
-        if base + position < 0:
-            raise ValueError("negative seek position")
+        if base + position < 0:  # as a file does: zipfile takes an OSError here for "no zip64 record"
+            raise OSError(errno.EINVAL, "negative seek position")
         self._position = base + position
         return self._position
 

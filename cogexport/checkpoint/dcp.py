@@ -2,7 +2,10 @@
 ``dcp.save``) as a lazy mapping of the module's own names to tensors.
 
 Opening reads only ``.metadata`` (restricted unpickler, see dcp_metadata.py) and checks it against the files: every
-tensor's chunks lie inside it, do not overlap and fill it; every byte range they name exists. Loading a tensor
+tensor's chunks lie inside it, do not overlap and fill it; the byte ranges of a file's records fill it exactly, as DCP
+writes them (so a file of another rank or save, or a lost record, shows). DCP stores no checksum of its own and no
+rank identity: before the first chunk of a file is used, each of its records must end where a zip archive ends, and
+no other file of the same layout may hold the same archives (one rank's file copied over another's). Loading a tensor
 allocates it once and reads each of its chunks (a small torch.save archive inside a ``.distcp`` file) straight into
 its place, so memory holds one tensor (plus one chunk when a chunk's box is not contiguous in the result).
 Non-tensor entries (train state, schedulers, RNG, BytesIO) are listed by name and never unpickled.
@@ -10,6 +13,7 @@ Non-tensor entries (train state, schedulers, RNG, BytesIO) are listed by name an
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -22,6 +26,9 @@ from .dcp_locate import ACCELERATE_MODEL, DcpLocation, STEP_NUMBER
 from .dcp_metadata import METADATA_FILE, BytesEntry, Chunk, DcpMetadata, TensorEntry, read_metadata
 from .deepspeed_zero import DTYPE_NAMES
 from .torch_archive import StoredTensor, TorchArchive
+
+_END_OF_ARCHIVE = b"PK\x05\x06"  # a zip archive's last 22 bytes (torch.save writes no archive comment)
+_TAIL = 4096  # bytes read from the end of each record: its zip directory (every member's CRC-32) and end record
 
 # Module wrappers whose names can stay in saved keys: torch.compile, FSDP1 and activation checkpointing wrappers.
 WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
@@ -52,6 +59,12 @@ class DcpFiles:
         self.metadata: DcpMetadata = read_metadata(self.folder)
         self.bytes_read: dict[str, int] = {}
         self.sizes = self._check_files()
+        self.layouts = self._check_layouts()
+        # where each file's tensor chunks start (the other records are pickles of non-tensor entries, never loaded)
+        self._chunk_starts = {(where.file, where.offset) for (fqn, _), where in self.metadata.storage.items()
+                              if isinstance(self.metadata.entries.get(fqn), TensorEntry)}
+        self._fingerprints: dict[str, bytes] = {}  # file -> digest of its records' tails, once its records are checked
+        self._verified: set[tuple[str, int]] = set()  # (file, offset) of chunk archives read whole, CRCs checked
 
     @property
     def files(self) -> list[str]:
@@ -85,6 +98,94 @@ class DcpFiles:
                 raise CogExportError(f"{fqn} in {self.folder} is stored through DCP extensions "
                                      f"({', '.join(where.transforms)}), which cogexport does not read")
         return sizes
+
+    def _check_layouts(self) -> dict[str, tuple[tuple[int, int], ...]]:
+        """Each file's records as (start, stop), once they are shown to fill the file exactly: DCP writes a file's
+        records back to back, so a gap, an overlap or bytes past the last record mean the file or the .metadata is
+        not of this save, or damaged."""
+        records: dict[str, list[tuple[int, int, str]]] = {}
+        for (fqn, _), where in self.metadata.storage.items():
+            records.setdefault(where.file, []).append((where.offset, where.offset + where.length, fqn))
+        for file, spans in records.items():
+            spans.sort()
+            for (_, stop, first), (start, _, second) in zip(spans, spans[1:]):
+                if start < stop:
+                    raise CogExportError(f"{self.folder / METADATA_FILE} places {first} and {second} on the same "
+                                         f"bytes of {file} (from byte {start}); the .metadata is corrupt; copy the "
+                                         "checkpoint again")
+        layouts = {}
+        for file, spans in records.items():
+            end = 0
+            for start, stop, _ in spans:
+                if start > end:
+                    raise CogExportError(f"{self.folder / file}: bytes {end}-{start} belong to no entry of its "
+                                         ".metadata (the file or the .metadata is not of this save, or damaged); copy "
+                                         "the checkpoint folder again")
+                end = stop
+            if end != self.sizes[file]:
+                raise CogExportError(f"{self.folder / file} has {self.sizes[file]} bytes but its .metadata accounts "
+                                     f"for {end}: it is not the file this .metadata describes (another rank's or "
+                                     "save's?); copy the checkpoint folder again")
+            layouts[file] = tuple((start, stop) for start, stop, _ in spans)
+        return layouts
+
+    def _check_file(self, file: str) -> None:
+        """Before a file's chunks are used: every tensor chunk .metadata places in it must end where a zip archive
+        ends, and no other file with the same layout may hold the same archives. Nothing inside a .distcp says which
+        rank wrote it, so a rank's file copied over another's would otherwise read as that rank's chunks."""
+        if file in self._fingerprints:
+            return
+        same_layout = [other for other, layout in self.layouts.items() if layout == self.layouts[file]]
+        for other in same_layout:
+            if other not in self._fingerprints:
+                self._fingerprints[other] = self._fingerprint(other)
+        copies = [other for other in same_layout if other != file
+                  and self._fingerprints[other] == self._fingerprints[file]]
+        if copies:
+            raise CogExportError(f"{self.folder}: {file} and {copies[0]} hold exactly the same chunks, though "
+                                 ".metadata gives them different pieces: one rank's file was copied over the "
+                                 "other's; copy the checkpoint folder again")
+
+    def _fingerprint(self, file: str) -> bytes:
+        digest = hashlib.blake2b(digest_size=16)
+        path = self.folder / file
+        try:
+            with open(path, "rb") as handle:
+                for start, stop in self.layouts[file]:
+                    tail = os.pread(handle.fileno(), min(stop - start, _TAIL), max(start, stop - _TAIL))
+                    if (file, start) in self._chunk_starts and stop > start and (
+                            len(tail) < 22 or tail[-22:-18] != _END_OF_ARCHIVE or tail[-2:] != b"\0\0"):
+                        raise CogExportError(f"{path}: the tensor chunk its .metadata places at bytes {start}-{stop} "
+                                             "is not a whole torch.save archive (the file is damaged, or another "
+                                             "rank's or save's); copy the checkpoint folder again")
+                    digest.update(tail)
+        except OSError as error:
+            raise CogExportError(f"cannot read {path}: {error.strerror}") from None
+        return digest.digest()
+
+    def check_all(self) -> list[str]:
+        """Check every file (for ``inspect``): its layout and identity, and every member of every tensor chunk's
+        archive against its CRC-32, but for the chunks already read whole; the pickled non-tensor entries are never
+        opened. One message per problem."""
+        problems = []
+        for file, layout in self.layouts.items():
+            try:
+                self._check_file(file)
+            except CogExportError as error:
+                problems.append(str(error))
+                continue
+            for start, stop in layout:
+                if (file, start) in self._verified or (file, start) not in self._chunk_starts or stop == start:
+                    continue
+                try:
+                    archive = TorchArchive(self.folder / file, start, stop - start)
+                    try:
+                        problems += archive.records.check_all()
+                    finally:
+                        archive.close()
+                except CogExportError as error:
+                    problems.append(str(error))
+        return problems
 
     def check_chunks(self, key: str, entry: TensorEntry) -> tuple[Chunk, ...]:
         """The tensor's non-empty chunks, once they are shown to tile it exactly and each has its bytes."""
@@ -120,6 +221,7 @@ class DcpFiles:
         out = torch.empty(entry.size, dtype=entry.dtype)
         for chunk in chunks:
             where = self.metadata.storage[(key, chunk.offsets)]
+            self._check_file(where.file)
             archive = TorchArchive(self.folder / where.file, where.offset, where.length)
             try:
                 stored = archive.load()
@@ -136,6 +238,9 @@ class DcpFiles:
                 else:
                     box.copy_(stored.read())
                 self.bytes_read[where.file] = self.bytes_read.get(where.file, 0) + stored.nbytes
+                if all(record.verified for name, record in archive.records.records.items()
+                       if name.endswith(("/data.pkl", f"/data/{stored.key}"))):
+                    self._verified.add((where.file, where.offset))
             finally:
                 archive.close()
         return out
@@ -169,6 +274,10 @@ class DcpCheckpoint(LazyCheckpoint):
 
     def own_folders(self) -> list[Path]:
         return [self.location.step_dir, self.location.model]
+
+    def check_stored_data(self) -> list[str]:
+        return [problem for files in filter(None, (self.model_files, self.optimizer_files))
+                for problem in files.check_all()]
 
     # -- opening ------------------------------------------------------------------------------------------------
     def _open(self) -> None:

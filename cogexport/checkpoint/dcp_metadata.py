@@ -179,5 +179,20 @@ def _records(root: Any) -> DcpMetadata:
             StorageLocation(file, start, length, transforms)
     paths = {key: tuple(path) for key, path in (fields.get("planner_data") or {}).items()
              if isinstance(key, str) and isinstance(path, (tuple, list))}
+    _check_paths(entries, paths)
     version = fields.get("version")
     return DcpMetadata(entries, paths, storage, version if isinstance(version, str) else None)
+
+
+def _check_paths(entries: dict, paths: dict[str, tuple]) -> None:
+    """DCP flattens the saved state dict by joining each value's path with dots, and keeps every path in
+    ``planner_data``: a name and its path that disagree, or an entry without a path, mean a damaged name (which would
+    otherwise put a tensor under another name, or out of the model)."""
+    for key, path in paths.items():
+        joined = ".".join(str(part) for part in path)
+        if joined != key:
+            raise _Malformed(f"the entry {key!r} is filed under the path {joined!r}")
+    if paths:
+        unplaced = [key for key in entries if key not in paths]
+        if unplaced:
+            raise _Malformed(f"the entry {unplaced[0]!r} has no path in the saved state dict")

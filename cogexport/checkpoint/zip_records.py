@@ -40,7 +40,7 @@ try:  # ISA-L's CRC-32 (carry-less multiplication) runs several times faster tha
 except ImportError:  # pragma: no cover - a platform without isal wheels
     from zlib import crc32
 
-# A private switch for measuring what the CRC checks cost (scripts/measure_crc_cost.py); never for users.
+# A private switch for measuring what the CRC checks cost (scripts/benchmark_consolidate.py); never for users.
 _SKIP_CRC_VARIABLE = "_COGEXPORT_SKIP_CRC_FOR_BENCHMARK"
 
 # -- CRC-32 arithmetic ------------------------------------------------------------------------------------

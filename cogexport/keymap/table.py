@@ -27,7 +27,7 @@ _TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "st
                  "include", "fallback", "judge"}
 # A LoRA table's [lora] section (read by cogexport/lora/tables.py).
 _LORA_FIELDS = {"format", "modules", "writes", "default_alpha", "default_alpha_reason", "alpha_recorded",
-                "network_module"}
+                "network_module", "write_lora_ab"}
 _RULE_FIELDS = {
     "rename": {"from", "to", "optional"},
     "chunk": {"from", "to", "dim", "optional"},

@@ -166,10 +166,11 @@ class LoraAdapter:
         """PEFT LoraConfig arguments that make its loader apply exactly each module's alpha / r."""
         config: dict = {"r": self.rank, "lora_alpha": self.alpha,
                         "target_modules": target_modules(set(self.ranks), model_schema)}
+        adapted = set(self.ranks)
         if self.rank_pattern:
-            config["rank_pattern"] = self.rank_pattern
+            config["rank_pattern"] = _anchored(self.rank_pattern, adapted)
         if self.alpha_pattern:
-            config["alpha_pattern"] = self.alpha_pattern
+            config["alpha_pattern"] = _anchored(self.alpha_pattern, adapted)
         if self.use_rslora:
             config["use_rslora"] = True
         carried = self.carried()
@@ -178,6 +179,15 @@ class LoraAdapter:
         if MAGNITUDE in carried:
             config["use_dora"] = True
         return config
+
+
+def _anchored(pattern: dict[str, object], adapted: set[str]) -> dict[str, object]:
+    """PEFT gives a module the value of the first pattern key that is its name or a dotted suffix of it: a module
+    name that is also the end of another adapted module's (proj_out and single_transformer_blocks.0.proj_out,
+    time_text_embed... inside context_embedder.time_text_embed...) would reach that one too, so it is anchored
+    with ^ (as Diffusers' loader writes its own patterns) and names its module alone."""
+    return {("^" + name if any(other.endswith("." + name) for other in adapted) else name): value
+            for name, value in pattern.items()}
 
 
 def _as_list(targets: list[str] | str) -> list[str]:

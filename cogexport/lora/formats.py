@@ -76,6 +76,7 @@ class LoraFormat:
 
 
 _LORA_AB = {".lora_A.weight": DOWN, ".lora_B.weight": UP, ".lora_B.bias": BIAS, ".lora_magnitude_vector": MAGNITUDE}
+LORA_AB_NAMES = {DOWN: ".lora_A.weight", UP: ".lora_B.weight"}  # PEFT's names for the two matrices
 _WRAPPED = {".lora_A.default.weight": DOWN, ".lora_B.default.weight": UP, ".lora_B.default.bias": BIAS,
             ".lora_magnitude_vector.default.weight": MAGNITUDE}
 

@@ -23,14 +23,15 @@ def base_weights(adapter: LoraAdapter, schema: Mapping[str, torch.Size], counts:
     return {name: plan.tensors[name] for name in schema}
 
 
-def check_fits(adapter: LoraAdapter, schema: Mapping[str, torch.Size], where: str) -> None:
-    """Every adapted module is a layer of this model, with the shapes the adapter needs."""
+def misfits(modules: Mapping[str, LoraModule], schema: Mapping[str, torch.Size]) -> list[str]:
+    """What of these adapters does not fit a model with this schema (layers it lacks, shapes that differ)."""
     wrong = []
-    for name, module in adapter.modules.items():
+    for name, module in modules.items():
         weight, bias = schema.get(f"{name}.weight"), schema.get(f"{name}.bias")
         if module.down is not None or module.diff is not None:
             if weight is None or len(weight) != 2:
-                raise CogExportError(f"{where}: the adapter of {name} is not on a linear layer of the model")
+                wrong.append(f"the adapter of {name} is not on a linear layer of the model")
+                continue
             out, inp = weight
             if module.down is not None and (module.down.shape[1] != inp or module.up.shape[0] != out):
                 wrong.append(f"{name} is {inp} -> {out}, the adapter {module.down.shape[1]} -> {module.up.shape[0]}")
@@ -42,9 +43,15 @@ def check_fits(adapter: LoraAdapter, schema: Mapping[str, torch.Size], where: st
                 continue
             rows = (bias if part != "magnitude" else weight)
             if rows is None:
-                raise CogExportError(f"{where}: the adapter gives {name} a bias delta, but that layer has no bias")
-            if tensor.shape[0] != rows[0]:
+                wrong.append(f"the adapter gives {name} a bias delta, but that layer has no bias")
+            elif tensor.shape[0] != rows[0]:
                 wrong.append(f"{name}.{part} has {tensor.shape[0]} rows, the layer {rows[0]}")
+    return wrong
+
+
+def check_fits(adapter: LoraAdapter, schema: Mapping[str, torch.Size], where: str) -> None:
+    """Every adapted module is a layer of this model, with the shapes the adapter needs."""
+    wrong = misfits(adapter.modules, schema)
     if wrong:
         raise CogExportError(f"{where}: the adapter does not fit the base model: {'; '.join(wrong[:3])}")
 

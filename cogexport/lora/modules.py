@@ -4,7 +4,8 @@
 fused weight along its output rows (HunyuanVideo's ``img_attn_qkv`` into to_q, to_k, to_v; ``linear1`` into q, k, v
 and the MLP; a half swap) splits lora_B, the deltas and the DoRA magnitudes the same way and gives every part the
 same lora_A and alpha: (B A)[rows] = B[rows] A. Run backwards, a rule that fuses several layers' weights fuses
-their adapters: when they share lora_A (an adapter that was split) B is stacked again; otherwise A is stacked
+their adapters: when they share lora_A (an adapter that was split, kept as one tensor or, as files in split names
+store it, as equal copies) B is stacked again; otherwise A is stacked
 and B becomes block-diagonal (rank r1 + r2 + ...), exact as long as the layers share one scale. A layer of the
 fused group without an adapter gets zero rows of B.
 """
@@ -137,8 +138,7 @@ def _stacked(picks: list[tuple[int, int]], tensors: Mapping[int, LazyTensor], ru
 def _low_rank(picks, lora: Mapping[int, LoraModule], unit: int, rule: Regroup, names: list[str], where: str,
               rslora: bool) -> tuple[LazyTensor, LazyTensor, float]:
     first = next(iter(lora.values()))
-    shared = all(m.down is first.down and m.alpha == first.alpha for m in lora.values())
-    if shared:  # one adapter that was split (or is being split): B's rows in order, A and alpha as they are
+    if _one_adapter(list(lora.values())):  # one adapter that was split: B's rows in order, A and alpha as they are
         up = _stacked(picks, {j: m.up for j, m in lora.items()}, rule, unit, first.rank)
         return first.down, up, first.alpha
     scales = {m.scale(rslora) for m in lora.values()}
@@ -164,6 +164,20 @@ def _low_rank(picks, lora: Mapping[int, LoraModule], unit: int, rule: Regroup, n
         return block
 
     return down, LazyTensor(torch.Size((unit * len(picks), total)), dtype, up_rows, "LoRA B block-diagonal"), alpha
+
+
+def _one_adapter(modules: list[LoraModule]) -> bool:
+    """Whether these adapters are one adapter split along its rows: the same alpha and the same lora_A (the very
+    tensor, or equal values, as a file that stores the split parts separately has them: Diffusers' conversion of a
+    fused layer copies lora_A to each part)."""
+    first = modules[0]
+    if any(m.alpha != first.alpha or m.down.shape != first.down.shape or m.down.dtype != first.down.dtype
+           for m in modules):
+        return False
+    if all(m.down is first.down for m in modules):
+        return True
+    down = first.down.load()  # lora_A is small ([r, in]); comparing reads it once more when written
+    return all(torch.equal(m.down.load(), down) for m in modules[1:])
 
 
 def _common_dtype(tensors) -> torch.dtype:

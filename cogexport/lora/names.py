@@ -19,6 +19,7 @@ from ..models.target import build_target
 from .tables import LoraTable, lora_tables
 
 _INDEX = re.compile(r"(?:^|[._])(\d+)(?=$|[._])")
+_LAYER_COUNT = re.compile(r"num_(\w+_)?layers")
 
 
 def blocks_needed(names: Iterable[str]) -> int:
@@ -39,8 +40,9 @@ def _names_schema(key: str, blocks: int) -> dict[str, torch.Size]:
     if not family.lora_names_from:
         raise CogExportError(f"{family.name} has no names_from variant in its family.toml [lora]")
     config = family.transformer_config(family.variant_named(family.lora_names_from))
-    if "num_layers" in config:
-        config = {**config, "num_layers": max(blocks, 1)}
+    # every stack of blocks (num_layers; HunyuanVideo's num_single_layers and num_refiner_layers too) as deep as the
+    # adapter needs: the names, not the release's depth
+    config = {key: max(blocks, 1) if _LAYER_COUNT.fullmatch(key) else value for key, value in config.items()}
     return build_target(family.transformer.class_name, config).schema
 
 

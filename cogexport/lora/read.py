@@ -5,22 +5,29 @@ names, each with its alpha.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import torch
 
 from ..errors import CogExportError
-from ..keymap.plan import plan_translation
+from ..keymap.plan import match_key, plan_translation, translate_shapes
 from ..lazy import LazyTensor
-from ..models.family import ModelFamily
+from ..models.family import ModelFamily, family_named
+from ..models.target import build_target
 from .adapter import LoraAdapter, LoraModule
 from .formats import ALPHA, BASE_BIAS, BASE_WEIGHT
-from .modules import translate_modules
+from .fuse import misfits
+from .modules import rule_of, translate_modules
 from .names import blocks_needed, decode_kohya, names_schema
 from .strength import Recorded, pattern_value, positive, recorded_config
 from .tables import LoraTable, lora_tables
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
 
 def _listing(names: list[str], limit: int = 3) -> str:
     return ", ".join(names[:limit]) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
@@ -39,10 +46,17 @@ class _Layout:
     alpha_keys: dict[str, str] = field(default_factory=dict)
     modules_out: dict[str, LoraModule] = field(default_factory=dict)  # built: Diffusers names
     origins: dict[str, list[str]] = field(default_factory=dict)
+    # How far building got, and how many of the file's modules are the family's layers: when no layout fits, the
+    # one that got furthest says best what is wrong with the file (a Wan file's mismatched ranks, rather than its
+    # names being no HunyuanVideo layer's).
+    stage: int = 0
+    known: int = 0
 
 
-def _layouts(source: Mapping[str, LazyTensor], where: str) -> tuple[list[_Layout], list[CogExportError]]:
-    """Every table whose grammar the keys fit, and why a table that recognised them could not read them."""
+def _layouts(source: Mapping[str, LazyTensor],
+             where: str) -> tuple[list[_Layout], list[tuple[tuple[int, int], CogExportError]]]:
+    """Every table whose grammar the keys fit, and why a table that recognised them could not read them (with how far
+    that got: as far as keys that all fit a layout)."""
     keys = list(source)
     found, problems = [], []
     for table in lora_tables():
@@ -53,7 +67,7 @@ def _layouts(source: Mapping[str, LazyTensor], where: str) -> tuple[list[_Layout
             try:
                 tensors = plan_translation(table.keymap, source, None, {}, what=where).tensors
             except CogExportError as error:
-                problems.append(error)
+                problems.append(((1, 0), error))
                 continue
         split = table.format.split(tensors)
         if split is None:
@@ -78,22 +92,28 @@ def _build(layout: _Layout, where: str) -> None:
     if layout.unknown:
         raise CogExportError(f"{where}: {len(layout.unknown)} key(s) are not part of a {table.format.title} LoRA: "
                              f"{_listing(layout.unknown)}")
+    layout.stage = 1
     names = list(layout.modules)
     decoded = decode_kohya(table, names) if table.format.encoded else {name: name for name in names}
-    unknown = [name for name, module in decoded.items() if module is None]
+    unknown = [name for name, module in decoded.items()
+               if module is None or table.modules is not None and rule_of(table.modules, module) is None]
+    layout.known = len(names) - len(unknown)
     if unknown:
         raise CogExportError(f"{where}: {table.format.prefix}{unknown[0]} names no layer of a {family.name} "
                              "transformer")
+    layout.stage = 2
     for name, parts in layout.modules.items():
         module = LoraModule().with_parts({part: layout.tensors[key] for part, key in parts.items() if part != ALPHA})
         _check_pair(module, table.format.prefix + name, where)
         layout.source[decoded[name]] = module
         if ALPHA in parts:
             layout.alpha_keys[decoded[name]] = parts[ALPHA]
+    layout.stage = 3
     if table.modules is not None:
         layout.modules_out, layout.origins = translate_modules(layout.source, table.modules, where)
     else:
         layout.modules_out, layout.origins = dict(layout.source), {name: [name] for name in layout.source}
+    layout.stage = 4
     schema = names_schema(family, blocks_needed(layout.modules_out))
     for target, module in layout.modules_out.items():
         weight = schema.get(f"{target}.weight")
@@ -102,6 +122,23 @@ def _build(layout: _Layout, where: str) -> None:
                                  f"{family.name} transformer")
         if module.down is None and f"{target}.weight" not in schema and f"{target}.bias" not in schema:
             raise CogExportError(f"{where}: {layout.origins[target][0]} is not a layer of a {family.name} transformer")
+    foreign = _foreign_weights(layout, schema)
+    if foreign:
+        raise CogExportError(f"{where}: the model's own weights beside the adapter are not a {family.name} "
+                             f"transformer's: {_listing(foreign)}")
+
+
+def _foreign_weights(layout: _Layout, schema: Mapping[str, torch.Size]) -> list[str]:
+    """The base weights a wrapped model saved beside its adapters that are no tensor of the family's transformer
+    (compared by name with block indices left out: the adapter does not say how many blocks the model has)."""
+    table = layout.table
+    if not layout.plain or table.modules is None:  # a whole-run key map (SAT) checks the base weights itself
+        return []
+    shapes = {name: layout.tensors[key].shape for name, key in layout.plain.items()}
+    unknown = [name for name in shapes if not match_key(table.modules, name)]
+    known = {_INDEX.sub("#", name) for name in schema}
+    translated = translate_shapes(table.modules, {n: s for n, s in shapes.items() if n not in unknown})
+    return unknown + [name for name in translated if _INDEX.sub("#", name) not in known]
 
 
 def _check_pair(module: LoraModule, name: str, where: str) -> None:
@@ -125,24 +162,57 @@ def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | 
         try:
             _build(layout, where)
         except CogExportError as error:
-            problems.append(error)
+            problems.append(((layout.stage, layout.known), error))
         else:
             fitting.append(layout)
     if family is not None and len({f.table.family.key for f in fitting}) > 1:
         fitting = [f for f in fitting if f.table.family.key == family.key]
+    if len({f.table.family.key for f in fitting}) > 1:
+        # names several families share (CogVideoX's and LTX-Video's transformer_blocks.0.attn1.to_q): the layer
+        # sizes of the published models tell them apart
+        released = [f for f in fitting if _fits_a_release(f)]
+        if len({f.table.family.key for f in released}) == 1:
+            fitting = released
+    if len(fitting) > 1 and len({_reading(f) for f in fitting}) == 1:
+        fitting = fitting[:1]  # several layouts read the file alike (names two namings share): any of them will do
     if len(fitting) == 1:
         return fitting[0]
     if len({f.table.family.key for f in fitting}) > 1:
-        raise CogExportError(f"{where} adapts layers that {' and '.join(f.table.family.name for f in fitting)} "
-                             "models all have; pass --base with the model it adapts")
+        names = sorted({f.table.family.name for f in fitting})
+        raise CogExportError(f"{where} adapts layers that {', '.join(names[:-1])} and {names[-1]} models all have; "
+                             "pass --base with the model it adapts")
     if fitting:
         raise CogExportError(f"{where} fits several LoRA layouts ({', '.join(f.table.name for f in fitting)}); "
                              "its keys are mixed")
     if problems:
-        raise problems[0]
+        raise max(problems, key=lambda problem: problem[0])[1]  # the first of those that got furthest
     sample = ", ".join(list(source)[:3]) or "no tensors at all"
     raise CogExportError(f"{where} is no LoRA layout cogexport knows (formats: Diffusers, PEFT, DiffSynth-Studio, "
                          f"kohya / musubi-tuner, ComfyUI, SAT); its first keys are {sample}")
+
+
+def _fits_a_release(layout: _Layout) -> bool:
+    """Whether every adapted layer has the shape it has in one of the family's published models."""
+    return any(not misfits(layout.modules_out, schema) for schema in _release_schemas(layout.table.family.key))
+
+
+@cache
+def _release_schemas(key: str) -> tuple[dict[str, torch.Size], ...]:
+    family = family_named(key)
+    configs = {repr(config): config for config in (family.transformer_config(v) for v in family.variants)}
+    return tuple(build_target(family.transformer.class_name, config).schema for config in configs.values())
+
+
+def _reading(layout: _Layout) -> tuple:
+    """How a layout reads the file: each Diffusers module, the file's modules it comes from and how their rows are
+    split (a rename, a chunk, a half swap), and the base weights."""
+    modules = layout.table.modules
+    how = []
+    for target, origins in sorted(layout.origins.items()):
+        found = [rule_of(modules, name) if modules is not None else None for name in origins]
+        how.append((target, tuple(origins), tuple((f[0].source_chunks, f[0].target_chunks, f[0].dim, f[1])
+                                                  if f else None for f in found)))
+    return layout.table.family.key, tuple(how), tuple(sorted(layout.plain.items()))
 
 
 def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: float | None = None,

@@ -16,6 +16,8 @@ its modules (the family's original or Diffusers transformer table), plus what th
     default_alpha_reason = "..."
     alpha_recorded = true              # whether that default is what the format means (no warning) or a guess
     network_module = "networks.lora_wan"   # kohya metadata: the network module that loads the file
+    write_lora_ab = true               # write lora_A / lora_B where the format's own names are lora_down / lora_up
+                                       # (ComfyUI reads both; some other loader of the family only the former)
 
 A table with rules of its own (SAT's LoraMixin) translates the whole checkpoint into Diffusers names itself.
 """
@@ -44,6 +46,7 @@ class LoraTable:
     alpha_recorded: bool
     writes: bool
     network_module: str | None
+    write_lora_ab: bool = False
 
     def default_alpha_for(self, rank: int) -> float:
         return float(rank) if self.default_alpha == "rank" else float(self.default_alpha)
@@ -64,7 +67,7 @@ def _load(name: str, family: ModelFamily) -> LoraTable:
         keymap=table if has_rules else None,
         default_alpha=spec.get("default_alpha", "rank"), default_alpha_reason=spec.get("default_alpha_reason", ""),
         alpha_recorded=bool(spec.get("alpha_recorded", False)), writes=bool(spec.get("writes", False)),
-        network_module=spec.get("network_module"),
+        network_module=spec.get("network_module"), write_lora_ab=bool(spec.get("write_lora_ab", False)),
     )
 
 

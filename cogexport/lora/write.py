@@ -25,7 +25,7 @@ from ..errors import CogExportError
 from ..lazy import LazyTensor
 from ..precision import PrecisionPolicy
 from .adapter import LoraAdapter, LoraModule
-from .formats import ALPHA, BIAS, DIFF, DIFF_B, FORMATS, MAGNITUDE, PART_NAMES, WRITABLE, format_named
+from .formats import ALPHA, BIAS, DIFF, DIFF_B, FORMATS, LORA_AB_NAMES, MAGNITUDE, PART_NAMES, WRITABLE, format_named
 from .modules import translate_modules
 from .strength import DIFFUSERS_METADATA, PIPELINE_PREFIX
 from .tables import output_table
@@ -55,6 +55,8 @@ def plan_output(adapter: LoraAdapter, format_name: str, model_schema: Mapping[st
     if table is None:
         raise CogExportError(f"{where}: there is no {target.title} layout for {adapter.family.name} LoRAs (no loader "
                              f"reads one); write one of {', '.join(writable_formats(adapter))}")
+    if table.write_lora_ab:
+        target = replace(target, write_parts={**target.write_parts, **LORA_AB_NAMES})
     held = replace(adapter, modules={name: _held(name, module, format_name, adapter, where)
                                      for name, module in adapter.modules.items()})
     modules = {name: _cast(name, module, policy) for name, module in held.modules.items()}

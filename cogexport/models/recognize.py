@@ -120,3 +120,24 @@ def diffusers_config_beside(class_name: str, folders: Sequence) -> dict | None:
             if config.get("_class_name") == class_name:
                 return config
     return None
+
+
+def expert_folders(paths: list[Path]) -> dict[str, Path]:
+    """A release or run holding one model per expert (Wan 2.2 A14B: high_noise_model/, low_noise_model/): the
+    pipeline component each subfolder becomes. Empty when the paths are one ordinary checkpoint."""
+    if len(paths) != 1 or not paths[0].is_dir():
+        return {}
+    for family in families():
+        for variant in family.variants:
+            if not variant.experts:
+                continue
+            present = {component: paths[0] / sub for component, sub in variant.experts.items()
+                       if (paths[0] / sub).is_dir()}
+            if present and len(present) < len(variant.experts):
+                missing = [sub for component, sub in variant.experts.items() if component not in present]
+                raise CogExportError(f"{paths[0]} holds {', '.join(p.name for p in present.values())} but not "
+                                     f"{', '.join(missing)}: a {variant.name} run needs every expert (a half pipeline "
+                                     "would not generate); point at one expert's folder to export it alone")
+            if present:
+                return present
+    return {}
