@@ -60,9 +60,10 @@ class ExportByDefault(click.Group):
 @click.group(cls=ExportByDefault, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cogexport")
 def main() -> None:
-    """Turn training checkpoints (DeepSpeed ZeRO, SAT, Diffusers fine-tunes) into Hugging Face folders.
+    """Turn video-diffusion training checkpoints and releases (CogVideoX, Wan, HunyuanVideo, LTX-Video, Mochi; DeepSpeed
+    ZeRO, PyTorch distributed, SAT, original releases, Diffusers fine-tunes) into Hugging Face Diffusers folders.
 
-    The main job, CogVideoX to Diffusers, is the default command:
+    The main job, a checkpoint to Diffusers, is the default command:
 
         cogexport --model-type t2v CHECKPOINT OUTPUT
     """
@@ -168,8 +169,8 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
            tag, ema, lora, lora_alpha, lora_format, model_name, base_model, layout, overwrite, push_to_hub, private,
            as_json) -> None:
-    """Export a training checkpoint or release (CogVideoX, Wan; SAT, DeepSpeed, original, Diffusers fine-tune) to a
-    Diffusers folder."""
+    """Export a training checkpoint or release (CogVideoX, Wan, HunyuanVideo, LTX-Video, Mochi) to a Diffusers folder,
+    or Diffusers weights back to the original layout (--to original)."""
     from .to_diffusers import ExportOptions, command_line, export as run_export
     from .to_original import export_original
 
