@@ -217,10 +217,15 @@ def _ask_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], written: Ma
                              "so there is no translation to judge")
         return
     if table.judge is None:
-        report.judge_note = (f"Diffusers ships no converter for {table.name} ({table.source}); cogexport's test suite "
-                             "checks this table against real checkpoints and Diffusers' reference conversions")
+        report.judge_note = table.no_judge or (
+            f"Diffusers' package has no converter for {table.name} ({table.source}); cogexport's test suite checks "
+            "this table against real checkpoints and Diffusers' reference conversions")
         return
     selected, _ = table.select(source)
+    unmet = _judge_assumption_unmet(table, {name: source[original].shape for name, original in selected.items()})
+    if unmet:
+        report.judge_note = f"Diffusers' {table.judge} was not asked: {unmet}"
+        return
     size = sum(source[original].nbytes for original in selected.values())
     if size > judge_limit:
         report.judge_note = (f"Diffusers' {table.judge} was not asked: it needs the whole source in memory "
@@ -247,6 +252,19 @@ def _ask_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], written: Ma
             report.judge_mismatches.append(f"{name} differs from what Diffusers' {table.judge} makes of it")
         else:
             report.judged += 1
+
+
+def _judge_assumption_unmet(table: KeyMapTable, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why the judge's hard-coded sizes do not fit this checkpoint (its answer would be wrong, not ours), or None."""
+    for key, wanted in table.judge_when.items():
+        shape = shapes.get(key)
+        fits = shape is not None and len(shape) == len(wanted) and all(
+            want == "*" or want == have for want, have in zip(wanted, shape))
+        if not fits:
+            have = "has no such key" if shape is None else f"has {list(shape)}"
+            return (f"its code assumes the release's size ({key} of shape {wanted}); this checkpoint {have}, so it "
+                    "could not give a second opinion")
+    return None
 
 
 def _load(folder: Path, class_name: str, report: VerifyReport) -> None:

@@ -97,7 +97,7 @@ def test_a_pipeline_with_an_exported_vae_verifies_both(cli, tmp_path):
 def test_verify_says_what_it_proves_and_why_there_is_no_second_opinion(cli, tmp_path):
     run, out = exported(tmp_path)
     (report,) = json.loads(cli("verify", out, "--against", run, "--json").stdout)
-    assert report["judge"] is None and "Diffusers ships no converter for cogvideox/sat_transformer" in report["judge_note"]
+    assert report["judge"] is None and "Diffusers' package has no converter for SAT CogVideoX" in report["judge_note"]
     assert any("a wrong rule would pass this check" in claim for claim in report["proves"])
     text = cli("verify", out, "--against", run).stdout
     assert "no second opinion:" in text and "this proves:" in text

@@ -24,7 +24,7 @@ from .pattern import KeyPattern, PatternError
 from .rules import Drop, Regroup
 
 _TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "strip_prefixes", "signature", "requires",
-                 "include", "fallback", "judge"}
+                 "include", "fallback", "judge", "judge_when", "no_judge"}
 # A LoRA table's [lora] section (read by cogexport/lora/tables.py).
 _LORA_FIELDS = {"format", "modules", "writes", "default_alpha", "default_alpha_reason", "alpha_recorded",
                 "network_module", "write_lora_ab"}
@@ -52,6 +52,9 @@ class KeyMapTable:
     signature: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()  # globs that must each match some key (what tells look-alike layouts apart)
     judge: str | None = None  # Diffusers' own converter for this layout (in diffusers.loaders.single_file_utils)
+    # source keys and the shapes ("*" for any size) the judge's hard-coded constants assume: it is asked only then
+    judge_when: dict = field(default_factory=dict, compare=False)
+    no_judge: str = ""  # when there is no judge: why, and what checks the table instead
     rules: tuple[Regroup, ...] = ()
     drops: tuple[Drop, ...] = ()
     placeholders: dict = field(default_factory=dict, compare=False)
@@ -202,6 +205,7 @@ def parse_table(text: str, name: str) -> KeyMapTable:
         strip_prefixes=tuple(header.get("strip_prefixes", included.strip_prefixes)),
         signature=tuple(header.get("signature", included.signature)),
         requires=tuple(header.get("requires", included.requires)), judge=header.get("judge", included.judge),
+        judge_when=dict(header.get("judge_when", included.judge_when)), no_judge=header.get("no_judge", included.no_judge),
         rules=tuple(rules), drops=tuple(drops),
         placeholders=kinds, fallback=load_table(header["fallback"]) if "fallback" in header else None, lora=lora,
     )
