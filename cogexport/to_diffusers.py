@@ -24,8 +24,8 @@ from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
 from .lora import WRITABLE, AdapterOutput, LoraAdapter, base_weights, check_fits, plan_fused, plan_output, read_adapter
 from .lora.formats import FORMATS
-from .models.base_folder import BaseFolder, open_base, read_json
-from .models.family import ModelFamily, Variant, family_of_variant, families
+from .models.base_folder import BaseFolder, open_base
+from .models.family import ModelFamily, Variant, family_of_variant
 from .models.recognize import (Recognised, choose_table, expert_folders, component_tables, config_beside, diffusers_config_beside,
                                fitting_tables, lora_key, read_facts)
 from .models.target import TargetModel, build_target

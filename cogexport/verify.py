@@ -18,7 +18,6 @@ model against W + (alpha / r) B A of the run's weights.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 Adapter = dict[str, tuple[torch.Tensor, torch.Tensor, float]]  # module -> (lora_A [r, in], lora_B [out, r], scale)
 
@@ -49,6 +50,51 @@ def peft_fused(model_class, config: dict, weights: dict[str, torch.Tensor], fold
     model = model_class.from_config(config)
     model.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
     return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().state_dict()
+
+
+USUAL = (4, 8.0)  # the rank and alpha most modules of the tests' adapters have: LoraConfig's r and lora_alpha
+
+
+def random_modules(shapes: dict, modules, seed: int, strengths) -> dict:
+    """module -> (A, B, rank, alpha): random A and B (B non-zero) for each module's weight (its shape in ``shapes``
+    under "{module}.weight"), the strengths in turn."""
+    generator = torch.Generator().manual_seed(seed)
+    made = {}
+    for index, module in enumerate(modules):
+        rank, alpha = strengths[index % len(strengths)]
+        out, inp = shapes[f"{module}.weight"]
+        made[module] = (torch.randn(rank, inp, generator=generator) * 0.3,
+                        torch.randn(out, rank, generator=generator) * 0.3, rank, alpha)
+    return made
+
+
+def peft_patterns(modules: dict) -> dict:
+    """PEFT LoraConfig arguments for module -> (A, B, rank, alpha): the usual strength, and patterns for the rest."""
+    rank, alpha = USUAL
+    return {"r": rank, "lora_alpha": alpha, "target_modules": sorted(modules),
+            "rank_pattern": {m: r for m, (_, _, r, _) in modules.items() if r != rank},
+            "alpha_pattern": {m: a for m, (_, _, _, a) in modules.items() if a != alpha}}
+
+
+def files_of(folder: Path) -> dict[str, object]:
+    """Every tensor, the header metadata and the side files an adapter folder holds (not the model card)."""
+    found: dict[str, object] = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix == ".safetensors":
+            found[path.name] = (load_file(path), header(path))
+        elif path.name != "README.md":
+            found[path.name] = path.read_text()
+    return found
+
+
+def assert_same_files(actual: dict, expected: dict) -> None:
+    assert set(actual) == set(expected)
+    for name, value in expected.items():
+        if isinstance(value, tuple):
+            assert_all_equal(actual[name][0], value[0])
+            assert actual[name][1] == value[1], name
+        else:
+            assert actual[name] == value, name
 
 
 def header(path: Path) -> dict[str, str]:

@@ -31,7 +31,8 @@ from conftest import snapshot
 from diffusers import HunyuanVideoPipeline, HunyuanVideoTransformer3DModel
 from hunyuanvideo_fixtures import HIDDEN, build_tiny_transformer, original_shapes, tiny_config
 from hunyuanvideo_tiny import with_hidden
-from lora_helpers import adapter_metadata, assert_all_equal, diffusers_fused, header, merged, peft_fused
+from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, assert_same_files, diffusers_fused, files_of,
+                          header, merged, peft_fused, peft_patterns, random_modules)
 from safetensors.torch import load_file, save_file
 
 from cogexport.to_diffusers import export
@@ -102,7 +103,6 @@ def block_layers(blocks: int = 2) -> dict[str, tuple]:
 
 # (rank, alpha) per original layer, cycled: distinct ranks and strengths
 STRENGTHS = ((4, 8.0), (4, 2.0), (8, 8.0), (4, 16.0), (2, 1.0), (8, 32.0), (4, 3.0))
-USUAL = (4, 8.0)
 
 
 @dataclass
@@ -131,23 +131,11 @@ class Adapter:
 
     def patterns(self, naming: str) -> dict:
         """PEFT LoraConfig arguments on Diffusers ("diffusers") or original ("original") module names."""
-        modules = self.diffusers() if naming == "diffusers" else self.modules
-        rank, alpha = USUAL
-        return {"r": rank, "lora_alpha": alpha, "target_modules": sorted(modules),
-                "rank_pattern": {m: r for m, (_, _, r, _) in modules.items() if r != rank},
-                "alpha_pattern": {m: a for m, (_, _, _, a) in modules.items() if a != alpha}}
+        return peft_patterns(self.diffusers() if naming == "diffusers" else self.modules)
 
 
 def make_adapter(layers: dict[str, tuple], seed: int = 0, strengths=STRENGTHS) -> Adapter:
-    shapes = original_shapes(tiny_config("t2v"))
-    generator = torch.Generator().manual_seed(seed)
-    made = {}
-    for index, layer in enumerate(sorted(layers)):
-        rank, alpha = strengths[index % len(strengths)]
-        out, inp = shapes[f"{layer}.weight"]
-        made[layer] = (torch.randn(rank, inp, generator=generator) * 0.3,
-                       torch.randn(out, rank, generator=generator) * 0.3, rank, alpha)
-    return Adapter(made, layers)
+    return Adapter(random_modules(original_shapes(tiny_config("t2v")), sorted(layers), seed, strengths), layers)
 
 
 # -- the trainers' layouts, by their documented names ---------------------------------------------------------------
@@ -338,25 +326,6 @@ def test_every_layout_to_every_layout_at_the_trained_strength(source, synthetic,
     assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth)
 
 
-def files_of(folder: Path) -> dict[str, object]:
-    """Every tensor, the header metadata and the side files an adapter folder holds (not the model card)."""
-    found: dict[str, object] = {}
-    for path in sorted(folder.iterdir()):
-        if path.suffix == ".safetensors":
-            found[path.name] = (load_file(path), header(path))
-        elif path.name != "README.md":
-            found[path.name] = path.read_text()
-    return found
-
-
-def assert_same_files(actual: dict, expected: dict) -> None:
-    assert set(actual) == set(expected)
-    for name, value in expected.items():
-        if isinstance(value, tuple):
-            assert_all_equal(actual[name][0], value[0])
-            assert actual[name][1] == value[1], name
-        else:
-            assert actual[name] == value, name
 
 
 def test_any_to_any_to_any_is_exact(synthetic, base, tmp_path):

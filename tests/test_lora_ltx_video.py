@@ -25,7 +25,8 @@ import torch
 from conftest import snapshot
 from diffusers import LTXPipeline, LTXVideoTransformer3DModel
 from fixtures import SCRIPTS
-from lora_helpers import adapter_metadata, assert_all_equal, diffusers_fused, header, merged, peft_fused
+from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, diffusers_fused, files_of, merged, peft_fused,
+                          peft_patterns, random_modules)
 from safetensors.torch import load_file, save_file
 
 from cogexport.to_diffusers import export
@@ -56,7 +57,6 @@ def block_layers(blocks: int = 2) -> list[str]:
 
 # (rank, alpha) per module, cycled: distinct ranks and strengths
 STRENGTHS = ((4, 8.0), (4, 2.0), (8, 8.0), (4, 16.0), (2, 1.0), (8, 32.0), (4, 3.0))
-USUAL = (4, 8.0)
 
 
 @dataclass
@@ -70,21 +70,11 @@ class Adapter:
         return replace(self, modules={m: (a, b, r, float(r)) for m, (a, b, r, _) in self.modules.items()})
 
     def patterns(self) -> dict:
-        rank, alpha = USUAL
-        return {"r": rank, "lora_alpha": alpha, "target_modules": sorted(self.modules),
-                "rank_pattern": {m: r for m, (_, _, r, _) in self.modules.items() if r != rank},
-                "alpha_pattern": {m: a for m, (_, _, _, a) in self.modules.items() if a != alpha}}
+        return peft_patterns(self.modules)
 
 
 def make_adapter(weights: dict[str, torch.Tensor], modules, seed: int = 0, strengths=STRENGTHS) -> Adapter:
-    generator = torch.Generator().manual_seed(seed)
-    made = {}
-    for index, module in enumerate(modules):
-        rank, alpha = strengths[index % len(strengths)]
-        out, inp = weights[f"{module}.weight"].shape
-        made[module] = (torch.randn(rank, inp, generator=generator) * 0.3,
-                        torch.randn(out, rank, generator=generator) * 0.3, rank, alpha)
-    return Adapter(made)
+    return Adapter(random_modules({name: t.shape for name, t in weights.items()}, modules, seed, strengths))
 
 
 # -- the trainers' layouts ------------------------------------------------------------------------------------------
@@ -210,15 +200,6 @@ def test_every_layout_to_every_layout_at_the_trained_strength(source, synthetic,
     export(path, tmp_path / "fused", base=folder, lora="fuse", dtype="fp32")
     assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth)
 
-
-def files_of(folder: Path) -> dict[str, object]:
-    found: dict[str, object] = {}
-    for path in sorted(folder.iterdir()):
-        if path.suffix == ".safetensors":
-            found[path.name] = (load_file(path), header(path))
-        elif path.name != "README.md":
-            found[path.name] = path.read_text()
-    return found
 
 
 def test_any_to_any_to_any_is_exact(synthetic, base, tmp_path):

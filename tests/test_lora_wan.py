@@ -16,7 +16,8 @@ import torch
 from conftest import assert_refusal, snapshot
 from diffusers import WanPipeline, WanTransformer3DModel
 from fixtures import ROOT, SCRIPTS, GroundTruth, cached_fixture
-from lora_helpers import adapter_metadata, assert_all_equal, diffusers_fused, header, merged, peft_fused
+from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, assert_same_files, diffusers_fused, files_of,
+                          header, merged, peft_fused, peft_patterns, random_modules)
 from safetensors.torch import load_file, save_file
 
 from cogexport.to_diffusers import export
@@ -62,26 +63,12 @@ class Adapter:
     def truth(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return merged(weights, {m: (a, b, alpha / r) for m, (a, b, r, alpha) in self.modules.items()}, self.diff_b)
 
-    @property
-    def usual(self) -> tuple[int, float]:
-        return 4, 8.0
-
     def patterns(self) -> dict:
-        rank, alpha = self.usual
-        return {"r": rank, "lora_alpha": alpha, "target_modules": sorted(self.modules),
-                "rank_pattern": {m: r for m, (_, _, r, _) in self.modules.items() if r != rank},
-                "alpha_pattern": {m: a for m, (_, _, _, a) in self.modules.items() if a != alpha}}
+        return peft_patterns(self.modules)
 
 
 def make_adapter(weights: dict[str, torch.Tensor], modules, seed: int = 0, strengths=STRENGTHS) -> Adapter:
-    generator = torch.Generator().manual_seed(seed)
-    made = {}
-    for index, module in enumerate(modules):
-        rank, alpha = strengths[index % len(strengths)]
-        out, inp = weights[f"{module}.weight"].shape
-        made[module] = (torch.randn(rank, inp, generator=generator) * 0.3,
-                        torch.randn(out, rank, generator=generator) * 0.3, rank, alpha)
-    return Adapter(made)
+    return Adapter(random_modules({name: t.shape for name, t in weights.items()}, modules, seed, strengths))
 
 
 # -- the trainers' layouts -----------------------------------------------------------------------------------
@@ -169,7 +156,7 @@ def write_diffsynth(path: Path, adapter: Adapter) -> Path:
 
 def write_finetrainers(path: Path, adapter: Adapter) -> Path:
     """finetrainers: Diffusers names, its LoraConfig in the lora_config metadata (which Diffusers does not read)."""
-    rank, alpha = adapter.usual
+    rank, alpha = USUAL
     tensors = {f"transformer.{m}.lora_{part}.weight": t for m, (a, b, _, _) in adapter.modules.items()
                for part, t in (("A", a), ("B", b))}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -233,25 +220,6 @@ def test_every_layout_to_every_layout_at_the_trained_strength(source, synthetic,
     assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth)
 
 
-def files_of(folder: Path) -> dict[str, object]:
-    """Every tensor, the header metadata and the side files an adapter folder holds (not the model card)."""
-    found: dict[str, object] = {}
-    for path in sorted(folder.iterdir()):
-        if path.suffix == ".safetensors":
-            found[path.name] = (load_file(path), header(path))
-        elif path.name != "README.md":
-            found[path.name] = path.read_text()
-    return found
-
-
-def assert_same_files(actual: dict, expected: dict) -> None:
-    assert set(actual) == set(expected)
-    for name, value in expected.items():
-        if isinstance(value, tuple):
-            assert_all_equal(actual[name][0], value[0])
-            assert actual[name][1] == value[1], name
-        else:
-            assert actual[name] == value, name
 
 
 def test_any_to_any_to_any_is_exact(synthetic, tmp_path):

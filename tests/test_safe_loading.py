@@ -13,8 +13,9 @@ import pytest
 import torch
 from fixtures import DeepSpeedVariant, deepspeed_checkpoint
 
-from cogexport.checkpoint.torch_archive import PickledObject, load_torch_file
+from cogexport.checkpoint.torch_archive import load_torch_file
 from cogexport.errors import UnsafeCheckpointError
+from cogexport.pickled import PickledObject
 
 
 def test_deepspeed_classes_become_inert_stand_ins():

@@ -18,9 +18,10 @@ import torch
 
 from ..errors import CogExportError, quoted
 from ..lazy import LazyTensor
+from ..pickled import PickledObject
 from .base import CheckpointInfo, LazyCheckpoint
 from .locate import RankFiles, locate, optim_file_name, rank_file_identity, zero3_model_file_name
-from .torch_archive import PickledObject, StoredTensor, TorchArchive, load_torch_file
+from .torch_archive import StoredTensor, TorchArchive, load_torch_file
 from .zero_layout import FlatGroupLayout, Zero3SubGroupLayout, gather_zero3_pieces
 
 # Keys DeepSpeed writes into a model-states file; anything else is the user's client_state.

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import CogExportError, UnsafeCheckpointError, quoted
 from ..lazy import SizedTensor
-from ..pickled import AllowlistUnpickler, PickledObject, stand_in
+from ..pickled import AllowlistUnpickler, stand_in
 from ..tensor_bytes import tensor_buffer
 from .byte_window import ByteWindow
 from .zip_records import ZipRecords

@@ -10,7 +10,7 @@ import struct
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import torch
 
