@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 Adapter = dict[str, tuple[torch.Tensor, torch.Tensor, float]]  # module -> (lora_A [r, in], lora_B [out, r], scale)
 
@@ -74,6 +74,57 @@ def peft_patterns(modules: dict) -> dict:
     return {"r": rank, "lora_alpha": alpha, "target_modules": sorted(modules),
             "rank_pattern": {m: r for m, (_, _, r, _) in modules.items() if r != rank},
             "alpha_pattern": {m: a for m, (_, _, _, a) in modules.items() if a != alpha}}
+
+
+# -- the trainers' files on Diffusers module names, for module -> (A, B, rank, alpha) ------------------------------
+def write_diffusers_lora(pipeline_class, folder: Path, modules: dict) -> Path:
+    """The family pipeline's own save_lora_weights, with PEFT's rank and alpha patterns as its adapter metadata."""
+    layers = {f"{m}.lora_{part}.weight": t.clone() for m, (a, b, _, _) in modules.items()
+              for part, t in (("A", a), ("B", b))}
+    pipeline_class.save_lora_weights(folder, transformer_lora_layers=layers,
+                                     transformer_lora_adapter_metadata=peft_patterns(modules))
+    return folder / "pytorch_lora_weights.safetensors"
+
+
+def write_finetrainers_lora(path: Path, modules: dict) -> Path:
+    """finetrainers: Diffusers names, one rank and alpha in its lora_config metadata (which Diffusers does not read)."""
+    rank, alpha = USUAL
+    tensors = {f"transformer.{m}.lora_{part}.weight": t.clone() for m, (a, b, _, _) in modules.items()
+               for part, t in (("A", a), ("B", b))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, path, metadata={"lora_config": json.dumps(
+        {"r": rank, "lora_alpha": alpha, "init_lora_weights": True, "target_modules": sorted(modules)})})
+    return path
+
+
+def peft_wrapped(model_class, config: dict, weights: dict[str, torch.Tensor], modules: dict):
+    """The tiny model wrapped by PEFT itself, its adapters set to the test's values."""
+    from peft import LoraConfig, get_peft_model
+
+    model = model_class.from_config(config)
+    model.load_state_dict(weights)
+    wrapped = get_peft_model(model, LoraConfig(**peft_patterns(modules)))
+    with torch.no_grad():
+        for module, (a, b, _, _) in modules.items():
+            layer = wrapped.base_model.model.get_submodule(module)
+            layer.lora_A["default"].weight.copy_(a)
+            layer.lora_B["default"].weight.copy_(b)
+    return wrapped
+
+
+def write_peft_adapter(folder: Path, wrapped) -> Path:
+    wrapped.save_pretrained(str(folder))
+    return folder / "adapter_model.safetensors"
+
+
+def write_peft_checkpoint_file(folder: Path, wrapped) -> Path:
+    """A DDP training checkpoint of the PEFT-wrapped model (module.base_model.model.<...>.base_layer.weight,
+    .lora_A.default.weight, every other weight) with the run's adapter_config.json beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({f"module.{name}": t.contiguous() for name, t in wrapped.state_dict().items()},
+              folder / "model.safetensors")
+    wrapped.peft_config["default"].save_pretrained(str(folder))
+    return folder / "model.safetensors"
 
 
 def files_of(folder: Path) -> dict[str, object]:

@@ -32,7 +32,8 @@ from diffusers import HunyuanVideoPipeline, HunyuanVideoTransformer3DModel
 from hunyuanvideo_fixtures import HIDDEN, build_tiny_transformer, original_shapes, tiny_config
 from hunyuanvideo_tiny import with_hidden
 from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, assert_same_files, diffusers_fused, files_of,
-                          header, merged, peft_fused, peft_patterns, random_modules)
+                          header, merged, peft_fused, peft_patterns, peft_wrapped, random_modules, write_diffusers_lora,
+                          write_finetrainers_lora, write_peft_adapter, write_peft_checkpoint_file)
 from safetensors.torch import load_file, save_file
 
 from cogexport.to_diffusers import export
@@ -186,53 +187,21 @@ def write_diffusion_pipe(folder: Path, adapter: Adapter) -> Path:
 
 
 def write_diffusers(folder: Path, adapter: Adapter) -> Path:
-    layers = {f"{m}.lora_{part}.weight": tensor.clone() for m, (a, b, _, _) in adapter.diffusers().items()
-              for part, tensor in (("A", a), ("B", b))}
-    HunyuanVideoPipeline.save_lora_weights(folder, transformer_lora_layers=layers,
-                                           transformer_lora_adapter_metadata=adapter.patterns("diffusers"))
-    return folder / "pytorch_lora_weights.safetensors"
+    return write_diffusers_lora(HunyuanVideoPipeline, folder, adapter.diffusers())
 
 
 def write_finetrainers(path: Path, adapter: Adapter) -> Path:
-    """finetrainers: Diffusers names, one rank and alpha in its lora_config metadata (which Diffusers does not read)."""
-    rank, alpha = USUAL
-    tensors = {f"transformer.{m}.lora_{part}.weight": t.clone() for m, (a, b, _, _) in adapter.diffusers().items()
-               for part, t in (("A", a), ("B", b))}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, path, metadata={"lora_config": json.dumps(
-        {"r": rank, "lora_alpha": alpha, "init_lora_weights": True, "target_modules": sorted(adapter.diffusers())})})
-    return path
-
-
-def peft_wrapped(adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]):
-    """The tiny model wrapped by PEFT itself, its adapters set to the test's values."""
-    from peft import LoraConfig, get_peft_model
-
-    model = HunyuanVideoTransformer3DModel.from_config(config)
-    model.load_state_dict(weights)
-    wrapped = get_peft_model(model, LoraConfig(**adapter.patterns("diffusers")))
-    with torch.no_grad():
-        for module, (a, b, _, _) in adapter.diffusers().items():
-            layer = wrapped.base_model.model.get_submodule(module)
-            layer.lora_A["default"].weight.copy_(a)
-            layer.lora_B["default"].weight.copy_(b)
-    return wrapped
+    return write_finetrainers_lora(path, adapter.diffusers())
 
 
 def write_peft(folder: Path, adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]) -> Path:
-    peft_wrapped(adapter, config, weights).save_pretrained(str(folder))
-    return folder / "adapter_model.safetensors"
+    return write_peft_adapter(folder, peft_wrapped(HunyuanVideoTransformer3DModel, config, weights,
+                                                   adapter.diffusers()))
 
 
 def write_peft_checkpoint(folder: Path, adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]) -> Path:
-    """A DDP training checkpoint of the PEFT-wrapped model (module.base_model.model.<...>.base_layer.weight,
-    .lora_A.default.weight, every other weight) with the run's adapter_config.json beside it."""
-    wrapped = peft_wrapped(adapter, config, weights)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({f"module.{name}": t.contiguous() for name, t in wrapped.state_dict().items()},
-              folder / "model.safetensors")
-    wrapped.peft_config["default"].save_pretrained(str(folder))
-    return folder / "model.safetensors"
+    return write_peft_checkpoint_file(folder, peft_wrapped(HunyuanVideoTransformer3DModel, config, weights,
+                                                           adapter.diffusers()))
 
 
 # -- judges ---------------------------------------------------------------------------------------------------------

@@ -25,8 +25,9 @@ import torch
 from conftest import snapshot
 from diffusers import LTXPipeline, LTXVideoTransformer3DModel
 from fixtures import SCRIPTS
-from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, diffusers_fused, files_of, merged, peft_fused,
-                          peft_patterns, random_modules)
+from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, diffusers_fused, files_of, merged,
+                          peft_fused, peft_wrapped, random_modules, write_diffusers_lora, write_finetrainers_lora,
+                          write_peft_adapter, write_peft_checkpoint_file)
 from safetensors.torch import load_file, save_file
 
 from cogexport.to_diffusers import export
@@ -69,9 +70,6 @@ class Adapter:
     def at_scale_one(self) -> "Adapter":
         return replace(self, modules={m: (a, b, r, float(r)) for m, (a, b, r, _) in self.modules.items()})
 
-    def patterns(self) -> dict:
-        return peft_patterns(self.modules)
-
 
 def make_adapter(weights: dict[str, torch.Tensor], modules, seed: int = 0, strengths=STRENGTHS) -> Adapter:
     return Adapter(random_modules({name: t.shape for name, t in weights.items()}, modules, seed, strengths))
@@ -79,22 +77,11 @@ def make_adapter(weights: dict[str, torch.Tensor], modules, seed: int = 0, stren
 
 # -- the trainers' layouts ------------------------------------------------------------------------------------------
 def write_diffusers(folder: Path, adapter: Adapter) -> Path:
-    layers = {f"{m}.lora_{part}.weight": t for m, (a, b, _, _) in adapter.modules.items()
-              for part, t in (("A", a), ("B", b))}
-    LTXPipeline.save_lora_weights(folder, transformer_lora_layers=layers,
-                                  transformer_lora_adapter_metadata=adapter.patterns())
-    return folder / "pytorch_lora_weights.safetensors"
+    return write_diffusers_lora(LTXPipeline, folder, adapter.modules)
 
 
 def write_finetrainers(path: Path, adapter: Adapter) -> Path:
-    """finetrainers: Diffusers names, one rank and alpha in its lora_config metadata (which Diffusers does not read)."""
-    rank, alpha = USUAL
-    tensors = {f"transformer.{m}.lora_{part}.weight": t for m, (a, b, _, _) in adapter.modules.items()
-               for part, t in (("A", a), ("B", b))}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, path, metadata={"lora_config": json.dumps(
-        {"r": rank, "lora_alpha": alpha, "init_lora_weights": True, "target_modules": sorted(adapter.modules)})})
-    return path
+    return write_finetrainers_lora(path, adapter.modules)
 
 
 def write_comfyui(path: Path, adapter: Adapter, names: tuple[str, str] = ("A", "B")) -> Path:
@@ -110,33 +97,13 @@ def write_comfyui(path: Path, adapter: Adapter, names: tuple[str, str] = ("A", "
     return path
 
 
-def peft_wrapped(adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]):
-    from peft import LoraConfig, get_peft_model
-
-    model = LTXVideoTransformer3DModel.from_config(config)
-    model.load_state_dict(weights)
-    wrapped = get_peft_model(model, LoraConfig(**adapter.patterns()))
-    with torch.no_grad():
-        for module, (a, b, _, _) in adapter.modules.items():
-            layer = wrapped.base_model.model.get_submodule(module)
-            layer.lora_A["default"].weight.copy_(a)
-            layer.lora_B["default"].weight.copy_(b)
-    return wrapped
-
-
 def write_peft(folder: Path, adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]) -> Path:
-    peft_wrapped(adapter, config, weights).save_pretrained(str(folder))
-    return folder / "adapter_model.safetensors"
+    return write_peft_adapter(folder, peft_wrapped(LTXVideoTransformer3DModel, config, weights, adapter.modules))
 
 
 def write_peft_checkpoint(folder: Path, adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]) -> Path:
-    """A DDP training checkpoint of the PEFT-wrapped model, the run's adapter_config.json beside it."""
-    wrapped = peft_wrapped(adapter, config, weights)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({f"module.{name}": t.contiguous() for name, t in wrapped.state_dict().items()},
-              folder / "model.safetensors")
-    wrapped.peft_config["default"].save_pretrained(str(folder))
-    return folder / "model.safetensors"
+    return write_peft_checkpoint_file(folder, peft_wrapped(LTXVideoTransformer3DModel, config, weights,
+                                                           adapter.modules))
 
 
 # -- judges ---------------------------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ import torch
 from conftest import assert_refusal, snapshot
 from diffusers import WanPipeline, WanTransformer3DModel
 from fixtures import ROOT, SCRIPTS, GroundTruth, cached_fixture
-from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, assert_same_files, diffusers_fused, files_of,
-                          header, merged, peft_fused, peft_patterns, random_modules)
+from lora_helpers import (adapter_metadata, assert_all_equal, assert_same_files, diffusers_fused, files_of,
+                          header, merged, peft_fused, peft_patterns, peft_wrapped, random_modules, write_diffusers_lora,
+                          write_finetrainers_lora, write_peft_adapter)
 from safetensors.torch import load_file, save_file
 
 from cogexport.to_diffusers import export
@@ -73,26 +74,11 @@ def make_adapter(weights: dict[str, torch.Tensor], modules, seed: int = 0, stren
 
 # -- the trainers' layouts -----------------------------------------------------------------------------------
 def write_diffusers(folder: Path, adapter: Adapter) -> Path:
-    layers = {f"{m}.lora_{part}.weight": tensor for m, (a, b, _, _) in adapter.modules.items()
-              for part, tensor in (("A", a), ("B", b))}
-    WanPipeline.save_lora_weights(folder, transformer_lora_layers=layers,
-                                  transformer_lora_adapter_metadata=adapter.patterns())
-    return folder / "pytorch_lora_weights.safetensors"
+    return write_diffusers_lora(WanPipeline, folder, adapter.modules)
 
 
 def write_peft(folder: Path, adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]) -> Path:
-    from peft import LoraConfig, get_peft_model
-
-    model = WanTransformer3DModel.from_config(config)
-    model.load_state_dict(weights)
-    wrapped = get_peft_model(model, LoraConfig(**adapter.patterns()))
-    with torch.no_grad():
-        for module, (a, b, _, _) in adapter.modules.items():
-            layer = wrapped.base_model.model.get_submodule(module)
-            layer.lora_A["default"].weight.copy_(a)
-            layer.lora_B["default"].weight.copy_(b)
-    wrapped.save_pretrained(str(folder))
-    return folder / "adapter_model.safetensors"
+    return write_peft_adapter(folder, peft_wrapped(WanTransformer3DModel, config, weights, adapter.modules))
 
 
 def write_peft_original(folder: Path, adapter: Adapter, wrapped_model: dict[str, torch.Tensor] | None = None) -> Path:
@@ -155,14 +141,7 @@ def write_diffsynth(path: Path, adapter: Adapter) -> Path:
 
 
 def write_finetrainers(path: Path, adapter: Adapter) -> Path:
-    """finetrainers: Diffusers names, its LoraConfig in the lora_config metadata (which Diffusers does not read)."""
-    rank, alpha = USUAL
-    tensors = {f"transformer.{m}.lora_{part}.weight": t for m, (a, b, _, _) in adapter.modules.items()
-               for part, t in (("A", a), ("B", b))}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, path, metadata={"lora_config": json.dumps(
-        {"r": rank, "lora_alpha": alpha, "init_lora_weights": True, "target_modules": sorted(adapter.modules)})})
-    return path
+    return write_finetrainers_lora(path, adapter.modules)
 
 
 # -- judges --------------------------------------------------------------------------------------------------
