@@ -12,7 +12,7 @@ Makes (once, cached in --work-dir) a real FSDP2 checkpoint of the ~1.9 GB (fp32)
 
 Each output is first checked equal to cogexport's, tensor by tensor (in a separate process: the harness holds no
 tensors), then every tool runs --runs times, alternating, each in a fresh process; the table gives median wall time
-and median peak RSS (scripts/benchmarking.py measures it), peak RSS as a multiple of the fp32 model, and ratios to
+and median peak PSS and RSS of each tool's process tree (scripts/benchmarking.py), peak PSS as a multiple of the fp32 model, and ratios to
 cogexport. ``--model bench-small`` (width 1024, 0.12 GB) checks the script quickly. Timing is not a test.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import BENCH_HEAD, BENCH_LAYERS, ROOT, SCRIPTS, measure, print_table, summarize  # noqa: E402
+from benchmarking import BENCH_HEAD, BENCH_LAYERS, ROOT, SCRIPTS, measure_tree, print_table, summarize  # noqa: E402
 
 WIDTHS = {"bench": 4096, "bench-small": 1024}
 
@@ -119,11 +119,11 @@ def main(work_dir: Path, runs: int, model: str, as_json: bool) -> None:
     checkpoint = dcp_bench_checkpoint(work_dir, model)
     count = check_outputs_equal(checkpoint, work_dir)
     output = work_dir / "output"
-    samples: dict[str, list[tuple[float, int]]] = {}
+    samples: dict[str, list] = {}
     for _ in range(runs):
         for name, command in tools(checkpoint, output).items():
             prepare(name, output)
-            samples.setdefault(name, []).append(measure(command, env))
+            samples.setdefault(name, []).append(measure_tree(command, env))
     shutil.rmtree(output, ignore_errors=True)
     size = model_bytes(model)
     results = summarize(samples, size, model=model)

@@ -18,8 +18,8 @@ for that size. Then, each tool in a fresh process, to a bf16 Diffusers folder wi
 
 Before anything is timed both folders are compared tensor by tensor (same names, shapes and config; equal values,
 cogexport's fp32-kept norm tensors compared after rounding to bf16); any difference fails the benchmark. Then --runs
-rounds, alternating. Reported: median wall time and peak RSS of each tool's process tree (benchmarking.measure), peak
-RSS as a multiple of the fp32 model (4 bytes x the Diffusers model's parameter count) and ratios to cogexport.
+rounds, alternating. Reported: median wall time and peak PSS and RSS of each tool's process tree
+(benchmarking.measure_tree), peak PSS as a multiple of the fp32 model (4 bytes x the Diffusers model's parameter count) and ratios to cogexport.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ exports it to a bf16 Diffusers transformer folder, each tool in a fresh process 
 Before anything is timed both outputs are compared tensor by tensor (same keys, shapes and configs; equal values, with
 the tensors cogexport keeps in fp32 compared after rounding to bf16, since from_single_file casts every tensor);
 any difference fails the benchmark. Then --runs rounds, alternating the two tools. Reported: median wall time, median
-peak RSS of each tool's process tree, peak RSS as a multiple of the fp32 model, ratios vs cogexport. ``--layers``
+peak PSS and RSS of each tool's process tree, peak PSS as a multiple of the fp32 model, ratios vs cogexport. ``--layers``
 builds a smaller model of the same widths (a quick check that the script works; the README's figures are full size).
 """
 

@@ -6,7 +6,7 @@ and the run.
 The run: each tool exports once, untimed, in a fresh process, and the two outputs are compared tensor by tensor
 (same names, shapes and config; equal values, the tensors cogexport keeps in fp32 compared after rounding to bf16,
 since the reference path casts every tensor); any difference fails the benchmark before anything is timed. Then
-each tool runs --runs times, alternating, each in a fresh process: peak RSS of its process tree and wall time
+each tool runs --runs times, alternating, each in a fresh process: peak PSS and RSS of its process tree and wall time
 (scripts/benchmarking.py), medians. The harness never imports torch: making the release and comparing run in
 helper processes (the script's hidden --prepare and --compare modes).
 
@@ -230,7 +230,7 @@ class FamilyBenchmark:
         check = self.helper("--compare", *(str(output) for _, output in commands.values()))
         if check["numel"] != setup["parameters"]:
             raise click.ClickException(f"outputs hold {check['numel']} elements, the model {setup['parameters']}")
-        samples = time_alternately(commands, runs, measure)
+        samples = time_alternately(commands, runs)
         harness_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # a floor under every measurement
 
         model_bytes = 4 * setup["parameters"]
