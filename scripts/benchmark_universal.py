@@ -126,13 +126,12 @@ def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json
             shutil.rmtree(output.parent, ignore_errors=True)
             measure_tree(command, env)
             checks[stage][name] = check(output, bench_truth(checkpoint), full_shapes=name.startswith("cogexport"))
+            shutil.rmtree(output.parent, ignore_errors=True)  # each output is 5-12 GB: one on disk at a time
         samples: dict[str, list] = {name: [] for name in commands}
         for _ in range(runs):
             for name, (command, output) in commands.items():
-                shutil.rmtree(output.parent, ignore_errors=True)
                 samples[name].append(measure_tree(command, env))
-        for _, output in commands.values():
-            shutil.rmtree(output.parent, ignore_errors=True)
+                shutil.rmtree(output.parent, ignore_errors=True)
         results += summarize(samples, model_bytes, stage=stage)
     if as_json:
         click.echo(json.dumps({"model": model, "fp32_model_bytes": model_bytes, "largest_parameter_states_bytes":

@@ -202,14 +202,13 @@ def measure(command: list[str], env: dict | None = None) -> tuple[float, int]:
 
 def time_alternately(commands: dict[str, tuple[list[str], Path]], runs: int, measure_one=measure_tree) -> dict:
     """``runs`` rounds of every tool in turn, each in a fresh process writing into its emptied output folder; the
-    outputs are removed at the end. {tool: [what ``measure_one`` returned, a run]}."""
+    outputs are removed as soon as measured. {tool: [what ``measure_one`` returned, a run]}."""
     samples: dict[str, list] = {name: [] for name in commands}
     for _ in range(runs):
         for name, (command, output) in commands.items():
             shutil.rmtree(output, ignore_errors=True)
             samples[name].append(measure_one(command))
-    for _, output in commands.values():
-        shutil.rmtree(output, ignore_errors=True)
+            shutil.rmtree(output, ignore_errors=True)  # full-size outputs: one on disk at a time
     return samples
 
 
