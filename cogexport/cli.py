@@ -14,6 +14,7 @@ import click
 from . import __version__
 from .errors import CogExportError, one_line
 from .inspect_report import inspect_paths, render_inspect_text
+from .sizes import human_bytes
 
 
 def _user_errors_exit_2(command):
@@ -38,14 +39,6 @@ def _user_errors_exit_2(command):
             sys.exit(130)
 
     return run
-
-
-def _human_bytes(count: int) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if count < 1000 or unit == "TB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.2f} {unit}"
-        count /= 1000
-    return f"{count} B"
 
 
 class ExportByDefault(click.Group):
@@ -104,7 +97,7 @@ def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, as_js
         return
     source = result.source
     click.echo(f"wrote {result.output}: {', '.join(result.files)}")
-    click.echo(f"  {result.tensors} tensors, {_human_bytes(result.total_bytes)} ({result.dtype} parameters), "
+    click.echo(f"  {result.tensors} tensors, {human_bytes(result.total_bytes)} ({result.dtype} parameters), "
                f"from tag {source['tag']} (step {source['step']}, {source['weights_source']})")
 
 
@@ -188,7 +181,7 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
     click.echo(f"wrote {result.output}: {result.model} {result.component}, {result.tensors} tensors, "
-               f"{_human_bytes(result.total_bytes)} ({result.precision})")
+               f"{human_bytes(result.total_bytes)} ({result.precision})")
     if result.lora:
         for expert, lora in (result.lora.get("experts") or {"": result.lora}).items():
             click.echo(f"  {expert + ': ' if expert else ''}{lora['family']} LoRA ({lora['format_title']}), rank "
@@ -298,7 +291,7 @@ def universal(arguments, tag, overwrite, as_json) -> None:
     source = result.source
     click.echo(f"wrote {result.output}: {result.parameters} trainable parameters with their fp32 masters and "
                f"{', '.join(result.optimizer_states) or 'no'} optimizer states, {result.frozen} frozen, "
-               f"{result.buffers} buffers ({_human_bytes(result.total_bytes)}), from ZeRO-{source['stage']} "
+               f"{result.buffers} buffers ({human_bytes(result.total_bytes)}), from ZeRO-{source['stage']} "
                f"tag {source['tag']} at world size {source['world_size']}")
     click.echo(f"  {result.latest_universal} -> {Path(result.output).name}")
     click.echo(f"  DeepSpeed restores: {result.restored}")

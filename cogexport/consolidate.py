@@ -56,6 +56,7 @@ def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Pat
             raise CogExportError(f"{', '.join(source.info.paths)} holds no tensors to consolidate")
         plan = plan_shards(tensors, WEIGHTS_NAME, max_shard_size)
         check_destination(output, source.own_folders(), [*paths, *source.info.files], overwrite)
-        with staged_folder(output) as staging, byte_progress(plan.total_bytes, "consolidate", progress) as bar:
+        with staged_folder(output, plan.total_bytes) as staging, \
+                byte_progress(plan.total_bytes, "consolidate", progress) as bar:
             files = write_shards(staging, tensors, plan, on_tensor=lambda _name, nbytes: bar.update(nbytes))
         return ConsolidateResult(str(output), files, len(tensors), plan.total_bytes, dtype, asdict(source.info))

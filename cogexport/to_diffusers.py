@@ -438,7 +438,8 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
             result.notes += part.notes
             result.dropped.update(part.plan.dropped)
             result.ignored += len(part.plan.ignored)
-        with staged_folder(output) as staging, byte_progress(result.total_bytes, "export", options.progress) as bar:
+        with staged_folder(output, result.total_bytes) as staging, \
+                byte_progress(result.total_bytes, "export", options.progress) as bar:
             def on_tensor(_name: str, nbytes: int) -> None:
                 bar.update(nbytes)
 
@@ -529,7 +530,7 @@ def _export_adapters(sources: dict[str, LazyCheckpoint], adapters: dict[str, Lor
                           lora={**_lora_summary(adapters, experts), "written_as": lora_format},
                           source=asdict(_first_source(sources).info),
                           notes=[*_first_source(sources).info.notes, *(n for a in adapters.values() for n in a.warnings)])
-    with staged_folder(output) as staging, byte_progress(total, "export", options.progress) as bar:
+    with staged_folder(output, total) as staging, byte_progress(total, "export", options.progress) as bar:
         for sub, (out, _) in planned.items():
             folder = staging / sub if sub else staging
             folder.mkdir(parents=True, exist_ok=True)

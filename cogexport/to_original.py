@@ -171,7 +171,7 @@ def export_original(checkpoint: str | Path | Sequence[str | Path], output: str |
         result = ExportResult(str(output), f"original {what}", first.label, [],
                               sum(len(p.tensors) + len(p.beside) for p in parts), total, first.policy.describe(),
                               family=first.family.name, source=asdict(source.info), notes=list(source.info.notes))
-        with staged_folder(output) as staging, byte_progress(total, "export", options.progress) as bar:
+        with staged_folder(output, total) as staging, byte_progress(total, "export", options.progress) as bar:
             for part in parts:
                 folder = staging / (_expert_folder(part.family, part.component, len(parts))
                                     if component == "transformer" else "")

@@ -178,7 +178,7 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
         # Only the rank files count as inputs here: the default output lies inside the save dir the user gave.
         check_destination(destination, source.own_folders(), info.files, overwrite)
         total = sum(item.nbytes for item in plan)
-        with staged_folder(destination) as staging, byte_progress(total, "universal", progress) as bar:
+        with staged_folder(destination, total) as staging, byte_progress(total, "universal", progress) as bar:
             (staging / "zero").mkdir()
             _copy_model_states(model_states, staging)
             save_torch_file(optimizer_state, staging / "zero" / "optimizer_state.pt")

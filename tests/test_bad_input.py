@@ -275,3 +275,13 @@ def test_overwrite_through_a_symlink_keeps_the_link(cli, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "link").is_symlink() and sorted(p.name for p in real.iterdir()) == ["model.safetensors"]
     assert leftovers(tmp_path) == []
+
+
+def test_output_that_would_not_fit_on_its_disk(cli, tmp_path, monkeypatch):
+    """Refused before a byte is written, rather than failing when the disk fills half-way through a long run."""
+    from cogexport.write import staging
+
+    monkeypatch.setattr(staging, "free_bytes", lambda path: 100)
+    line = assert_refused(cli, deepspeed_checkpoint(ZERO2).checkpoint, tmp_path, "needs", "but its disk has only "
+                          "100 B free; free some space or write it to another disk")
+    assert str(tmp_path / "exported") in line

@@ -14,8 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..pending_checks import run_pending_checks
 from ..errors import CogExportError
+from ..pending_checks import run_pending_checks
+from ..sizes import human_bytes
 
 
 def check_destination(destination: Path, checkpoint_folders: Iterable[Path], inputs: Iterable[Path],
@@ -45,11 +46,15 @@ def check_destination(destination: Path, checkpoint_folders: Iterable[Path], inp
 
 
 @contextmanager
-def staged_folder(destination: Path) -> Iterator[Path]:
-    """Yield an empty folder to write into; on success it becomes ``destination`` (replacing it if present)."""
+def staged_folder(destination: Path, needed_bytes: int = 0) -> Iterator[Path]:
+    """Yield an empty folder to write into; on success it becomes ``destination`` (replacing it if present).
+
+    ``needed_bytes`` (what the plan will write) must fit in the free space of the destination's disk: a disk that
+    fills up mid-way would cost the whole run's time before failing."""
     destination = Path(destination)
     if destination.is_symlink():  # replace what the link points at, and keep the link
         destination = destination.resolve()
+    check_free_space(destination, needed_bytes)
     created_parents = [p for p in reversed(destination.parents) if not p.exists()]
     staging = destination.parent / f".{destination.name}.cogexport-{uuid.uuid4().hex[:8]}.partial"
     try:
@@ -67,6 +72,19 @@ def staged_folder(destination: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
         _remove_created(created_parents)
         raise
+
+
+def free_bytes(path: Path) -> int:
+    """The space free to us on the disk that holds ``path`` (or would, once made)."""
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    return shutil.disk_usage(existing).free
+
+
+def check_free_space(destination: Path, needed_bytes: int) -> None:
+    free = free_bytes(destination)
+    if needed_bytes > free:
+        raise CogExportError(f"output {destination} needs {human_bytes(needed_bytes)} but its disk has only "
+                             f"{human_bytes(free)} free; free some space or write it to another disk")
 
 
 def _remove_created(created_parents: list[Path]) -> None:
