@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .allocation import reuse_freed_tensor_memory
 from .errors import CogExportError, one_line
 from .inspect_report import inspect_paths, render_inspect_text
 from .sizes import human_bytes
@@ -25,6 +26,7 @@ def _user_errors_exit_2(command):
         # A killed run (or a closed terminal) must clean up its staging folder like Ctrl-C does.
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, lambda number, _frame: sys.exit(128 + number))
+        reuse_freed_tensor_memory()
         try:
             return command(*args, **kwargs)
         except CogExportError as error:
