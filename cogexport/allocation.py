@@ -11,7 +11,6 @@ owns theirs.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 # glibc's mallopt parameters (malloc.h) and the size under which blocks stay in the heap: above any one tensor of
 # the models cogexport handles (the largest, Wan 14B's FFN weights in fp32, are about 0.3 GB).
@@ -21,12 +20,8 @@ _KEEP_BELOW = 1 << 30
 
 def reuse_freed_tensor_memory() -> bool:
     """Tune glibc's allocator for one-tensor-at-a-time work; False where there is no glibc (nothing changes)."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+    try:  # the running interpreter's own symbols: libc is linked in (find_library would start a subprocess)
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # musl, macOS: no mallopt, and their allocators behave otherwise anyway
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BELOW)) and bool(mallopt(_M_TRIM_THRESHOLD, _KEEP_BELOW))
