@@ -138,6 +138,18 @@ def files_of(folder: Path) -> dict[str, object]:
     return found
 
 
+def assert_any_to_any_to_any(export, source: Path, name: str, base: Path, outputs, tmp_path: Path) -> None:
+    """``source`` written in every layout (``{name}-{target}``), each of those again in every layout
+    (``{name}-{middle}-{target}``): the same files as the direct way, bit for bit."""
+    direct = {target: export(source, tmp_path / f"{name}-{target}", base=base, lora_format=target)
+              and files_of(tmp_path / f"{name}-{target}") for target in outputs}
+    for middle in outputs:
+        for target in outputs:
+            out = tmp_path / f"{name}-{middle}-{target}"
+            export(tmp_path / f"{name}-{middle}", out, base=base, lora_format=target)
+            assert_same_files(files_of(out), direct[target])
+
+
 def assert_same_files(actual: dict, expected: dict) -> None:
     assert set(actual) == set(expected)
     for name, value in expected.items():

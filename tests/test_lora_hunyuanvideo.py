@@ -31,8 +31,8 @@ from conftest import snapshot
 from diffusers import HunyuanVideoPipeline, HunyuanVideoTransformer3DModel
 from hunyuanvideo_fixtures import HIDDEN, build_tiny_transformer, original_shapes, tiny_config
 from hunyuanvideo_tiny import with_hidden
-from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, assert_same_files, diffusers_fused, files_of,
-                          header, merged, peft_fused, peft_patterns, peft_wrapped, random_modules, write_diffusers_lora,
+from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, assert_any_to_any_to_any, diffusers_fused, header,
+                          merged, peft_fused, peft_patterns, peft_wrapped, random_modules, write_diffusers_lora,
                           write_finetrainers_lora, write_peft_adapter, write_peft_checkpoint_file)
 from safetensors.torch import load_file, save_file
 
@@ -302,14 +302,7 @@ def test_any_to_any_to_any_is_exact(synthetic, base, tmp_path):
     modules (lora_A copied to each) is one adapter again in the original layouts."""
     folder = base[0]
     for source in ("musubi", "peft"):
-        path = synthetic[source][0]
-        direct = {target: export(path, tmp_path / f"{source}-{target}", base=folder, lora_format=target)
-                  and files_of(tmp_path / f"{source}-{target}") for target in OUTPUTS}
-        for middle in OUTPUTS:
-            for target in OUTPUTS:
-                out = tmp_path / f"{source}-{middle}-{target}"
-                export(tmp_path / f"{source}-{middle}", out, base=folder, lora_format=target)
-                assert_same_files(files_of(out), direct[target])
+        assert_any_to_any_to_any(export, synthetic[source][0], source, folder, OUTPUTS, tmp_path)
     musubi = load_file(tmp_path / "peft-musubi" / "lora.safetensors")
     assert musubi["lora_unet_single_blocks_0_linear1.lora_down.weight"].shape[0] == \
         synthetic["musubi"][1].modules["single_blocks.0.linear1"][2]  # the trained rank, not 4 parts' worth

@@ -25,7 +25,7 @@ import torch
 from conftest import snapshot
 from diffusers import LTXPipeline, LTXVideoTransformer3DModel
 from fixtures import SCRIPTS
-from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, diffusers_fused, files_of, merged,
+from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, assert_any_to_any_to_any, diffusers_fused, merged,
                           peft_fused, peft_wrapped, random_modules, write_diffusers_lora, write_finetrainers_lora,
                           write_peft_adapter, write_peft_checkpoint_file)
 from safetensors.torch import load_file, save_file
@@ -172,21 +172,7 @@ def test_every_layout_to_every_layout_at_the_trained_strength(source, synthetic,
 def test_any_to_any_to_any_is_exact(synthetic, base, tmp_path):
     folder = base[0]
     for source in ("comfyui", "peft"):
-        path = synthetic[source][0]
-        direct = {target: export(path, tmp_path / f"{source}-{target}", base=folder, lora_format=target)
-                  and files_of(tmp_path / f"{source}-{target}") for target in OUTPUTS}
-        for middle in OUTPUTS:
-            for target in OUTPUTS:
-                out = tmp_path / f"{source}-{middle}-{target}"
-                export(tmp_path / f"{source}-{middle}", out, base=folder, lora_format=target)
-                found = files_of(out)
-                assert set(found) == set(direct[target])
-                for name, value in direct[target].items():
-                    if isinstance(value, tuple):
-                        assert_all_equal(found[name][0], value[0])
-                        assert found[name][1] == value[1], name
-                    else:
-                        assert found[name] == value, name
+        assert_any_to_any_to_any(export, synthetic[source][0], source, folder, OUTPUTS, tmp_path)
     metadata = adapter_metadata(tmp_path / "comfyui-diffusers" / OUTPUT_FILE["diffusers"])
     assert metadata["transformer.rank_pattern"] and metadata["transformer.alpha_pattern"]
     comfy = load_file(tmp_path / "peft-comfyui" / OUTPUT_FILE["comfyui"])

@@ -16,8 +16,8 @@ import torch
 from conftest import assert_refusal, snapshot
 from diffusers import WanPipeline, WanTransformer3DModel
 from fixtures import ROOT, SCRIPTS, GroundTruth, cached_fixture
-from lora_helpers import (adapter_metadata, assert_all_equal, assert_same_files, diffusers_fused, files_of,
-                          header, merged, peft_fused, peft_patterns, peft_wrapped, random_modules, write_diffusers_lora,
+from lora_helpers import (adapter_metadata, assert_all_equal, assert_any_to_any_to_any, diffusers_fused, header, merged,
+                          peft_fused, peft_patterns, peft_wrapped, random_modules, write_diffusers_lora,
                           write_finetrainers_lora, write_peft_adapter)
 from safetensors.torch import load_file, save_file
 
@@ -204,13 +204,7 @@ def test_every_layout_to_every_layout_at_the_trained_strength(source, synthetic,
 def test_any_to_any_to_any_is_exact(synthetic, tmp_path):
     _, inputs = synthetic
     for source in ("musubi", "peft"):
-        direct = {target: export(inputs[source], tmp_path / f"{source}-{target}", base=BASE_FOLDER,
-                                 lora_format=target) and files_of(tmp_path / f"{source}-{target}") for target in OUTPUTS}
-        for middle in OUTPUTS:
-            for target in OUTPUTS:
-                out = tmp_path / f"{source}-{middle}-{target}"
-                export(tmp_path / f"{source}-{middle}", out, base=BASE_FOLDER, lora_format=target)
-                assert_same_files(files_of(out), direct[target])
+        assert_any_to_any_to_any(export, inputs[source], source, BASE_FOLDER, OUTPUTS, tmp_path)
     # the strength travels in each format's own way
     assert adapter_metadata(tmp_path / "musubi-diffusers" / OUTPUT_FILE["diffusers"])["transformer.rank_pattern"]
     assert json.loads((tmp_path / "musubi-peft" / "adapter_config.json").read_text())["alpha_pattern"]
