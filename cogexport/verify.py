@@ -9,7 +9,8 @@ Three checks, reported separately:
 2. A second opinion where one exists: when Diffusers ships its own converter for the source layout (its single-file
    converters), the source is converted by Diffusers' code and every written tensor is compared with that result.
    This is independent of cogexport's tables. It holds the converted model in memory, so it is skipped for sources
-   larger than ``judge_limit`` bytes (say so when it is).
+   larger than ``judge_limit`` bytes, and for checkpoints of other sizes than the converter hard-codes (the table's
+   ``judge_when``); the report says which.
 3. Diffusers loads the folder (``from_pretrained``, strictly: no missing or unexpected keys).
 
 LoRA exports are checked too: an adapter folder against the run's A and B and its recorded alpha and ranks; a fused
