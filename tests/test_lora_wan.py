@@ -15,15 +15,16 @@ import pytest
 import torch
 from conftest import assert_refusal, snapshot
 from diffusers import WanPipeline, WanTransformer3DModel
-from fixtures import ROOT, SCRIPTS, GroundTruth, cached_fixture
+from fixtures import SCRIPTS, GroundTruth, cached_fixture
 from lora_helpers import (adapter_metadata, assert_all_equal, assert_any_to_any_to_any, diffusers_fused, header, merged,
                           peft_fused, peft_patterns, peft_wrapped, random_modules, write_diffusers_lora,
                           write_finetrainers_lora, write_peft_adapter)
 from safetensors.torch import load_file, save_file
+from wan_fixtures import REAL_WAN
 
 from cogexport.to_diffusers import export
 
-REAL = ROOT.parent / "shared" / "fixtures" / "wan21-t2v"  # a tiny real Wan 2.1 and LoRAs written by the trainers
+REAL = REAL_WAN  # a tiny real Wan 2.1 and LoRAs written by the trainers
 BASE_FOLDER = REAL / "base" / "transformer"
 OUTPUTS = ("diffusers", "peft", "comfyui", "musubi")
 OUTPUT_FILE = {"diffusers": "pytorch_lora_weights.safetensors", "peft": "adapter_model.safetensors",

@@ -15,10 +15,11 @@ import torch
 from cogvideox_fixtures import build_tiny_transformer, config_folder, write_sat_run
 from diffusers import CogVideoXPipeline, CogVideoXTransformer3DModel
 from safetensors.torch import load_file
+from wan_fixtures import SHARED
 
 from cogexport.inspect_report import inspect_checkpoint
 
-SAT_REAL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sat-real"
+SAT_REAL = SHARED / "fixtures" / "sat-real"
 pytestmark = pytest.mark.skipif(not SAT_REAL.is_dir(), reason=f"real SAT fixtures not found at {SAT_REAL}")
 RUN = "checkpoint/tiny-11-23-11-51"
 
