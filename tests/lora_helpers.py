@@ -86,6 +86,36 @@ def write_diffusers_lora(pipeline_class, folder: Path, modules: dict) -> Path:
     return folder / "pytorch_lora_weights.safetensors"
 
 
+# -- ... and on the original layer names, as kohya-style trainers and ComfyUI save them -------------------------------
+def write_musubi_lora(path: Path, layers: dict, network_module: str) -> Path:
+    """musubi-tuner: lora_unet_ + the original name with underscores, lora_down / lora_up and every .alpha."""
+    tensors = {}
+    for layer, (a, b, _, alpha) in layers.items():
+        name = "lora_unet_" + layer.replace(".", "_")
+        tensors.update({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b,
+                        f"{name}.alpha": torch.tensor(alpha)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, path, metadata={"ss_network_module": network_module, "ss_network_dim": "4",
+                                       "ss_network_alpha": "8.0"})
+    return path
+
+
+def write_comfyui_lora(path: Path, layers: dict, parts: tuple[str, str] = ("down", "up"),
+                       extra: dict[str, torch.Tensor] | None = None) -> Path:
+    """ComfyUI: diffusion_model. + the original name, lora_down / lora_up (or lora_A / lora_B), .alpha only where the
+    strength is not 1 (ComfyUI applies a module without one at scale 1); ``extra`` tensors as they are."""
+    tensors = {}
+    for layer, (a, b, rank, alpha) in layers.items():
+        name = "diffusion_model." + layer
+        tensors.update({f"{name}.lora_{parts[0]}.weight": a, f"{name}.lora_{parts[1]}.weight": b})
+        if alpha != rank:
+            tensors[f"{name}.alpha"] = torch.tensor(alpha)
+    tensors.update(extra or {})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, path)
+    return path
+
+
 def write_finetrainers_lora(path: Path, modules: dict) -> Path:
     """finetrainers: Diffusers names, one rank and alpha in its lora_config metadata (which Diffusers does not read)."""
     rank, alpha = USUAL

@@ -32,8 +32,9 @@ from diffusers import HunyuanVideoPipeline, HunyuanVideoTransformer3DModel
 from hunyuanvideo_fixtures import HIDDEN, build_tiny_transformer, original_shapes, tiny_config
 from hunyuanvideo_tiny import with_hidden
 from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, assert_any_to_any_to_any, diffusers_fused, header,
-                          merged, peft_fused, peft_patterns, peft_wrapped, random_modules, write_diffusers_lora,
-                          write_finetrainers_lora, write_peft_adapter, write_peft_checkpoint_file)
+                          merged, peft_fused, peft_patterns, peft_wrapped, random_modules, write_comfyui_lora,
+                          write_diffusers_lora, write_finetrainers_lora, write_musubi_lora, write_peft_adapter,
+                          write_peft_checkpoint_file)
 from safetensors.torch import load_file, save_file
 
 from cogexport.to_diffusers import export
@@ -141,28 +142,12 @@ def make_adapter(layers: dict[str, tuple], seed: int = 0, strengths=STRENGTHS) -
 
 # -- the trainers' layouts, by their documented names ---------------------------------------------------------------
 def write_musubi(path: Path, adapter: Adapter) -> Path:
-    tensors = {}
-    for layer, (a, b, _, alpha) in adapter.modules.items():
-        name = "lora_unet_" + layer.replace(".", "_")
-        tensors.update({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b,
-                        f"{name}.alpha": torch.tensor(alpha)})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, path, metadata={"ss_network_module": "networks.lora", "ss_network_dim": "4",
-                                       "ss_network_alpha": "8.0"})
-    return path
+    return write_musubi_lora(path, adapter.modules, "networks.lora")
 
 
 def write_comfyui(path: Path, adapter: Adapter) -> Path:
-    """ComfyUI's own names; .alpha where the strength is not 1 (ComfyUI applies a module without one at 1)."""
-    tensors = {}
-    for layer, (a, b, rank, alpha) in adapter.modules.items():
-        name = "diffusion_model." + adapter.layers[layer][0]
-        tensors.update({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b})
-        if alpha != rank:
-            tensors[f"{name}.alpha"] = torch.tensor(alpha)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, path)
-    return path
+    """ComfyUI's own names (not the original layer names) for each layer."""
+    return write_comfyui_lora(path, {adapter.layers[layer][0]: lora for layer, lora in adapter.modules.items()})
 
 
 def write_original(path: Path, adapter: Adapter) -> Path:

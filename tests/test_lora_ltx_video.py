@@ -26,8 +26,8 @@ from conftest import snapshot
 from diffusers import LTXPipeline, LTXVideoTransformer3DModel
 from fixtures import SCRIPTS
 from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, assert_any_to_any_to_any, diffusers_fused, merged,
-                          peft_fused, peft_wrapped, random_modules, write_diffusers_lora, write_finetrainers_lora,
-                          write_peft_adapter, write_peft_checkpoint_file)
+                          peft_fused, peft_wrapped, random_modules, write_comfyui_lora, write_diffusers_lora,
+                          write_finetrainers_lora, write_peft_adapter, write_peft_checkpoint_file)
 from safetensors.torch import load_file, save_file
 
 from cogexport.to_diffusers import export
@@ -85,16 +85,8 @@ def write_finetrainers(path: Path, adapter: Adapter) -> Path:
 
 
 def write_comfyui(path: Path, adapter: Adapter, names: tuple[str, str] = ("A", "B")) -> Path:
-    """diffusion_model. + original names, lora_A / lora_B (or lora_down / lora_up), .alpha where alpha != r."""
-    tensors = {}
-    for module, (a, b, rank, alpha) in adapter.modules.items():
-        name = "diffusion_model." + original(module)
-        tensors.update({f"{name}.lora_{names[0]}.weight": a, f"{name}.lora_{names[1]}.weight": b})
-        if alpha != rank:
-            tensors[f"{name}.alpha"] = torch.tensor(alpha)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, path)
-    return path
+    """lora_A / lora_B by default (or lora_down / lora_up)."""
+    return write_comfyui_lora(path, {original(module): lora for module, lora in adapter.modules.items()}, names)
 
 
 def write_peft(folder: Path, adapter: Adapter, config: dict, weights: dict[str, torch.Tensor]) -> Path:

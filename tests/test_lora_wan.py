@@ -17,8 +17,8 @@ from conftest import assert_refusal, snapshot
 from diffusers import WanPipeline, WanTransformer3DModel
 from fixtures import SCRIPTS, GroundTruth, cached_fixture
 from lora_helpers import (adapter_metadata, assert_all_equal, assert_any_to_any_to_any, diffusers_fused, header, merged,
-                          peft_fused, peft_patterns, peft_wrapped, random_modules, write_diffusers_lora,
-                          write_finetrainers_lora, write_peft_adapter)
+                          peft_fused, peft_patterns, peft_wrapped, random_modules, write_comfyui_lora,
+                          write_diffusers_lora, write_finetrainers_lora, write_musubi_lora, write_peft_adapter)
 from safetensors.torch import load_file, save_file
 from wan_fixtures import REAL_WAN
 
@@ -104,30 +104,15 @@ def write_peft_original(folder: Path, adapter: Adapter, wrapped_model: dict[str,
 
 
 def write_musubi(path: Path, adapter: Adapter) -> Path:
-    tensors = {}
-    for module, (a, b, _, alpha) in adapter.modules.items():
-        name = "lora_unet_" + original(module).replace(".", "_")
-        tensors.update({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b,
-                        f"{name}.alpha": torch.tensor(alpha)})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, path, metadata={"ss_network_module": "networks.lora_wan", "ss_network_dim": "4",
-                                       "ss_network_alpha": "8.0"})
-    return path
+    return write_musubi_lora(path, {original(module): lora for module, lora in adapter.modules.items()},
+                             "networks.lora_wan")
 
 
 def write_comfyui(path: Path, adapter: Adapter, extra: dict[str, torch.Tensor] | None = None) -> Path:
-    tensors = {}
-    for module, (a, b, rank, alpha) in adapter.modules.items():
-        name = "diffusion_model." + original(module)
-        tensors.update({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b})
-        if alpha != rank:
-            tensors[f"{name}.alpha"] = torch.tensor(alpha)
-    for module, delta in adapter.diff_b.items():
-        tensors[f"diffusion_model.{original(module)}.diff_b"] = delta
-    tensors.update(extra or {})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, path)
-    return path
+    """With the adapter's bias deltas as .diff_b."""
+    deltas = {f"diffusion_model.{original(module)}.diff_b": delta for module, delta in adapter.diff_b.items()}
+    return write_comfyui_lora(path, {original(module): lora for module, lora in adapter.modules.items()},
+                              extra={**deltas, **(extra or {})})
 
 
 def write_diffsynth(path: Path, adapter: Adapter) -> Path:
