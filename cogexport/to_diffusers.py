@@ -394,16 +394,14 @@ def export(checkpoint: str | Path | Sequence[str | Path], output: str | Path,
             names = tuple(folder.name for folder in experts.values())
             if mode == "fuse":
                 for name, each in adapters.items():
-                    part, variant = plan_fused_transformer(each, base, options, str(experts[name]) if experts else where,
+                    part, variant = plan_fused_transformer(each, base, options, _where_of(name, experts, where),
                                                            stack, name, names)
                     parts.append(part)
             else:
                 for name, each in sources.items():
-                    part_where = str(experts[name]) if experts else where
-                    # an expert's own config.json sits in its subfolder
-                    part_paths = [experts[name]] if experts else paths
-                    part, variant = plan_transformer(each, base, options, part_where,
-                                                     _search_folders(part_paths, each), name, names)
+                    part, variant = plan_transformer(each, base, options, _where_of(name, experts, where),
+                                                     _search_folders(_paths_of(name, experts, paths), each), name,
+                                                     names)
                     parts.append(part)
             family = parts[0].family
         vae_inside = component == "pipeline" and options.vae is None and family.vae_from_checkpoint and \
@@ -464,9 +462,8 @@ def _read_adapters(sources: dict[str, LazyCheckpoint], experts: dict[str, Path],
     names."""
     adapters = {}
     for name, source in sources.items():
-        part_where = str(experts[name]) if experts else where
-        folders = _search_folders([experts[name]] if experts else paths, source)
-        adapters[name] = read_adapter(source, part_where, options.lora_alpha, folders, source.info.metadata,
+        folders = _search_folders(_paths_of(name, experts, paths), source)
+        adapters[name] = read_adapter(source, _where_of(name, experts, where), options.lora_alpha, folders, source.info.metadata,
                                       _family_hint(base, options))
     families = {adapter.family.name for adapter in adapters.values()}
     if len(families) > 1:
@@ -514,7 +511,7 @@ def _export_adapters(sources: dict[str, LazyCheckpoint], adapters: dict[str, Lor
     names = tuple(folder.name for folder in experts.values())
     planned: dict[str, tuple[AdapterOutput, _TransformerTarget | None]] = {}
     for name, adapter in adapters.items():
-        part_where = str(experts[name]) if experts else where
+        part_where = _where_of(name, experts, where)
         chosen, schema = _adapter_target(adapter, base, options, part_where, name, names)
         base_model = options.base_model or (chosen.variant.hub_id if chosen and chosen.published else None)
         planned[experts[name].name if experts else ""] = (
@@ -544,6 +541,16 @@ def _export_adapters(sources: dict[str, LazyCheckpoint], adapters: dict[str, Lor
     if options.push_to_hub:
         result.pushed_to = _push(output, options)
     return result
+
+
+def _where_of(name: str, experts: dict[str, Path], where: str) -> str:
+    """What messages call one expert's part of the input (the whole input for an ordinary model)."""
+    return str(experts[name]) if experts else where
+
+
+def _paths_of(name: str, experts: dict[str, Path], paths: list[Path]) -> list[Path]:
+    """Where one expert's files are (its own config.json sits in its subfolder); the input for an ordinary model."""
+    return [experts[name]] if experts else paths
 
 
 def _first_source(sources: dict[str, LazyCheckpoint]) -> LazyCheckpoint:
