@@ -49,6 +49,19 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def run_rank_script(command: list[str], output: Path, env: dict) -> subprocess.CompletedProcess:
+    """Run a script that trains or resumes on CPU gloo ranks, writing ``output``; once more, from an empty
+    ``output``, if a rank was aborted. gloo now and then aborts a CPU rank as it shuts down ("terminate called
+    without an active exception": about 1 run in 15 on a loaded 2-core machine); these scripts are not under test,
+    and the second run remakes the checkpoint and its ground truth together."""
+    for _ in range(2):
+        shutil.rmtree(output, ignore_errors=True)
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode == 0 or "terminated with signal SIGABRT" not in done.stderr:
+            break
+    return done
+
+
 def cached_fixture(name: str, scripts: tuple[str, ...], command: list[str]) -> Path:
     """Run ``command`` (with OUT appended) once per cache key; return the finished folder."""
     folder = CACHE / _cache_key(*scripts) / name
@@ -58,15 +71,7 @@ def cached_fixture(name: str, scripts: tuple[str, ...], command: list[str]) -> P
             shutil.rmtree(partial, ignore_errors=True)
             shutil.rmtree(folder, ignore_errors=True)
             env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-            for attempt in range(2):
-                shutil.rmtree(partial, ignore_errors=True)
-                done = subprocess.run([sys.executable, *command, str(partial)], env=env, capture_output=True,
-                                      text=True)
-                # gloo now and then aborts a CPU rank as it shuts down ("terminate called without an active
-                # exception": about 1 run in 15 on a loaded 2-core machine); the maker is not under test, and a
-                # second run remakes the checkpoint and its ground truth together from scratch.
-                if done.returncode == 0 or "terminated with signal SIGABRT" not in done.stderr:
-                    break
+            done = run_rank_script([sys.executable, *command, str(partial)], partial, env)
             if done.returncode != 0:
                 raise RuntimeError(f"making fixture {name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
             (partial / ".complete").touch()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import leftovers, snapshot
-from fixtures import SCRIPTS, DeepSpeedVariant, GroundTruth, deepspeed_checkpoint
+from fixtures import SCRIPTS, DeepSpeedVariant, GroundTruth, deepspeed_checkpoint, run_rank_script
 
 from cogexport.checkpoint import open_checkpoint
 from cogexport.universal import universal
@@ -38,8 +38,7 @@ def resume(load_dir: Path, variant: DeepSpeedVariant, world_size: int, stage: in
     command = [sys.executable, str(SCRIPTS / "resume_universal.py"), str(load_dir), str(out), "--stage",
                str(stage), "--dtype", variant.dtype, "--world-size", str(world_size), "--optimizer",
                variant.optimizer] + (["--bf16-optimizer"] if variant.bf16_optimizer else [])
-    done = subprocess.run(command, capture_output=True, text=True,
-                          env={**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore"})
+    done = run_rank_script(command, out, {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0, done.stderr[-4000:]
     return GroundTruth(out, "resumed")
 
