@@ -1,4 +1,5 @@
-"""cogexport: turn video-diffusion training checkpoints into inference-ready Hugging Face Diffusers folders.
+"""cogexport: turn video-diffusion training checkpoints into the files people run: Diffusers folders, original
+release layouts, LoRA adapters.
 
 Library use::
 
@@ -9,6 +10,7 @@ Library use::
         weight = checkpoint["head.weight"].load()               # reads just this tensor
     cogexport.consolidate("runs/exp1", "consolidated/", dtype="bf16")
     cogexport.export("runs/sat-run", "exported/", model_type="t2v", base="path/to/CogVideoX-5b")
+    cogexport.export_original("exported/", "release/")                # the family's original layout
 """
 
 __version__ = "0.1.0"
@@ -19,10 +21,17 @@ from .errors import CogExportError  # noqa: E402
 
 
 def export(checkpoint, output, options=None, **overrides):
-    """Export a CogVideoX checkpoint to a Diffusers folder (see cogexport.to_diffusers.ExportOptions)."""
-    from .to_diffusers import export as run_export  # imports diffusers: only when exporting
+    """Export a checkpoint to a Diffusers folder (see cogexport.export.ExportOptions)."""
+    from .export import export as run_export  # imports diffusers: only when exporting
 
     return run_export(checkpoint, output, options, **overrides)
 
 
-__all__ = ["CogExportError", "__version__", "consolidate", "export", "open_checkpoint"]
+def export_original(checkpoint, output, options=None, **overrides):
+    """Write Diffusers weights back in their family's original layout (see cogexport.export.ExportOptions)."""
+    from .export import export_original as run_export_original
+
+    return run_export_original(checkpoint, output, options, **overrides)
+
+
+__all__ = ["CogExportError", "__version__", "consolidate", "export", "export_original", "open_checkpoint"]

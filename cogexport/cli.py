@@ -14,7 +14,10 @@ import click
 from . import __version__
 from .allocation import reuse_freed_tensor_memory
 from .errors import CogExportError, one_line
+from .export.options import component_choices, lora_format_help, task_help
 from .inspect_report import inspect_paths, render_inspect_text
+from .keymap.table import TableError
+from .models.family import FamilyError
 from .sizes import human_bytes
 
 
@@ -31,6 +34,9 @@ def _user_errors_exit_2(command):
             return command(*args, **kwargs)
         except CogExportError as error:
             click.echo(f"cogexport: error: {error}", err=True)
+            sys.exit(2)
+        except (FamilyError, TableError) as error:  # a family's data (maybe another package's) is malformed
+            click.echo(f"cogexport: error: key maps: {one_line(str(error))}", err=True)
             sys.exit(2)
         except OSError as error:  # the machine's answer about a path (permissions, disk full): not a bug of ours
             where = f": {error.filename}" if error.filename else ""
@@ -52,16 +58,20 @@ class ExportByDefault(click.Group):
         return super().parse_args(ctx, args)
 
 
-@click.group(cls=ExportByDefault, context_settings={"help_option_names": ["-h", "--help"]})
+def _main_help() -> str:
+    from .export.options import family_names
+
+    return (f"Turn video-diffusion training checkpoints and releases ({family_names()}; DeepSpeed ZeRO, PyTorch "
+            "distributed, SAT, original releases, Diffusers fine-tunes, LoRA files) into Hugging Face Diffusers "
+            "folders, original release layouts and LoRA adapters.\n\n"
+            "The main job, a checkpoint to Diffusers, is the default command:\n\n"
+            "\b\n    cogexport --model-type t2v CHECKPOINT OUTPUT")
+
+
+@click.group(cls=ExportByDefault, context_settings={"help_option_names": ["-h", "--help"]}, help=_main_help())
 @click.version_option(__version__, prog_name="cogexport")
 def main() -> None:
-    """Turn video-diffusion training checkpoints and releases (CogVideoX, Wan, HunyuanVideo, LTX-Video, Mochi; DeepSpeed
-    ZeRO, PyTorch distributed, SAT, original releases, Diffusers fine-tunes) into Hugging Face Diffusers folders.
-
-    The main job, a checkpoint to Diffusers, is the default command:
-
-        cogexport --model-type t2v CHECKPOINT OUTPUT
-    """
+    pass
 
 
 checkpoint_paths = click.argument("checkpoint", nargs=-1, required=True, type=click.Path(path_type=Path))
@@ -123,18 +133,32 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
         sys.exit(1)
 
 
-@main.command()
+def _export_help() -> str:
+    from .export.options import family_names
+
+    return (f"Export a training checkpoint or release ({family_names()}) to a Diffusers folder, or Diffusers weights "
+            "back to the family's original layout (--to original).")
+
+
+def _model_name_examples() -> str:
+    from .models.family import families
+
+    return ", ".join(family.variants[0].name for family in families() if family.variants)
+
+
+@main.command(help=_export_help())
 @checkpoint_paths
 @output_path
 @click.option("--model-type", metavar="TASK",
-              help="The model's task, checked against the checkpoint (and choosing between variants of the same shapes): "
-                   "CogVideoX t2v|i2v; Wan t2v|i2v|flf2v|ti2v; HunyuanVideo t2v|i2v; LTX-Video t2v|condition; Mochi t2v.")
-@click.option("--component", type=click.Choice(["transformer", "vae", "pipeline"]),
-              help="What to write [default: pipeline when --base is a pipeline folder, else transformer].")
+              help=f"The model's task, checked against the checkpoint (and choosing between variants of the same "
+                   f"shapes): {task_help()}.")
+@click.option("--component", type=click.Choice(component_choices()),
+              help="What to write [default: pipeline when --base is a pipeline folder (except with --lora fuse), "
+                   "else transformer].")
 @click.option("--base", type=click.Path(path_type=Path),
               help="Local Diffusers pipeline or model folder: configs, and a pipeline's text encoder and tokenizer.")
 @click.option("--vae", "vae_path", type=click.Path(path_type=Path),
-              help="VAE checkpoint for a pipeline (SAT 3d-vae.pt or Diffusers weights) [default: the base's VAE].")
+              help="VAE checkpoint for a pipeline (original or Diffusers weights) [default: the base's VAE].")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
 @click.option("--keep-fp32", multiple=True, metavar="GLOB",
               help="Also keep tensors matching GLOB (on dotted name components) in fp32; repeatable.")
@@ -147,15 +171,13 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
               help="A LoRA run: write the adapter (the default for LoRA runs) or fuse it into the model.")
 @click.option("--lora-alpha", type=float, help="The run's lora_alpha, when the checkpoint does not record it.")
 @click.option("--lora-format", metavar="FORMAT",
-              help="The adapter file's layout: diffusers (pytorch_lora_weights.safetensors), peft (adapter_model + "
-                   "adapter_config.json), comfyui, musubi (kohya) [default: diffusers].")
-@click.option("--model-name", help="The published model this is (e.g. CogVideoX-5b, Wan2.1-T2V-1.3B); needed for a VAE "
-                                  "alone.")
+              help=f"The adapter file's layout: {lora_format_help()} [default: diffusers].")
+@click.option("--model-name", help=f"The published model this is (e.g. {_model_name_examples()}); needed for a VAE "
+                                   "alone.")
 @click.option("--base-model", help="Hub id the model card names as the base model [default: the published one].")
 @click.option("--to", "layout", type=click.Choice(["diffusers", "original"]), default="diffusers", show_default=True,
               help="Write Diffusers folders, or (from Diffusers weights: a model or pipeline folder, a training "
-                   "checkpoint) the family's original layout: the safetensors the Wan repo and ComfyUI load (and with "
-                   "--component vae Wan's VAE .pth), SAT's model-states file for CogVideoX.")
+                   "checkpoint) the family's original layout: the files its own repository and ComfyUI load.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
 @click.option("--push-to-hub", metavar="REPO", help="Upload the finished folder to this Hub repository.")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repository private.")
@@ -164,18 +186,13 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
            tag, ema, lora, lora_alpha, lora_format, model_name, base_model, layout, overwrite, push_to_hub, private,
            as_json) -> None:
-    """Export a training checkpoint or release (CogVideoX, Wan, HunyuanVideo, LTX-Video, Mochi) to a Diffusers folder,
-    or Diffusers weights back to the original layout (--to original)."""
-    from .to_diffusers import ExportOptions, command_line, export as run_export
-    from .to_original import export_original
+    from .export import ExportOptions, command_line, export as run_export, export_original
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
                             keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,
                             ema=ema, lora=lora, lora_alpha=lora_alpha, lora_format=lora_format, model_name=model_name,
                             base_model=base_model, overwrite=overwrite,
                             push_to_hub=push_to_hub, private=private, command=command_line())
-    if layout == "original" and lora_format:
-        raise CogExportError("--lora-format names an adapter file's layout; --to original writes a full transformer")
     result = (export_original if layout == "original" else run_export)(list(checkpoint), output, options)
     for note in result.notes:
         click.echo(f"cogexport: note: {note}", err=True)

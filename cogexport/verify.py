@@ -31,16 +31,26 @@ from .errors import CogExportError
 from .keymap.plan import plan_translation
 from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
-from .checkpoint import open_checkpoint
+from .checkpoint import open_checkpoint, open_ema
 from .lora import base_weights, plan_fused, read_adapter
 from .models.base_folder import read_json
 from .models.family import family_of_class
 from .models.recognize import choose_table, expert_folders, lora_key
 from .models.target import build_target
-from .to_diffusers import ExportOptions, open_source
 from .write.diffusers_folders import variant_of
 
 JUDGE_LIMIT = 8_000_000_000  # bytes of source tensors a second opinion may hold in memory
+
+
+@dataclass(frozen=True)
+class SourceChoice:
+    """Which weights of the checkpoint the folder was exported from."""
+
+    tag: str | None = None
+    ema: bool = False
+
+    def open(self, paths: list[Path]):
+        return open_ema(paths, self.tag) if self.ema else open_checkpoint(paths, self.tag)
 
 
 @dataclass
@@ -100,7 +110,7 @@ def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, ta
     if not (output / "config.json").is_file() and not is_pipeline(output) and any(output.glob("*.safetensors")):
         if vae_against is not None:
             raise CogExportError(f"--vae-against applies to a pipeline folder; {output} is a LoRA adapter folder")
-        return [_verify_adapter(output, as_paths(against), ExportOptions(tag=tag, ema=ema))]
+        return [_verify_adapter(output, as_paths(against), SourceChoice(tag, ema))]
     if (output / "config.json").is_file():
         checks = [(output, as_paths(against))]
     elif is_pipeline(output):
@@ -114,11 +124,11 @@ def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, ta
                              "weights)")
     if vae_against is not None and not is_pipeline(output):
         raise CogExportError(f"--vae-against applies to a pipeline folder; {output} is a model folder")
-    options = ExportOptions(tag=tag, ema=ema)
+    options = SourceChoice(tag, ema)
     return [_verify_folder(folder, sources, options, load, judge_limit) for folder, sources in checks]
 
 
-def _verify_folder(folder: Path, sources: list[Path], options: ExportOptions, load: bool,
+def _verify_folder(folder: Path, sources: list[Path], options: SourceChoice, load: bool,
                    judge_limit: int) -> VerifyReport:
     where = ", ".join(map(str, sources))
     config = read_json(folder / "config.json")
@@ -128,7 +138,7 @@ def _verify_folder(folder: Path, sources: list[Path], options: ExportOptions, lo
         raise CogExportError(f"{folder}/config.json describes {class_name!r}, not a model cogexport exports")
     family, component = found
     target = build_target(class_name, config)
-    with open_source(sources, options) as source:
+    with options.open(sources) as source:
         report = VerifyReport(str(folder), class_name)
         if component == "transformer" and lora_key(list(source)) is not None:
             report.kind = "fused model"
@@ -154,11 +164,11 @@ def _folders(sources: list[Path]) -> list[Path]:
     return [p if p.is_dir() else p.parent for p in sources]
 
 
-def _verify_adapter(folder: Path, sources: list[Path], options: ExportOptions) -> VerifyReport:
+def _verify_adapter(folder: Path, sources: list[Path], options: SourceChoice) -> VerifyReport:
     """The adapter written to ``folder`` (in whatever layout), read back, has the run's modules, A and B, ranks and
     alphas: the strength its loader will apply is the trained one."""
     where = ", ".join(map(str, sources))
-    with open_source(sources, options) as source, open_checkpoint(folder) as written_file:
+    with options.open(sources) as source, open_checkpoint(folder) as written_file:
         trained = read_adapter(source, where, None, _folders(sources), source.info.metadata)
         # the folder's names may fit another family too (Diffusers names CogVideoX and LTX-Video share): it holds
         # the run's family's adapter

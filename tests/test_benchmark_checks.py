@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from cogexport.consolidate import consolidate
 from cogexport.errors import CogExportError
-from cogexport.to_diffusers import export
+from cogexport.export import export
 from cogexport.universal import universal
 
 sys.path.insert(0, str(SCRIPTS))

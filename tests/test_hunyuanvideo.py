@@ -23,7 +23,8 @@ from cogexport.models.family import families, family_named
 from cogexport.models.recognize import component_tables, fitting_tables
 from cogexport.models.target import build_target
 from cogexport.precision import PrecisionPolicy
-from cogexport.to_diffusers import ExportOptions, plan_transformer
+from cogexport.export import ExportOptions
+from cogexport.export.parts import plan_transformer
 
 FAMILY = family_named("hunyuanvideo")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -279,7 +280,8 @@ def full_size_original(**config) -> dict[str, LazyTensor]:
 def test_published_variants_are_read_off_the_shapes(config, model_type, name, originals, tensors):
     source = full_size_original(**config)
     assert len(source) == originals
-    transformer, variant = plan_transformer(source, None, ExportOptions(model_type=model_type), "meta")
+    transformer = plan_transformer(source, ExportOptions(model_type=model_type), "meta")
+    variant = transformer.variant
     assert variant.name == name and transformer.published and transformer.label == name
     assert len(transformer.tensors) == tensors
     built = transformer.target.model.config

@@ -11,7 +11,8 @@ from cogvideox_fixtures import SCRIPTS  # noqa: F401  (puts scripts/ on sys.path
 from make_sat_checkpoint import full_size_sat_meta
 
 from cogexport.errors import CogExportError
-from cogexport.to_diffusers import ExportOptions, plan_transformer
+from cogexport.export import ExportOptions
+from cogexport.export.parts import plan_transformer
 from cogexport.lazy import LazyTensor
 from cogexport.models.family import family_named
 from cogexport.models.target import build_target
@@ -41,7 +42,8 @@ def meta_checkpoint(variant: str) -> dict[str, LazyTensor]:
 @pytest.mark.parametrize("short", EXPECTED)
 def test_published_variant_is_read_off_the_shapes(short):
     name, layers, hidden, model_type, shift, scaling, invert, sample = EXPECTED[short]
-    transformer, variant = plan_transformer(meta_checkpoint(short), None, ExportOptions(), "meta")
+    transformer = plan_transformer(meta_checkpoint(short), ExportOptions(), "meta")
+    variant = transformer.variant
     assert variant.name == name and variant.task == model_type
     assert transformer.published and transformer.label == name
     config = transformer.target.model.config
@@ -54,7 +56,7 @@ def test_published_variant_is_read_off_the_shapes(short):
 
 
 def test_key_counts_match_the_published_models():
-    counts = {short: len(plan_transformer(meta_checkpoint(short), None, ExportOptions(), "meta")[0].tensors)
+    counts = {short: len(plan_transformer(meta_checkpoint(short), ExportOptions(), "meta").tensors)
               for short in EXPECTED}
     assert counts == {"2b": 736, "5b": 1024, "5b-i2v": 1025, "1.5-5b": 1024, "1.5-5b-i2v": 1028}
 
@@ -63,7 +65,7 @@ def test_key_counts_match_the_published_models():
 def test_wrong_model_type_names_the_variant(short, wrong):
     name = EXPECTED[short][0]
     with pytest.raises(CogExportError, match=f"checkpoint is {name} .* but --model-type {wrong} was given"):
-        plan_transformer(meta_checkpoint(short), None, ExportOptions(model_type=wrong), "meta")
+        plan_transformer(meta_checkpoint(short), ExportOptions(model_type=wrong), "meta")
 
 
 def test_a_2b_sat_file_with_a_frozen_position_table_stays_2b():
@@ -71,7 +73,8 @@ def test_a_2b_sat_file_with_a_frozen_position_table_stays_2b():
     checkpoint = meta_checkpoint("2b")
     checkpoint["model.diffusion_model.mixins.pos_embed.pos_embedding"] = LazyTensor(
         torch.Size([1, 17776, 1920]), torch.bfloat16, _never_read)
-    transformer, variant = plan_transformer(checkpoint, None, ExportOptions(), "meta")
+    transformer = plan_transformer(checkpoint, ExportOptions(), "meta")
+    variant = transformer.variant
     assert variant.name == "CogVideoX-2b"
     assert "model.diffusion_model.mixins.pos_embed.pos_embedding" in transformer.plan.dropped
 

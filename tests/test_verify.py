@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from wan_fixtures import real_wan
 
-from cogexport.to_diffusers import export
+from cogexport.export import export
 
 
 def exported(tmp_path, seed=1):
@@ -121,7 +122,7 @@ def scrambled_wan_table(monkeypatch):
     def load(name):
         if name != "wan/original_transformer":
             return real(name)
-        text = tables.resources.files("cogexport.key_maps").joinpath("wan", "original_transformer.toml").read_text()
+        text = resources.files("cogexport.key_maps").joinpath("wan", "original_transformer.toml").read_text()
         text = text.replace("attn1.norm_{qk}", "@@").replace("attn2.norm_{qk}", "attn1.norm_{qk}").replace(
             "@@", "attn2.norm_{qk}")
         return tables.parse_table(text, name)

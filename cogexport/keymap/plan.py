@@ -89,7 +89,26 @@ def plan_translation(table: KeyMapTable, source: Mapping[str, LazyTensor],
     """Translate ``source`` with ``table`` into the keys of ``schema`` (the target model's state_dict shapes)."""
     selected, ignored = table.select(source)
     plan = Plan(tensors={}, ignored=ignored)
-    groups: dict[tuple, dict[int, str]] = {}
+    groups = _group_keys(table, selected, schema, counts, plan, strict, what)
+    produced = _GroupBuilder(table, source, selected, schema, counts, plan, strict, what).build(groups)
+    if schema is None:
+        plan.tensors = produced
+        return plan
+    _check_against_schema(produced, schema, what)
+    plan.tensors = {name: produced[name] for name in schema}
+    return plan
+
+
+# A group: the source keys one rule application reads, by the index of the rule's source pattern; keyed by the rule
+# and its placeholder values.
+_Groups = dict[tuple[int, tuple], dict[int, str]]
+
+
+def _group_keys(table: KeyMapTable, selected: Mapping[str, str], schema: Mapping[str, torch.Size] | None,
+                counts: Mapping[str, int], plan: Plan, strict: bool, what: str) -> _Groups:
+    """Each selected key matched to exactly one rule (dropped keys noted in ``plan``), grouped by rule application;
+    a key matching no rule or several is an error."""
+    groups: _Groups = {}
     unknown, ambiguous = [], []
     for name in selected:
         matches = match_key(table, name)
@@ -101,7 +120,6 @@ def plan_translation(table: KeyMapTable, source: Mapping[str, LazyTensor],
             continue
         if not matches:
             unknown.append(name)
-            continue
         for rule, index, values in matches:  # several only for alternatives without a target model: each is named
             if isinstance(rule, Drop):
                 plan.dropped[selected[name]] = rule.reason
@@ -112,50 +130,70 @@ def plan_translation(table: KeyMapTable, source: Mapping[str, LazyTensor],
     if unknown and strict:
         raise CogExportError(f"{what} has {len(unknown)} key(s) that key map {table.name} does not know: "
                              f"{_listing(unknown)}; is it the right model (or a LoRA/other checkpoint)?")
+    return groups
 
-    rules = {id(rule): rule for rule in _all_rules(table)}
-    produced: dict[str, LazyTensor] = {}
-    errors: list[str] = []
-    for (rule_id, values), found in groups.items():
-        rule, values = rules[rule_id], dict(values)
+
+@dataclass
+class _GroupBuilder:
+    """Applies each group's rule: the target names and lazy tensors, every problem collected and named at once."""
+
+    table: KeyMapTable
+    source: Mapping[str, LazyTensor]
+    selected: Mapping[str, str]
+    schema: Mapping[str, torch.Size] | None
+    counts: Mapping[str, int]
+    plan: Plan
+    strict: bool
+    what: str
+    produced: dict[str, LazyTensor] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def build(self, groups: _Groups) -> dict[str, LazyTensor]:
+        rules = {id(rule): rule for rule in _all_rules(self.table)}
+        for (rule_id, values), found in groups.items():
+            self._apply(rules[rule_id], dict(values), found)
+        if self.errors:
+            raise CogExportError(f"{self.what} does not fit key map {self.table.name}: {_listing(self.errors, 3)}")
+        return self.produced
+
+    def _apply(self, rule: Regroup, values: dict[str, str], found: dict[int, str]) -> None:
         missing = [rule.sources[i].format(values) for i in range(len(rule.sources)) if i not in found]
         if missing:
-            errors.append(f"{found[min(found)]} needs {', '.join(missing)}, which {what} lacks")
-            continue
+            self.errors.append(f"{found[min(found)]} needs {', '.join(missing)}, which {self.what} lacks")
+            return
         names = [found[i] for i in range(len(rule.sources))]
         try:
-            target_values = rule.target_values(values, counts)
+            target_values = rule.target_values(values, self.counts)
         except RuleError as error:
-            if strict:
-                errors.append(str(error))
-                continue
+            if self.strict:
+                self.errors.append(str(error))
+                return
             target_values = values
         targets = [pattern.format(target_values) for pattern in rule.targets]
-        wanted = []
-        for index, target in enumerate(targets):
-            if schema is not None and target not in schema:
-                if rule.optional_reason:
-                    plan.dropped.update({selected[n]: rule.optional_reason for n in names})
-                else:
-                    errors.append(f"{', '.join(names)} becomes {target}, which the target model does not have")
-                continue
-            if target in produced:
-                errors.append(f"{target} is produced twice (again from {', '.join(names)})")
-                continue
-            wanted.append(index)
+        wanted = [index for index, target in enumerate(targets) if self._wanted(rule, target, names)]
         try:
-            built = rule.build([source[selected[n]] for n in names], names, wanted)
+            built = rule.build([self.source[self.selected[n]] for n in names], names, wanted)
         except RuleError as error:
-            errors.append(str(error))
-            continue
+            self.errors.append(str(error))
+            return
         for index, tensor in built.items():
-            produced[targets[index]] = tensor
-    if errors:
-        raise CogExportError(f"{what} does not fit key map {table.name}: {_listing(errors, 3)}")
-    if schema is None:
-        plan.tensors = produced
-        return plan
+            self.produced[targets[index]] = tensor
 
+    def _wanted(self, rule: Regroup, target: str, names: list[str]) -> bool:
+        """Whether the target model takes ``target`` (an optional rule's target it lacks drops the sources)."""
+        if self.schema is not None and target not in self.schema:
+            if rule.optional_reason:
+                self.plan.dropped.update({self.selected[n]: rule.optional_reason for n in names})
+            else:
+                self.errors.append(f"{', '.join(names)} becomes {target}, which the target model does not have")
+            return False
+        if target in self.produced:
+            self.errors.append(f"{target} is produced twice (again from {', '.join(names)})")
+            return False
+        return True
+
+
+def _check_against_schema(produced: Mapping[str, LazyTensor], schema: Mapping[str, torch.Size], what: str) -> None:
     missing = [name for name in schema if name not in produced]
     if missing:
         raise CogExportError(f"{what} lacks {len(missing)} tensor(s) the target model needs: {_listing(missing)}")
@@ -163,5 +201,3 @@ def plan_translation(table: KeyMapTable, source: Mapping[str, LazyTensor],
              for name, shape in schema.items() if produced[name].shape != torch.Size(shape)]
     if wrong:
         raise CogExportError(f"{what} does not match the target model's shapes: {_listing(wrong, 3)}")
-    plan.tensors = {name: produced[name] for name in schema}
-    return plan

@@ -12,7 +12,6 @@ import fnmatch
 import sys
 from dataclasses import dataclass, field, replace
 from functools import cache
-from importlib import resources
 from typing import Any, Iterable
 
 if sys.version_info >= (3, 11):
@@ -21,6 +20,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .pattern import KeyPattern, PatternError
+from .roots import find_key_map_file
 from .rules import Drop, Regroup
 
 _TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "strip_prefixes", "signature", "requires",
@@ -239,8 +239,9 @@ def are_alternatives(rules: list) -> bool:
 
 @cache
 def load_table(name: str) -> KeyMapTable:
-    """A table shipped in key_maps/, named by its family folder and file (e.g. 'cogvideox/sat_transformer')."""
-    path = resources.files("cogexport.key_maps").joinpath(*f"{name}.toml".split("/"))
-    if not path.is_file():
+    """A table of a key-map root (cogexport's key_maps/ or another, see roots.py), named by its family folder and
+    file (e.g. 'cogvideox/sat_transformer')."""
+    path = find_key_map_file(f"{name}.toml")
+    if path is None:
         raise TableError(f"no key map {name!r} in key_maps/")
     return parse_table(path.read_text(encoding="utf-8"), name)

@@ -37,6 +37,29 @@ class LoraFormat:
     file: str = ""  # the file a written adapter goes in
     alpha_optional: bool = False  # its loaders apply a module without .alpha at scale 1, so alpha = r is left out
     write_parts: Mapping[str, str] = field(default_factory=dict)  # part -> suffix, for the parts the format holds
+    strength_where: str = ""  # where a written file keeps each module's strength, for the model card
+    runners: str = ""  # what else loads a written file, for the model card's usage lines
+    loads_as_peft_folder: bool = False  # its loader takes the folder (PEFT), not the file (Diffusers' loader)
+
+    def usage_lines(self, pipeline: str, base_model: str | None, files: Mapping[str, str]) -> list[str]:
+        """How a written adapter is loaded at its trained strength. ``files`` maps each expert's pipeline component
+        (transformer, transformer_2; one entry for an ordinary model) to the adapter file as the user loads it."""
+        lines = ["import torch", f"from diffusers import {pipeline}", ""]
+        lines.append(f"pipe = {pipeline}.from_pretrained(\"{base_model or 'path/to/base'}\", "
+                     "torch_dtype=torch.bfloat16)")
+        if self.loads_as_peft_folder:
+            lines[1:1] = ["from peft import PeftModel"]
+            for component, path in files.items():
+                folder = path.rsplit("/", 1)[0]
+                lines.append(f"pipe.{component} = PeftModel.from_pretrained(pipe.{component}, \"{folder}\")"
+                             ".merge_and_unload()")
+        else:  # Diffusers reads its own files, and for Wan kohya / musubi and ComfyUI files too
+            for component, path in files.items():
+                into = ", load_into_transformer_2=True" if component == "transformer_2" else ""
+                lines.append(f"pipe.load_lora_weights(\"{path}\"{into})")
+        if self.runners:
+            lines.append(f"# or in {self.runners}: {', '.join(files.values())} at strength 1.0")
+        return lines
 
     def split(self, keys: Iterable[str]) -> tuple[dict[str, tuple[str, str | None]], list[str]] | None:
         """Each key as (module, part) (part None for a plain key of a wrapped model), and the keys that fit no
@@ -83,11 +106,14 @@ _WRAPPED = {".lora_A.default.weight": DOWN, ".lora_B.default.weight": UP, ".lora
 FORMATS = {f.name: f for f in (
     LoraFormat("diffusers", "Diffusers", _LORA_AB, strip=("transformer.",), write_prefix="transformer.",
                file="pytorch_lora_weights.safetensors",
-               write_parts={DOWN: ".lora_A.weight", UP: ".lora_B.weight", BIAS: ".lora_B.bias"}),
+               write_parts={DOWN: ".lora_A.weight", UP: ".lora_B.weight", BIAS: ".lora_B.bias"},
+               strength_where="lora_alpha, r and per-module patterns are in the file's lora_adapter_metadata"),
     LoraFormat("peft", "PEFT", _LORA_AB, prefix="base_model.model.", write_prefix="base_model.model.",
                file="adapter_model.safetensors",
                write_parts={DOWN: ".lora_A.weight", UP: ".lora_B.weight", BIAS: ".lora_B.bias",
-                            MAGNITUDE: ".lora_magnitude_vector"}),
+                            MAGNITUDE: ".lora_magnitude_vector"},
+               strength_where="lora_alpha, r and per-module patterns are in adapter_config.json",
+               loads_as_peft_folder=True),
     # A model wrapped by PEFT, as a training checkpoint holds it (DeepSpeed, DDP, DCP): the adapters of PEFT's default
     # adapter beside the wrapped layers' base weights and every other weight of the model.
     LoraFormat("peft-checkpoint", "PEFT-wrapped model", {**_WRAPPED, ".base_layer.weight": BASE_WEIGHT,
@@ -97,21 +123,30 @@ FORMATS = {f.name: f for f in (
     LoraFormat("diffsynth", "DiffSynth-Studio", {".lora_A.default.weight": DOWN, ".lora_B.default.weight": UP}),
     LoraFormat("musubi", "kohya / musubi-tuner", {".lora_down.weight": DOWN, ".lora_up.weight": UP, ".alpha": ALPHA},
                prefix="lora_unet_", write_prefix="lora_unet_", encoded=True, file="lora.safetensors",
-               write_parts={DOWN: ".lora_down.weight", UP: ".lora_up.weight", ALPHA: ".alpha"}),
+               write_parts={DOWN: ".lora_down.weight", UP: ".lora_up.weight", ALPHA: ".alpha"},
+               strength_where="each module's alpha is in its .alpha tensor (the loader applies alpha / r)",
+               runners="ComfyUI (LoraLoaderModelOnly), musubi-tuner (--lora_weight)"),
     LoraFormat("comfyui", "ComfyUI / original names",
                {".lora_down.weight": DOWN, ".lora_up.weight": UP, ".lora_A.weight": DOWN, ".lora_B.weight": UP,
                 ".alpha": ALPHA, ".diff": DIFF, ".diff_b": DIFF_B},
                strip=("model.", "diffusion_model."), write_prefix="diffusion_model.", file="lora.safetensors",
                alpha_optional=True,
                write_parts={DOWN: ".lora_down.weight", UP: ".lora_up.weight", ALPHA: ".alpha", DIFF: ".diff",
-                            DIFF_B: ".diff_b"}),
+                            DIFF_B: ".diff_b"},
+               strength_where="each module's alpha is in its .alpha tensor (the loader applies alpha / r)",
+               runners="ComfyUI (LoraLoaderModelOnly)"),
     # A key map (SAT's LoraMixin) already gives Diffusers names: base weights and lora_A / lora_B.
     LoraFormat("sat", "SAT LoraMixin", {".lora_A.weight": DOWN, ".lora_B.weight": UP}, base_weights=True),
 )}
 WRITABLE = ("diffusers", "peft", "comfyui", "musubi")
 
 
-def format_named(name: str) -> LoraFormat:
+def writable_formats() -> tuple[str, ...]:
+    """The formats --lora-format writes, in --help order."""
+    return WRITABLE
+
+
+def writable_format(name: str) -> LoraFormat:
     from ..errors import CogExportError
 
     if name not in WRITABLE:

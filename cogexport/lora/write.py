@@ -25,7 +25,7 @@ from ..errors import CogExportError
 from ..lazy import LazyTensor
 from ..precision import PrecisionPolicy
 from .adapter import LoraAdapter, LoraModule
-from .formats import ALPHA, BIAS, DIFF, DIFF_B, FORMATS, LORA_AB_NAMES, MAGNITUDE, PART_NAMES, WRITABLE, format_named
+from .formats import ALPHA, BIAS, DIFF, DIFF_B, FORMATS, LORA_AB_NAMES, MAGNITUDE, PART_NAMES, WRITABLE, writable_format
 from .modules import translate_modules
 from .strength import DIFFUSERS_METADATA, PIPELINE_PREFIX
 from .tables import output_table
@@ -50,7 +50,7 @@ def writable_formats(adapter: LoraAdapter) -> list[str]:
 def plan_output(adapter: LoraAdapter, format_name: str, model_schema: Mapping[str, torch.Size],
                 policy: PrecisionPolicy, where: str, base_model: str | None = None) -> AdapterOutput:
     """The tensors, header metadata and side files of ``adapter`` in ``format_name``."""
-    target = format_named(format_name)
+    target = writable_format(format_name)
     table = output_table(adapter.family, format_name)
     if table is None:
         raise CogExportError(f"{where}: there is no {target.title} layout for {adapter.family.name} LoRAs (no loader "

@@ -12,9 +12,6 @@ from pathlib import Path
 from ..errors import CogExportError
 from .family import ModelFamily, families, family_of_class
 
-# Components whose config.json cogexport reads (the models it can export into).
-MODEL_COMPONENTS = ("transformer", "transformer_2", "vae")
-
 
 def read_json(path: Path) -> dict:
     try:
@@ -66,15 +63,16 @@ def _family_of_pipeline(pipeline_class: str) -> ModelFamily | None:
 
 
 def _known_classes() -> str:
-    return ", ".join(name for f in families() for name in (f.transformer.class_name, f.vae and f.vae.class_name) if name)
+    return ", ".join(spec.class_name for f in families() for spec in f.components.values())
 
 
 def _open_pipeline(path: Path) -> BaseFolder:
     index = read_json(path / "model_index.json")
     if not isinstance(index.get("_class_name"), str):
         raise CogExportError(f"--base {path}/model_index.json names no pipeline class (_class_name)")
-    configs = {component: read_json(path / component / "config.json") for component in MODEL_COMPONENTS
-               if (path / component / "config.json").is_file()}
+    # every Diffusers model component's config (transformer, transformer_2, vae, ...): what cogexport exports into
+    configs = {component: read_json(path / component / "config.json") for component, entry in index.items()
+               if isinstance(entry, list) and entry[:1] == ["diffusers"] and (path / component / "config.json").is_file()}
     found = [family_of_class(config.get("_class_name")) for config in configs.values()]
     family = next((f[0] for f in found if f), None) or _family_of_pipeline(index["_class_name"])
     if family is None:

@@ -16,8 +16,6 @@ import json
 import sys
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
-from types import ModuleType
 from typing import Any, Mapping
 
 if sys.version_info >= (3, 11):
@@ -26,6 +24,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from ..errors import CogExportError
+from ..keymap.roots import family_folders, key_map_roots
+from .shapes import FamilyShapes
 
 FAMILY_FILE = "family.toml"
 
@@ -42,12 +42,15 @@ class Variant:
     hub_id: str
     task: str
     shapes: Mapping[str, Any]
-    transformer: Mapping[str, Any] = field(default_factory=dict)
-    vae: Mapping[str, Any] = field(default_factory=dict)
+    configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # component -> values off the defaults
     scheduler: Mapping[str, Any] = field(default_factory=dict)
     pipeline: Mapping[str, Any] = field(default_factory=dict)  # pipeline config values (boundary_ratio, ...)
     experts: Mapping[str, str] = field(default_factory=dict)  # pipeline component -> the release's subfolder
     from_base: tuple[str, ...] | None = None  # components taken from --base, when not the task's
+
+    @property
+    def transformer(self) -> Mapping[str, Any]:
+        return self.configs.get("transformer", {})
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,11 @@ class OriginalLayout:
     """How the family's own code stores the model: the table that runs backwards and the writer of the file."""
 
     table: str
-    # "safetensors" (single or sharded files with the family's config.json), "sat" (a SAT folder: latest +
-    # 1/mp_rank_00_model_states.pt), "model_states" (one torch.save file `file` holding {"module": state dict}),
-    # "torch" (one torch.save state dict, e.g. Wan2.1_VAE.pth), "single_file" (one safetensors file holding the
-    # transformer and, for a pipeline, its VAE, each under its prefix: LTX-Video), or "" for a VAE written beside
-    # the transformer by a single_file writer
+    # a name in cogexport/export/original_writers.py: "safetensors" (single or sharded files with the family's
+    # config.json), "sat" (a SAT folder: latest + 1/mp_rank_00_model_states.pt), "model_states" (one torch.save file
+    # `file` holding {"module": state dict}), "torch" (one torch.save state dict, e.g. Wan2.1_VAE.pth),
+    # "single_file" (one safetensors file holding the transformer and, from a pipeline, the components the release
+    # keeps beside it, each under its prefix: LTX-Video), or "" for a component written into the transformer's file
     writer: str
     prefix: str = ""
     file: str = ""
@@ -67,8 +70,9 @@ class OriginalLayout:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One Diffusers model class of the family and the tables that translate checkpoints into it."""
+    """One Diffusers model class of the family (a pipeline component) and the tables that translate into it."""
 
+    component: str  # the pipeline component it is: transformer, vae, audio_vae, ...
     class_name: str
     tables: tuple[str, ...]
     keep_fp32: tuple[str, ...] = ()
@@ -89,14 +93,13 @@ class Task:
     from_base: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one object per family: compared and hashed by identity
 class ModelFamily:
     key: str  # the folder under key_maps/
     name: str  # as people write it: CogVideoX, Wan
-    shapes: ModuleType  # reads facts off tensor shapes (see cogexport/models/cogvideox.py for the interface)
+    shapes: FamilyShapes  # reads facts off tensor shapes (the interface: cogexport/models/shapes.py)
     tags: tuple[str, ...]
-    transformer: ModelSpec
-    vae: ModelSpec | None
+    components: Mapping[str, ModelSpec]  # every model the family exports, the transformer first
     lora_tables: tuple[str, ...]
     lora_keep_fp32: tuple[str, ...]
     lora_names_from: str | None
@@ -104,7 +107,22 @@ class ModelFamily:
     scheduler_config: Mapping[str, Any]
     tasks: Mapping[str, Task]
     variants: tuple[Variant, ...]
-    vae_from_checkpoint: bool = False  # releases hold the VAE beside the transformer (LTX-Video's single file)
+    # the components a release file holds beside the transformer (LTX-Video's single file: the VAE); a pipeline
+    # exported from such a file takes them from it
+    from_checkpoint: tuple[str, ...] = ()
+
+    @property
+    def transformer(self) -> ModelSpec:
+        return self.components["transformer"]
+
+    @property
+    def vae(self) -> ModelSpec | None:
+        return self.components.get("vae")
+
+    @property
+    def model_components(self) -> tuple[str, ...]:
+        """The components other than the transformer (VAE, ...), in the family's order."""
+        return tuple(name for name in self.components if name != "transformer")
 
     # -- variants ------------------------------------------------------------------------------------------
     def variant_named(self, name: str) -> Variant:
@@ -125,24 +143,18 @@ class ModelFamily:
         return None
 
     def tasks_of(self, facts: Mapping[str, Any]) -> tuple[str, ...]:
-        """Every task a model with these shapes can be, the default first. A shapes module whose tasks share shapes
-        (HunyuanVideo's T2V and 16-channel I2V) says so with ``tasks_of``; otherwise ``task_of`` is the answer."""
-        several = getattr(self.shapes, "tasks_of", None)
-        return tuple(several(facts)) if several else (self.shapes.task_of(facts),)
+        """Every task a model with these shapes can be, the default first."""
+        return self.shapes.tasks_of(facts)
 
     def layout_variant(self, config: Mapping[str, Any], experts: tuple[str, ...] = (),
                        pipeline: Mapping[str, Any] | None = None,
                        components: Mapping[str, Mapping[str, Any]] | None = None) -> Variant:
         """The published variant a (possibly resized) transformer config, with its pipeline's settings if known, is
         built like: it decides the pipeline, the scheduler and the VAE's latent scaling of a custom-size model.
-
-        ``components`` are the other model configs of a --base pipeline ({"vae": ...}); a family whose releases
-        differ only there (LTX-Video's 2B versions: same transformer, another VAE) refines its choice with the
-        shapes module's optional ``variant_of_components(name, components)``."""
+        ``components`` are the other model configs of a --base pipeline ({"vae": ...})."""
         name = self.shapes.layout_variant(config, experts, pipeline)
-        refine = getattr(self.shapes, "variant_of_components", None)
-        if components and refine is not None:
-            name = refine(name, components)
+        if components:
+            name = self.shapes.variant_of_components(name, components)
         return self.variant_named(name)
 
     def has_config(self, variant: Variant, config: Mapping[str, Any]) -> bool:
@@ -152,11 +164,15 @@ class ModelFamily:
         return published == given
 
     # -- configs -------------------------------------------------------------------------------------------
+    def component_config(self, component: str, variant: Variant) -> dict:
+        """The published config of one of the variant's models: the class's defaults and the variant's values."""
+        return {**class_defaults(self.components[component].class_name), **variant.configs.get(component, {})}
+
     def transformer_config(self, variant: Variant) -> dict:
-        return {**class_defaults(self.transformer.class_name), **variant.transformer}
+        return self.component_config("transformer", variant)
 
     def vae_config(self, variant: Variant) -> dict:
-        return {**class_defaults(self.vae.class_name), **variant.vae}
+        return self.component_config("vae", variant)
 
     def scheduler_for(self, variant: Variant) -> dict:
         return {**self.scheduler_config, **variant.scheduler}
@@ -179,18 +195,29 @@ def class_defaults(class_name: str) -> dict:
 
 
 # -- loading ----------------------------------------------------------------------------------------------------
+# family.toml's sections that are not a component; every other section is one ([transformer], [vae], [audio_vae] ...)
+_SECTIONS = {"family", "lora", "pipeline", "tasks", "variant"}
+# the writers of original layouts (cogexport/export/original_writers.py); "" writes a model into another's file
+ORIGINAL_WRITERS = ("safetensors", "sat", "model_states", "torch", "single_file", "")
+_VARIANT_FIELDS = {"name", "hub_id", "task", "shapes", "scheduler", "pipeline", "experts", "from_base"}
+
+
 def _require(condition: bool, family: str, message: str) -> None:
     if not condition:
         raise FamilyError(f"family {family}: {message}")
 
 
-def _model_spec(data: dict, key: str, what: str) -> ModelSpec:
-    _require(isinstance(data.get("class"), str), key, f"[{what}] needs class")
+def _model_spec(data: dict, key: str, component: str) -> ModelSpec:
+    _require(isinstance(data, dict) and isinstance(data.get("class"), str), key, f"[{component}] needs class")
     originals = data.get("original", [])
     originals = [originals] if isinstance(originals, dict) else originals
     _require(all(isinstance(o, dict) and "table" in o for o in originals), key,
-             f"[{what}] original needs a table (one inline table or a list of them)")
+             f"[{component}] original needs a table (one inline table or a list of them)")
+    unknown = {o.get("writer", "") for o in originals} - set(ORIGINAL_WRITERS)
+    _require(not unknown, key, f"[{component}] original names unknown writer(s) {', '.join(sorted(unknown))} "
+             f"(one of {', '.join(w for w in ORIGINAL_WRITERS if w)})")
     return ModelSpec(
+        component=component,
         class_name=data["class"],
         tables=tuple(f"{key}/{name}" for name in data.get("tables", ())),
         keep_fp32=tuple(data.get("keep_fp32", ())),
@@ -199,45 +226,72 @@ def _model_spec(data: dict, key: str, what: str) -> ModelSpec:
     )
 
 
+def _variant(data: dict, key: str, components: Mapping[str, ModelSpec], tasks: Mapping[str, Task]) -> Variant:
+    unknown = set(data) - _VARIANT_FIELDS - set(components)
+    _require(not unknown, key, f"variant {data.get('name')!r} has unknown field(s) {', '.join(sorted(unknown))}")
+    variant = Variant(data["name"], data["hub_id"], data["task"], data.get("shapes", {}),
+                      {name: data[name] for name in components if name in data}, data.get("scheduler", {}),
+                      data.get("pipeline", {}), data.get("experts", {}),
+                      tuple(data["from_base"]) if "from_base" in data else None)
+    _require(variant.task in tasks, key, f"variant {variant.name} has unknown task {variant.task!r}")
+    return variant
+
+
+def _shapes_module(name: str, key: str) -> FamilyShapes:
+    """The family's shapes module: cogexport.models.<name>, or a module path of its own (a family of another
+    package), checked against the declared interface."""
+    module = importlib.import_module(name if "." in name else f"cogexport.models.{name}")
+    missing = FamilyShapes.missing_hooks(module)
+    _require(not missing, key, f"its shapes module {module.__name__} lacks {', '.join(f'{m}()' for m in missing)} "
+             "(see cogexport/models/shapes.py)")
+    return FamilyShapes(module)
+
+
 def parse_family(text: str, key: str) -> ModelFamily:
     data = tomllib.loads(text)
-    unknown = set(data) - {"family", "transformer", "vae", "lora", "pipeline", "tasks", "variant"}
-    _require(not unknown, key, f"unknown section(s) {', '.join(sorted(unknown))}")
     header, pipeline, lora = data.get("family", {}), data.get("pipeline", {}), data.get("lora", {})
     _require(isinstance(header.get("name"), str) and isinstance(header.get("shapes"), str), key,
              "[family] needs name and shapes")
+    components = {name: _model_spec(spec, key, name) for name, spec in data.items() if name not in _SECTIONS}
+    _require("transformer" in components, key, "[transformer] is missing")
+    components = {"transformer": components.pop("transformer"), **components}
     tasks = {name: Task(name, spec["pipeline"], spec["pipeline_tag"],
                         tuple(spec.get("from_base", pipeline.get("from_base", ()))))
              for name, spec in data.get("tasks", {}).items()}
-    variants = tuple(Variant(v["name"], v["hub_id"], v["task"], v.get("shapes", {}), v.get("transformer", {}),
-                             v.get("vae", {}), v.get("scheduler", {}), v.get("pipeline", {}), v.get("experts", {}),
-                             tuple(v["from_base"]) if "from_base" in v else None)
-                     for v in data.get("variant", ()))
-    for variant in variants:
-        _require(variant.task in tasks, key, f"variant {variant.name} has unknown task {variant.task!r}")
+    variants = tuple(_variant(v, key, components, tasks) for v in data.get("variant", ()))
     names = [v.name.lower() for v in variants]
     _require(len(names) == len(set(names)), key, "two variants share a name")
+    from_checkpoint = tuple(pipeline.get("from_checkpoint", ()))
+    _require(set(from_checkpoint) <= set(components), key, "[pipeline] from_checkpoint names an unknown component")
     return ModelFamily(
-        key=key, name=header["name"], shapes=importlib.import_module(f"cogexport.models.{header['shapes']}"),
-        tags=tuple(header.get("tags", ())), transformer=_model_spec(data.get("transformer", {}), key, "transformer"),
-        vae=_model_spec(data["vae"], key, "vae") if "vae" in data else None,
-        lora_tables=tuple(f"{key}/{name}" for name in lora.get("tables", ())),
+        key=key, name=header["name"], shapes=_shapes_module(header["shapes"], key), tags=tuple(header.get("tags", ())),
+        components=components, lora_tables=tuple(f"{key}/{name}" for name in lora.get("tables", ())),
         lora_keep_fp32=tuple(lora.get("keep_fp32", ())), lora_names_from=lora.get("names_from"),
         scheduler_class=pipeline.get("scheduler", ""), scheduler_config=pipeline.get("scheduler_config", {}),
-        tasks=tasks, variants=variants, vae_from_checkpoint=bool(pipeline.get("vae_from_checkpoint", False)),
+        tasks=tasks, variants=variants, from_checkpoint=from_checkpoint,
     )
 
 
-@cache
 def families() -> tuple[ModelFamily, ...]:
-    """Every family shipped in key_maps/, in name order."""
-    root = resources.files("cogexport.key_maps")
-    found = []
-    for folder in sorted(root.iterdir(), key=lambda p: p.name):
+    """Every family of every key-map root (cogexport's own key_maps/ first), in name order within a root."""
+    return _families(key_map_roots())
+
+
+@cache
+def _families(roots: tuple[str, ...]) -> tuple[ModelFamily, ...]:
+    found: dict[str, ModelFamily] = {}
+    for key, folder in family_folders():
         spec = folder.joinpath(FAMILY_FILE)
-        if spec.is_file():
-            found.append(parse_family(spec.read_text(encoding="utf-8"), folder.name))
-    return tuple(found)
+        if not spec.is_file():
+            continue
+        _require(key not in found, key, "two key-map roots hold a family of this name")
+        found[key] = parse_family(spec.read_text(encoding="utf-8"), key)
+    return tuple(found.values())
+
+
+def component_title(component: str) -> str:
+    """A pipeline component as messages name it: vae -> VAE, audio_vae -> audio VAE, transformer_2 -> transformer 2."""
+    return " ".join("VAE" if word == "vae" else word for word in component.split("_"))
 
 
 def family_named(name: str) -> ModelFamily:
@@ -248,12 +302,11 @@ def family_named(name: str) -> ModelFamily:
 
 
 def family_of_class(class_name: str) -> tuple[ModelFamily, str] | None:
-    """The family and component ("transformer" or "vae") a Diffusers class belongs to."""
+    """The family and pipeline component (transformer, vae, ...) a Diffusers class belongs to."""
     for family in families():
-        if family.transformer.class_name == class_name:
-            return family, "transformer"
-        if family.vae is not None and family.vae.class_name == class_name:
-            return family, "vae"
+        for component, spec in family.components.items():
+            if spec.class_name == class_name:
+                return family, component
     return None
 
 

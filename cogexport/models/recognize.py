@@ -29,11 +29,11 @@ def lora_key(keys: Sequence[str]) -> str | None:
 
 
 def component_tables(component: str, family: ModelFamily | None = None) -> list[tuple[ModelFamily, str]]:
-    """(family, table name) for every table that translates into ``component`` ("transformer" or "vae"); LoRA
+    """(family, table name) for every table that translates into ``component`` (transformer, vae, ...); LoRA
     layouts are recognised by cogexport/lora/read.py."""
     found = []
     for each in families() if family is None else (family,):
-        spec = {"transformer": each.transformer, "vae": each.vae}.get(component)
+        spec = each.components.get(component)
         found += [(each, name) for name in (spec.tables if spec else ())]
     return found
 
@@ -98,10 +98,14 @@ def read_facts(family: ModelFamily, table: KeyMapTable, shapes: Mapping[str, Any
     translated = translate_shapes(table, shapes)
     base = {name: shape for name, shape in translated.items() if ".lora_" not in name}
     facts = family.shapes.read_facts(base)
-    release_facts = getattr(family.shapes, "release_facts", None)
-    if release_facts is not None:
-        facts.update(release_facts(shapes, metadata or {}))
+    facts.update(family.shapes.release_facts(shapes, metadata or {}))
     return Recognised(family, table, facts, family.published_variant(facts, experts))
+
+
+def recognise(source: Mapping[str, LazyTensor], table: KeyMapTable, family: ModelFamily,
+              experts: tuple[str, ...] = (), metadata: Mapping[str, str] | None = None) -> Recognised:
+    """The facts of a transformer checkpoint in ``table``'s layout (with the header metadata of its file, if any)."""
+    return read_facts(family, table, {name: tensor.shape for name, tensor in source.items()}, experts, metadata)
 
 
 def config_beside(family: ModelFamily, folders: Sequence, facts: Mapping[str, Any]) -> dict | None:

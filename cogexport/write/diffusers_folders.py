@@ -3,23 +3,22 @@
 A model folder is ``config.json`` (from the Diffusers class itself, built on the meta device) plus
 ``diffusion_pytorch_model[.variant].safetensors`` or its shards and index, cut as ``save_pretrained`` cuts them.
 A pipeline folder adds ``model_index.json``, a scheduler config, and the text encoder and tokenizer taken
-from the base pipeline (hard links where the filesystem allows, else copies).
+from the base pipeline (hard links where the filesystem allows, else copies). Every file is planned here as its
+final text or tensors (folder_plan.py) before anything is written.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 
 from ..errors import CogExportError
 from ..lazy import LazyTensor
-from .shards import ShardPlan, plan_shards, write_shards
+from .folder_plan import PlannedFile, TextFile, json_text, shard_files
+from .shards import ShardPlan, plan_shards
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 
@@ -28,10 +27,15 @@ WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 _VARIANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
-def plan_model_folder(tensors: Mapping[str, LazyTensor], max_shard_size: str | int, variant: str | None) -> ShardPlan:
-    if variant is not None and not _VARIANT.fullmatch(variant):
+def check_variant_name(variant: str) -> None:
+    if not _VARIANT.fullmatch(variant):
         raise CogExportError(f"--variant {variant!r} cannot be part of a file name; use letters, digits, '.', '_' or "
                              "'-', like fp16 or bf16")
+
+
+def plan_model_folder(tensors: Mapping[str, LazyTensor], max_shard_size: str | int, variant: str | None) -> ShardPlan:
+    if variant is not None:
+        check_variant_name(variant)
     return plan_shards(tensors, WEIGHTS_NAME, max_shard_size, variant)
 
 
@@ -46,21 +50,21 @@ def variant_of(folder: Path) -> str | None:
     return None
 
 
-def write_model_folder(folder: Path, model: torch.nn.Module, tensors: Mapping[str, LazyTensor], plan: ShardPlan,
-                       on_tensor: Callable[[str, int], None] | None = None) -> list[str]:
-    """config.json and the weights; ``model`` is the meta-device Diffusers model whose config is written."""
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_config(folder)
-    return ["config.json", *write_shards(folder, tensors, plan, on_tensor)]
+def model_folder_files(folder: str, model: torch.nn.Module, tensors: Mapping[str, LazyTensor],
+                       plan: ShardPlan) -> list[PlannedFile]:
+    """config.json and the weights of one model folder; ``model`` is the meta-device Diffusers model whose config
+    is written (its own JSON, as save_pretrained writes it)."""
+    return [TextFile(f"{folder}/config.json" if folder else "config.json", model.to_json_string()),
+            *shard_files(folder, tensors, plan)]
 
 
 def write_config_json(path: Path, config: Mapping[str, object]) -> None:
     """A JSON config in Diffusers' own layout (sorted keys, two-space indent, final newline)."""
-    path.write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    path.write_text(json_text(config), encoding="utf-8")
 
 
-def write_model_index(folder: Path, pipeline_class: str, components: Mapping[str, list],
-                      config: Mapping[str, object] | None = None) -> None:
+def model_index_file(pipeline_class: str, components: Mapping[str, list],
+                     config: Mapping[str, object] | None = None) -> TextFile:
     """model_index.json as the pipeline's save_pretrained writes it: every component the class takes (absent ones as
     [null, null]) and its config values (``config``, else the class's defaults)."""
     import inspect
@@ -72,28 +76,13 @@ def write_model_index(folder: Path, pipeline_class: str, components: Mapping[str
     defaults = {name: p.default for name, p in inspect.signature(pipeline.__init__).parameters.items()}
     values = {name: (config or {}).get(name, defaults.get(name)) for name in optional}
     entries = {name: list(components.get(name, [None, None])) for name in expected}
-    write_config_json(folder / "model_index.json", {"_class_name": pipeline_class,
-                                                    "_diffusers_version": diffusers.__version__, **entries, **values})
+    return TextFile("model_index.json", json_text({"_class_name": pipeline_class,
+                                                   "_diffusers_version": diffusers.__version__, **entries, **values}))
 
 
-def write_scheduler(folder: Path, class_name: str, config: Mapping[str, object]) -> None:
+def scheduler_file(folder: str, class_name: str, config: Mapping[str, object]) -> TextFile:
+    """The scheduler's config as its save_pretrained writes it (the scheduler is built: a bad config fails here)."""
     import diffusers
 
-    getattr(diffusers, class_name)(**config).save_pretrained(folder)
-
-
-def link_or_copy_tree(source: Path, destination: Path) -> str:
-    """Mirror ``source`` into ``destination`` with hard links, falling back to copies; says which it used."""
-    how = "linked"
-    for path in sorted(source.rglob("*")):
-        target = destination / path.relative_to(source)
-        if path.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
-            how = "copied"
-    return how
+    scheduler = getattr(diffusers, class_name)(**config)
+    return TextFile(f"{folder}/{scheduler.config_name}", scheduler.to_json_string())

@@ -4,14 +4,11 @@ written a tensor at a time."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 from ..lazy import LazyTensor
-from .torch_archive import write_torch_archive
+from .folder_plan import TensorFile
 
 
-def write_model_states(path: Path, tensors: Mapping[str, LazyTensor],
-                       on_tensor: Callable[[str, int], None] | None = None) -> list[str]:
-    write_torch_archive(path, {"module": dict(tensors)}, on_tensor)
-    return [path.name]
+def model_states_file(path: str, tensors: Mapping[str, LazyTensor]) -> TensorFile:
+    return TensorFile(path, tensors, container="torch", under="module")

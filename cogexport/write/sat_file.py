@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 from ..lazy import LazyTensor
-from .torch_archive import write_torch_archive
+from .folder_plan import PlannedFile, TensorFile, TextFile
 
 ITERATION = "1"  # what the released SAT transformers use
 MODEL_STATES = "mp_rank_00_model_states.pt"
 
 
-def write_sat_model_states(folder: Path, tensors: Mapping[str, LazyTensor],
-                           on_tensor: Callable[[str, int], None] | None = None) -> list[str]:
-    (folder / ITERATION).mkdir(parents=True, exist_ok=True)
-    write_torch_archive(folder / ITERATION / MODEL_STATES, {"module": dict(tensors), "iteration": int(ITERATION)},
-                        on_tensor)
-    (folder / "latest").write_text(ITERATION + "\n", encoding="utf-8")
-    return ["latest", f"{ITERATION}/{MODEL_STATES}"]
+def sat_files(folder: str, tensors: Mapping[str, LazyTensor]) -> list[PlannedFile]:
+    prefix = f"{folder}/" if folder else ""
+    return [TextFile(f"{prefix}latest", ITERATION + "\n"),
+            TensorFile(f"{prefix}{ITERATION}/{MODEL_STATES}", tensors, container="torch", under="module",
+                       extra={"iteration": int(ITERATION)})]

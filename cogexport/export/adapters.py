@@ -1,0 +1,113 @@
+"""The adapter job: a LoRA run's adapter (one per expert) read from whatever layout its trainer wrote, checked
+against the model it is for, and planned as the adapter file(s) of --lora-format's layout with the files its loader
+reads beside them and a model card.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..errors import CogExportError
+from ..lora import AdapterOutput, LoraAdapter, check_fits, plan_output, read_adapter
+from ..lora.formats import writable_format
+from ..models.target_choice import TransformerChoice, choose_transformer
+from ..write.folder_plan import FolderPlan, TensorFile, TextFile
+from .cards import AdapterCardFacts, adapter_card
+from .inputs import ExportInputs
+from .options import ExportOptions
+from .parts import adapter_recognised, family_hint, precision, target_request
+from .result import ExportResult
+
+DEFAULT_LORA_FORMAT = "diffusers"
+
+
+def read_adapters(inputs: ExportInputs, options: ExportOptions) -> dict[str, LoraAdapter]:
+    """The adapter of each expert (one, for an ordinary run), of the family --base or --model-name names."""
+    hint = family_hint(inputs.base, options)
+    adapters = {}
+    for component, source in inputs.sources.items():
+        adapters[component] = read_adapter(source, inputs.where_of(component), options.lora_alpha,
+                                           inputs.search_folders(component), source.info.metadata, hint)
+    families = {adapter.family.name for adapter in adapters.values()}
+    if len(families) > 1:
+        raise CogExportError(f"{inputs.where}: the experts' adapters are of different families "
+                             f"({', '.join(sorted(families))})")
+    family = next(iter(adapters.values())).family
+    if hint is not None and hint.key != family.key:
+        given = f"--base {inputs.base.path}" if inputs.base else f"--model-name {options.model_name}"
+        raise CogExportError(f"{inputs.where} is a {family.name} LoRA, but {given} is a {hint.name} model; give the "
+                             f"{family.name} model it was trained on")
+    return adapters
+
+
+def lora_summary(adapters: dict[str, LoraAdapter], inputs: ExportInputs) -> dict:
+    summary = next(iter(adapters.values())).summary()
+    if inputs.experts:
+        summary["experts"] = {inputs.experts[name].name: adapter.summary() for name, adapter in adapters.items()}
+    return summary
+
+
+@dataclass
+class _PlannedAdapter:
+    subfolder: str  # the release's expert subfolder, "" for one model
+    output: AdapterOutput
+    chosen: TransformerChoice | None  # the model it is for, when known
+
+
+def _adapter_target(adapter: LoraAdapter, inputs: ExportInputs, options: ExportOptions,
+                    component: str) -> tuple[TransformerChoice | None, dict]:
+    """The model the adapter is for, when known (--base, --model-name, or the base weights the run saved), and the
+    schema its names and shapes are checked against (else: the family's layout, names only)."""
+    where, base = inputs.where_of(component), inputs.base
+    recognised = adapter_recognised(adapter)
+    if base is None and not options.model_name and recognised is not None and recognised.variant is None:
+        # A custom size: an adapter needs only its modules' names and shapes, which the run's own weights give.
+        schema = adapter.base_shapes()
+        check_fits(adapter, schema, where)
+        return None, schema
+    if (base is not None and base.config(component)) or recognised is not None or options.model_name:
+        request = target_request(options, base, component, inputs.expert_names)
+        chosen = choose_transformer(recognised, adapter.family, request, where)
+        check_fits(adapter, chosen.target.schema, where)
+        return chosen, chosen.target.schema
+    return None, adapter.names
+
+
+def _plan_adapters(adapters: dict[str, LoraAdapter], inputs: ExportInputs, options: ExportOptions,
+                   format_name: str) -> dict[str, _PlannedAdapter]:
+    planned = {}
+    for component, adapter in adapters.items():
+        chosen, schema = _adapter_target(adapter, inputs, options, component)
+        base_model = options.base_model or (chosen.variant.hub_id if chosen and chosen.published else None)
+        output = plan_output(adapter, format_name, schema, precision(adapter.family.lora_keep_fp32, options),
+                             inputs.where_of(component), base_model)
+        planned[component] = _PlannedAdapter(inputs.experts[component].name if inputs.experts else "", output, chosen)
+    return planned
+
+
+def plan_adapter_export(inputs: ExportInputs, adapters: dict[str, LoraAdapter], options: ExportOptions,
+                        output: str) -> tuple[FolderPlan, ExportResult]:
+    """The adapter file (one per expert, in the release's expert subfolders) in --lora-format's layout, the files
+    its loader reads beside it, and a model card."""
+    lora_format = writable_format(options.lora_format or DEFAULT_LORA_FORMAT)
+    planned = _plan_adapters(adapters, inputs, options, lora_format.name)
+    folder = FolderPlan()
+    files = {}
+    for component, each in planned.items():
+        prefix = f"{each.subfolder}/" if each.subfolder else ""
+        folder.add(TensorFile(prefix + each.output.file, each.output.tensors, metadata=each.output.metadata),
+                   *(TextFile(prefix + name, text) for name, text in each.output.side_files.items()))
+        files[component] = prefix + each.output.file
+    first, chosen = next(iter(adapters.values())), next(iter(planned.values())).chosen
+    facts = AdapterCardFacts(first.family, chosen.label if chosen else first.family.name,
+                             chosen.variant if chosen else None,
+                             options.base_model or (chosen.variant.hub_id if chosen and chosen.published else None),
+                             {each.subfolder: adapters[component] for component, each in planned.items()}, files)
+    folder.add(TextFile("README.md", adapter_card(facts, lora_format, options, inputs.source)))
+    folder.check()
+    result = ExportResult(output, "lora adapter", facts.label, folder.paths, folder.tensors, folder.total_bytes,
+                          precision(first.family.lora_keep_fp32, options).describe(), family=first.family.name,
+                          lora={**lora_summary(adapters, inputs), "written_as": lora_format.name},
+                          source=asdict(inputs.source.info),
+                          notes=[*inputs.source.info.notes, *(n for a in adapters.values() for n in a.warnings)])
+    return folder, result

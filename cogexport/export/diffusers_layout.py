@@ -1,0 +1,54 @@
+"""The folder plan of a Diffusers export: one model folder, one folder per expert, or a whole pipeline folder (the
+exported models, what --base supplies, the scheduler, model_index.json and the model card), every file made before
+the staging folder is opened."""
+
+from __future__ import annotations
+
+from ..lora import LoraAdapter
+from ..models.base_folder import BaseFolder
+from ..models.family import Variant
+from ..write.diffusers_folders import model_folder_files, model_index_file, scheduler_file
+from ..write.folder_plan import FolderPlan, LinkedFolder, TextFile
+from .cards import model_folder_card
+from .inputs import ExportInputs
+from .options import ExportOptions
+from .parts import ModelExport
+
+
+def model_folders(parts: list[ModelExport]) -> FolderPlan:
+    """One model folder, or with several parts (every expert of a multi-expert model) one folder each, named by
+    its pipeline component."""
+    folder = FolderPlan()
+    for part in parts:
+        folder.add(*model_folder_files(part.component if len(parts) > 1 else "", part.target.model, part.tensors,
+                                       part.shards))
+    folder.check()
+    return folder
+
+
+def linked_from_base(parts: list[ModelExport], variant: Variant) -> tuple[str, ...]:
+    """The pipeline components --base supplies: the task's (text encoders, tokenizers, ...) and every model of the
+    family that was not exported (the VAE, unless it came from the checkpoint or --vae)."""
+    family, exported = parts[0].family, {part.component for part in parts}
+    return (*family.from_base(variant), *(name for name in family.model_components if name not in exported))
+
+
+def pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant, inputs: ExportInputs,
+                    options: ExportOptions, adapter: LoraAdapter | None) -> FolderPlan:
+    family = parts[0].family
+    task = family.task(variant.task)
+    folder = FolderPlan()
+    for part in parts:
+        folder.add(*model_folder_files(part.component, part.target.model, part.tensors, part.shards))
+    linked = linked_from_base(parts, variant)
+    folder.add(*(LinkedFolder(name, base.component_dir(name)) for name in linked))
+    folder.add(scheduler_file("scheduler", family.scheduler_class, family.scheduler_for(variant)))
+    components = {name: base.components[name] for name in family.from_base(variant) if name in base.components}
+    components.update({name: ["diffusers", family.components[name].class_name] for name in linked
+                       if name in family.components})
+    components.update(scheduler=["diffusers", family.scheduler_class])
+    components.update({part.component: ["diffusers", part.target.class_name] for part in parts})
+    folder.add(model_index_file(task.pipeline, components, variant.pipeline),
+               TextFile("README.md", model_folder_card(parts, variant, options, inputs.source, adapter)))
+    folder.check()
+    return folder

@@ -1,0 +1,94 @@
+"""Opening what an export reads: the checkpoint (one per expert when the input holds several, as Wan 2.2 A14B
+releases and runs do), --base, and the files each was read from (so the output can never overlap them).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from ..checkpoint import LazyCheckpoint, as_paths, open_checkpoint, open_ema
+from ..models.base_folder import BaseFolder, open_base
+from ..models.recognize import expert_folders, lora_key
+from .options import ExportOptions
+
+
+def open_weights(paths: Sequence[Path], tag: str | None, ema: bool) -> LazyCheckpoint:
+    """The checkpoint's weights, or with ``ema`` its EMA weights."""
+    return open_ema(list(paths), tag) if ema else open_checkpoint(list(paths), tag)
+
+
+def search_folders(paths: Sequence[Path], source: LazyCheckpoint) -> list[Path]:
+    """Where a run may have saved its configs: the folders given, and above each checkpoint folder."""
+    folders = [p if p.is_dir() else p.parent for p in paths]
+    for folder in source.own_folders():
+        folders += [folder, folder.parent]
+    return list(dict.fromkeys(folders))
+
+
+@dataclass
+class ExportInputs:
+    paths: list[Path]
+    base: BaseFolder | None
+    experts: dict[str, Path]  # pipeline component -> the expert's subfolder; empty for one ordinary model
+    sources: dict[str, LazyCheckpoint]  # pipeline component -> its checkpoint (transformer alone when no experts)
+    stack: ExitStack
+    extra: list[LazyCheckpoint] = field(default_factory=list)  # other checkpoints read (a --vae)
+
+    @property
+    def where(self) -> str:
+        return ", ".join(str(p) for p in self.paths)
+
+    @property
+    def source(self) -> LazyCheckpoint:
+        """The first (or only) model's checkpoint: what the run saved for the transformer."""
+        return self.sources["transformer"]
+
+    @property
+    def expert_names(self) -> tuple[str, ...]:
+        """The release's expert subfolders read (high_noise_model, ...), empty for one ordinary model."""
+        return tuple(folder.name for folder in self.experts.values())
+
+    @property
+    def lora_marker(self) -> str | None:
+        return lora_key(list(self.source))
+
+    def where_of(self, component: str) -> str:
+        """What messages call one expert's part of the input (the whole input for an ordinary model)."""
+        return str(self.experts[component]) if self.experts else self.where
+
+    def paths_of(self, component: str) -> list[Path]:
+        """Where one expert's files are (its own config.json sits in its subfolder); the input for an ordinary
+        model."""
+        return [self.experts[component]] if self.experts else self.paths
+
+    def search_folders(self, component: str = "transformer") -> list[Path]:
+        return search_folders(self.paths_of(component), self.sources[component])
+
+    def open_more(self, paths: Sequence[Path], tag: str | None = None) -> LazyCheckpoint:
+        """Another checkpoint the export reads (a --vae), closed with the rest."""
+        opened = self.stack.enter_context(open_checkpoint(list(paths), tag))
+        self.extra.append(opened)
+        return opened
+
+    def read_paths(self, options: ExportOptions) -> list[Path]:
+        """Every path read: the output may neither be inside nor contain one."""
+        read = [file for each in (*self.sources.values(), *self.extra) for file in each.info.files]
+        return [*self.paths, *read, *([options.vae] if options.vae else []), *([self.base.path] if self.base else [])]
+
+    def own_folders(self) -> list[Path]:
+        return [folder for each in (*self.sources.values(), *self.extra) for folder in each.own_folders()]
+
+
+@contextmanager
+def open_inputs(checkpoint, options: ExportOptions) -> Iterator[ExportInputs]:
+    paths = as_paths(checkpoint)
+    base = open_base(options.base) if options.base else None
+    experts = expert_folders(paths)
+    with ExitStack() as stack:
+        sources = {component: stack.enter_context(open_weights([folder], options.tag, options.ema))
+                   for component, folder in experts.items()} or \
+            {"transformer": stack.enter_context(open_weights(paths, options.tag, options.ema))}
+        yield ExportInputs(paths, base, experts, sources, stack)

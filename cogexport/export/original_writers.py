@@ -1,0 +1,82 @@
+"""The original layouts a family's models are written back in, as a table of writers: each takes one model (its
+tensors already in original names and cast) and plans the files its family's own code reads. The names are the
+``writer`` values of family.toml's ``original`` entries (checked against ORIGINAL_WRITERS when families load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..lazy import LazyTensor
+from ..models.family import ModelFamily, OriginalLayout
+from ..precision import PrecisionPolicy
+from ..write.folder_plan import PlannedFile, TensorFile, TextFile, json_text, shard_files
+from ..write.model_states_file import model_states_file
+from ..write.sat_file import sat_files
+from ..write.shards import plan_shards
+
+
+@dataclass
+class OriginalPart:
+    """One model to write back: its layout and its tensors in original names."""
+
+    component: str  # the pipeline component it came from (transformer, transformer_2, vae, ...)
+    family: ModelFamily
+    layout: OriginalLayout
+    label: str
+    config: dict  # its Diffusers config
+    task: str | None
+    tensors: dict[str, LazyTensor]
+    policy: PrecisionPolicy
+    beside: dict[str, LazyTensor] = field(default_factory=dict)  # other models' tensors in the same file, prefixed
+    beside_components: tuple[str, ...] = ()  # which models those are
+
+    def prefixed(self) -> dict[str, LazyTensor]:
+        return {self.layout.prefix + name: tensor for name, tensor in self.tensors.items()}
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder}/{name}" if folder else name
+
+
+def _safetensors(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:
+    """Single or sharded safetensors (cut as save_pretrained cuts them), and the family's config.json if it has one."""
+    files: list[PlannedFile] = []
+    config = part.family.shapes.original_config(part.config, part.task)
+    if config is not None:
+        files.append(TextFile(_join(folder, "config.json"), json_text(config)))
+    return files + shard_files(folder, part.tensors, plan_shards(part.tensors, part.layout.file, max_shard_size))
+
+
+def _sat(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:
+    return sat_files(folder, part.prefixed())
+
+
+def _model_states(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:
+    return [model_states_file(_join(folder, part.layout.file), part.prefixed())]
+
+
+def _torch(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:
+    """One plain state dict, as torch.save(model.state_dict()) writes it."""
+    return [TensorFile(_join(folder, part.layout.file), part.prefixed(), container="torch")]
+
+
+def _single_file(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:
+    """One safetensors file: the model under its prefix, the other components the release keeps in the same file
+    under theirs, and the release's header metadata."""
+    metadata = part.family.shapes.original_metadata(part.config, part.task)
+    return [TensorFile(_join(folder, part.layout.file), {**part.prefixed(), **part.beside}, metadata=metadata)]
+
+
+ORIGINAL_WRITERS: dict[str, Callable[[str, OriginalPart, str | int], list[PlannedFile]]] = {
+    "safetensors": _safetensors,
+    "sat": _sat,
+    "model_states": _model_states,
+    "torch": _torch,
+    "single_file": _single_file,
+}
+
+
+def original_files(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:
+    return ORIGINAL_WRITERS[part.layout.writer](folder, part, max_shard_size)

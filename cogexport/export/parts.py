@@ -1,0 +1,184 @@
+"""Planning the models an export writes (the parts): the transformer (or one expert), a transformer with a LoRA
+adapter fused in, and the other components a family exports (VAE, ...). Each part is the meta-device Diffusers
+model it becomes, the checked plan of its tensors and their casts: everything but the bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ..checkpoint import LazyCheckpoint
+from ..errors import CogExportError
+from ..keymap.plan import Plan, plan_translation
+from ..keymap.table import KeyMapTable
+from ..lazy import LazyTensor
+from ..lora import LoraAdapter, base_weights, check_fits, plan_fused
+from ..models.base_folder import BaseFolder
+from ..models.family import ModelFamily, Variant, component_title
+from ..models.recognize import (Recognised, choose_table, component_tables, diffusers_config_beside, fitting_tables,
+                                recognise)
+from ..models.target import TargetModel, build_target
+from ..models.target_choice import TargetRequest, TransformerChoice, choose_transformer
+from ..precision import PrecisionPolicy
+from ..write.shards import ShardPlan
+from .inputs import ExportInputs
+from .options import ExportOptions
+
+
+@dataclass
+class ModelExport:
+    """One Diffusers model to write: its meta-device target, the checked plan, and the cast tensors."""
+
+    component: str  # the pipeline component it becomes: transformer, transformer_2, vae, ...
+    target: TargetModel
+    plan: Plan
+    tensors: dict[str, LazyTensor]
+    policy: PrecisionPolicy
+    table: KeyMapTable
+    family: ModelFamily
+    label: str = ""  # what the model is, for the user: a published name, or a custom size in a variant's layout
+    published: bool = False
+    shards: ShardPlan | None = None
+    notes: list[str] = field(default_factory=list)
+    variant: Variant | None = None  # the published variant whose pipeline it belongs to (transformers)
+
+
+def precision(defaults: Sequence[str], options: ExportOptions) -> PrecisionPolicy:
+    return PrecisionPolicy.build(options.dtype, defaults, options.keep_fp32)
+
+
+def target_request(options: ExportOptions, base: BaseFolder | None, component: str = "transformer",
+                   experts: tuple[str, ...] = ()) -> TargetRequest:
+    return TargetRequest(options.model_type, options.model_name, base, component, experts)
+
+
+def family_hint(base: BaseFolder | None, options: ExportOptions) -> ModelFamily | None:
+    """The family --base or --model-name names, if either is given."""
+    from ..models.family import family_of_variant
+
+    if base is not None:
+        return base.family
+    return family_of_variant(options.model_name)[0] if options.model_name else None
+
+
+def plan_transformer(source: Mapping[str, LazyTensor], options: ExportOptions, where: str,
+                     base: BaseFolder | None = None, component: str = "transformer", experts: tuple[str, ...] = (),
+                     folders: Sequence[Path] = ()) -> ModelExport:
+    """The transformer (or the expert ``component`` of a model with ``experts``) of the checkpoint ``source``,
+    translated into its Diffusers model; ``folders`` are where the run may keep its config."""
+    family, table = choose_table(source, "transformer", "transformer", where, family_hint(base, options))
+    metadata = source.info.metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
+    recognised = recognise(source, table, family, experts, metadata)
+    chosen = choose_transformer(recognised, family, target_request(options, base, component, experts), where, folders)
+    plan = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where)
+    return _transformer_part(component, chosen, plan, table, options)
+
+
+def _transformer_part(component: str, chosen: TransformerChoice, plan: Plan, table: KeyMapTable,
+                      options: ExportOptions, label_suffix: str = "") -> ModelExport:
+    policy = precision(chosen.family.transformer.keep_fp32, options)
+    return ModelExport(component, chosen.target, plan, policy.apply(plan.tensors), policy, table, chosen.family,
+                       chosen.label + label_suffix, chosen.published, notes=list(chosen.notes), variant=chosen.variant)
+
+
+def adapter_recognised(adapter: LoraAdapter) -> Recognised | None:
+    """The facts of the model a LoRA run saved beside its adapter (None for an adapter alone)."""
+    if not adapter.has_base_weights:
+        return None
+    facts = adapter.family.shapes.read_facts(adapter.base_shapes())
+    return Recognised(adapter.family, adapter.base_table, facts, adapter.family.published_variant(facts))
+
+
+def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component: str,
+                           options: ExportOptions) -> ModelExport:
+    """The transformer (or one expert) with the adapter fused in: the base weights come from the run when it saved
+    them, else from --base."""
+    where = inputs.where_of(component)
+    request = target_request(options, inputs.base, component, inputs.expert_names)
+    chosen = choose_transformer(adapter_recognised(adapter), adapter.family, request, where)
+    check_fits(adapter, chosen.target.schema, where)
+    if adapter.has_base_weights:
+        weights = base_weights(adapter, chosen.target.schema, chosen.target.counts, where)
+    else:
+        weights = _base_transformer_weights(inputs, adapter.family, chosen.target, component)
+    fused = plan_fused(adapter, weights, where)
+    return _transformer_part(component, chosen, Plan(fused), adapter.base_table, options, " + LoRA")
+
+
+def _base_transformer_weights(inputs: ExportInputs, family: ModelFamily, target: TargetModel,
+                              component: str) -> dict[str, LazyTensor]:
+    """The base model's own transformer weights (for fusing an adapter that came without them)."""
+    base = inputs.base
+    folder = None if base is None else base.component_dir(component) if base.is_pipeline else base.path
+    weights = None
+    if folder is not None and any(folder.glob("*.safetensors")):
+        weights = inputs.open_more([folder])
+    elif folder is not None and (folder / "diffusion_pytorch_model.bin").is_file():  # older save_pretrained output
+        weights = inputs.open_more([folder / "diffusion_pytorch_model.bin"])
+    if weights is None:
+        raise CogExportError(f"--lora fuse needs the base weights: {inputs.where_of(component)} holds only the "
+                             "adapter; pass --base with the Diffusers pipeline or transformer folder (with its "
+                             "weights) it was trained on")
+    _, table = choose_table(weights, "transformer", "transformer", f"--base {folder}", family)
+    return plan_translation(table, weights, target.schema, target.counts, what=f"--base {folder}").tensors
+
+
+# -- the other components (VAE, ...) ---------------------------------------------------------------------------
+def _fitting_config(family: ModelFamily, component: str, table: KeyMapTable, source: Mapping[str, LazyTensor],
+                    where: str) -> dict:
+    """The one config among the family's variants that this component's weights fit."""
+    spec = family.components[component]
+    fitting = []
+    configs = (family.component_config(component, v) for v in family.variants)
+    for config in {repr(c): c for c in configs}.values():
+        target = build_target(spec.class_name, config)
+        try:
+            plan_translation(table, source, target.schema, target.counts, what=where)
+        except CogExportError:
+            continue
+        fitting.append(config)
+    if len(fitting) == 1:
+        return fitting[0]
+    names = ", ".join(v.name for v in family.variants)
+    raise CogExportError(f"a {component} alone does not say which {family.name} it belongs to (the variants' "
+                         f"{component} configs differ, e.g. in latent scaling); pass --model-name (one of {names}) "
+                         "or --base")
+
+
+def plan_component(source: Mapping[str, LazyTensor], component: str, family: ModelFamily | None,
+                   variant: Variant | None, base: BaseFolder | None, options: ExportOptions, where: str,
+                   folders: Sequence[Path] = ()) -> ModelExport:
+    """A model other than the transformer (the VAE, ...): --base's config, else the Diffusers config.json beside
+    the weights (a save_pretrained folder), else the published variant's (or the one variant config it fits)."""
+    family, table = choose_table(source, component, component_title(component), where, family)
+    spec = family.components[component]
+    config = base.config(component) if base else None
+    if base is not None and config is None:
+        raise CogExportError(f"--base {base.path} has no {component} config.json (give a pipeline folder with "
+                             f"{component}/, or a {component} folder)")
+    if config is None and variant is None:
+        config = diffusers_config_beside(spec.class_name, folders)
+    if config is None:
+        config = family.component_config(component, variant) if variant is not None else \
+            _fitting_config(family, component, table, source, where)
+    target = build_target(spec.class_name, config)
+    plan = plan_translation(table, source, target.schema, target.counts, what=where)
+    policy = precision(spec.keep_fp32, options)
+    return ModelExport(component, target, plan, policy.apply(plan.tensors), policy, table, family,
+                       f"{variant.name if variant else family.name} {component_title(component)}", variant=variant)
+
+
+def components_inside(source: Mapping[str, LazyTensor], family: ModelFamily) -> tuple[str, ...]:
+    """The components a release holds beside its transformer (LTX-Video's single file: the VAE): those of the
+    family's ``from_checkpoint`` one of whose layouts fits."""
+    keys = list(source)
+    return tuple(name for name in family.from_checkpoint if fitting_tables(keys, component_tables(name, family)))
+
+
+def count_shared_keys_once(parts: list[ModelExport], keys: list[str]) -> None:
+    """Models that share one file: a key one of them reads is not 'ignored' by the others."""
+    used = {key for part in parts for key in part.table.select(keys)[0].values()}
+    for part in parts:
+        part.plan.ignored = [key for key in part.plan.ignored if key not in used]

@@ -1,0 +1,125 @@
+"""The main job: a training checkpoint of any family cogexport knows to a Diffusers model, a folder per expert, or a
+whole pipeline folder; for a LoRA run, the adapter file (or a model with the adapter fused in).
+
+open the inputs -> plan the parts (the key-map table whose signature the names carry names the family; each part is
+checked against its target model built on the meta device, and cast by the family's dtype policy) -> plan every
+file of the folder -> publish (staged write, move into place, optional upload). Bad input fails before a byte is
+written. Nothing here knows a family by name: what differs between families is data (key_maps/<family>/family.toml)
+and each family's small shapes module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from ..errors import CogExportError
+from ..lora import LoraAdapter
+from ..models.family import ModelFamily, Variant, family_of_variant
+from ..write.diffusers_folders import plan_model_folder
+from ..write.folder_plan import FolderPlan
+from .adapters import lora_summary, plan_adapter_export, read_adapters
+from .diffusers_layout import linked_from_base, model_folders, pipeline_folder
+from .inputs import ExportInputs, open_inputs
+from .options import PIPELINE, ExportOptions, check_options, default_component, lora_mode
+from .parts import (ModelExport, components_inside, count_shared_keys_once, plan_component, plan_fused_transformer,
+                    plan_transformer)
+from .publish import publish
+from .result import ExportResult
+
+
+def export(checkpoint, output, options: ExportOptions | None = None, **overrides) -> ExportResult:
+    """Export ``checkpoint`` (a path or several) into the Diffusers folder ``output``; see ExportOptions."""
+    options = replace(options or ExportOptions(), **overrides)
+    check_options(options, "diffusers")
+    output = Path(output)
+    with open_inputs(checkpoint, options) as inputs:
+        mode = lora_mode(options, inputs.lora_marker, inputs.where)
+        if mode == "adapter":
+            folder, result = plan_adapter_export(inputs, read_adapters(inputs, options), options, str(output))
+        else:
+            folder, result = _plan_model_export(inputs, options, mode, str(output))
+        return publish(folder, result, output, inputs, options)
+
+
+def _plan_model_export(inputs: ExportInputs, options: ExportOptions, mode: str | None,
+                       output: str) -> tuple[FolderPlan, ExportResult]:
+    adapters = read_adapters(inputs, options) if mode == "fuse" else {}
+    component = default_component(options)
+    parts, variant = _plan_parts(inputs, adapters, component, options)
+    for part in parts:
+        part.shards = plan_model_folder(part.tensors, options.max_shard_size, options.variant)
+    if component == PIPELINE:
+        folder = pipeline_folder(parts, inputs.base, variant, inputs, options, adapters.get("transformer"))
+    else:
+        folder = model_folders(parts)
+    return folder, _model_result(parts, variant, component, folder, inputs, adapters, output)
+
+
+def _named_family(inputs: ExportInputs, options: ExportOptions) -> tuple[ModelFamily | None, Variant | None]:
+    if options.model_name:
+        return family_of_variant(options.model_name)
+    return (inputs.base.family if inputs.base else None), None
+
+
+def _plan_transformers(inputs: ExportInputs, adapters: dict[str, LoraAdapter],
+                       options: ExportOptions) -> list[ModelExport]:
+    """Every expert's transformer (one for an ordinary model), with its adapter fused in when there is one."""
+    if adapters:
+        return [plan_fused_transformer(adapter, inputs, component, options) for component, adapter in adapters.items()]
+    return [plan_transformer(source, options, inputs.where_of(component), inputs.base, component, inputs.expert_names,
+                             inputs.search_folders(component)) for component, source in inputs.sources.items()]
+
+
+def _plan_parts(inputs: ExportInputs, adapters: dict[str, LoraAdapter], component: str,
+                options: ExportOptions) -> tuple[list[ModelExport], Variant | None]:
+    family, variant = _named_family(inputs, options)
+    parts: list[ModelExport] = []
+    if component in ("transformer", PIPELINE):
+        parts = _plan_transformers(inputs, adapters, options)
+        family, variant = parts[0].family, parts[-1].variant
+    inside = ()
+    if component == PIPELINE:
+        inside = tuple(name for name in components_inside(inputs.source, family)
+                       if not (name == "vae" and options.vae is not None))
+        _check_pipeline(inputs, parts, variant, inside, options)
+    for name in (*((component,) if component not in ("transformer", PIPELINE) else ()), *inside):
+        parts.append(plan_component(inputs.source, name, family, variant, inputs.base, options, inputs.where,
+                                    inputs.search_folders()))
+    if inside:  # the models share the file: a key one of them reads is not ignored by the others
+        count_shared_keys_once(parts, list(inputs.source))
+    if component == PIPELINE and options.vae is not None:
+        vae_source = inputs.open_more([options.vae])
+        parts.append(plan_component(vae_source, "vae", family, variant, inputs.base, options, str(options.vae)))
+    return parts, variant
+
+
+def _check_pipeline(inputs: ExportInputs, parts: list[ModelExport], variant: Variant, inside: tuple[str, ...],
+                    options: ExportOptions) -> None:
+    """Before anything is planned further: the pipeline can be complete."""
+    exported = {part.component for part in parts} | set(inside) | ({"vae"} if options.vae else set())
+    linked = tuple(name for name in linked_from_base(parts, variant) if name not in exported)
+    inputs.base.check_pipeline(linked=linked)
+    if variant.experts and not inputs.experts:
+        folders = " and ".join(f"{sub}/" for sub in variant.experts.values())
+        raise CogExportError(f"--base {inputs.base.path} is a {variant.name} pipeline, whose {len(variant.experts)} "
+                             f"experts ({', '.join(variant.experts.values())}) all come from the checkpoint, but "
+                             f"{inputs.where} is one model; give the folder holding {folders}, or export --component "
+                             "transformer")
+
+
+def _model_result(parts: list[ModelExport], variant: Variant | None, component: str, folder: FolderPlan,
+                  inputs: ExportInputs, adapters: dict[str, LoraAdapter], output: str) -> ExportResult:
+    label = parts[0].label or (variant.name if variant else f"{parts[0].family.name} VAE")
+    result = ExportResult(output, component, label, folder.written_paths, sum(len(p.tensors) for p in parts),
+                          sum(p.shards.total_bytes for p in parts), parts[0].policy.describe(),
+                          family=parts[0].family.name, source=asdict(inputs.source.info),
+                          notes=list(inputs.source.info.notes))
+    if adapters:
+        result.lora = lora_summary(adapters, inputs)
+        result.notes += [note for each in adapters.values() for note in each.warnings]
+    for part in parts:
+        result.notes += part.notes
+        result.dropped.update(part.plan.dropped)
+        result.ignored += len(part.plan.ignored)
+    return result
