@@ -207,6 +207,12 @@ def _require(condition: bool, family: str, message: str) -> None:
         raise FamilyError(f"family {family}: {message}")
 
 
+def table_name(family_key: str, name: str) -> str:
+    """A table named in a family.toml: the family's own (``original_vae``), or another family's (``wan/original_vae``:
+    families that share a model, such as the Wan variants sharing Wan's VAE, share its tables)."""
+    return name if "/" in name else f"{family_key}/{name}"
+
+
 def _model_spec(data: dict, key: str, component: str) -> ModelSpec:
     _require(isinstance(data, dict) and isinstance(data.get("class"), str), key, f"[{component}] needs class")
     originals = data.get("original", [])
@@ -219,9 +225,10 @@ def _model_spec(data: dict, key: str, component: str) -> ModelSpec:
     return ModelSpec(
         component=component,
         class_name=data["class"],
-        tables=tuple(f"{key}/{name}" for name in data.get("tables", ())),
+        tables=tuple(table_name(key, name) for name in data.get("tables", ())),
         keep_fp32=tuple(data.get("keep_fp32", ())),
-        originals=tuple(OriginalLayout(f"{key}/{o['table']}", o.get("writer", ""), o.get("prefix", ""), o.get("file", ""))
+        originals=tuple(OriginalLayout(table_name(key, o["table"]), o.get("writer", ""), o.get("prefix", ""),
+                                       o.get("file", ""))
                         for o in originals),
     )
 
@@ -265,7 +272,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
     _require(set(from_checkpoint) <= set(components), key, "[pipeline] from_checkpoint names an unknown component")
     return ModelFamily(
         key=key, name=header["name"], shapes=_shapes_module(header["shapes"], key), tags=tuple(header.get("tags", ())),
-        components=components, lora_tables=tuple(f"{key}/{name}" for name in lora.get("tables", ())),
+        components=components, lora_tables=tuple(table_name(key, name) for name in lora.get("tables", ())),
         lora_keep_fp32=tuple(lora.get("keep_fp32", ())), lora_names_from=lora.get("names_from"),
         scheduler_class=pipeline.get("scheduler", ""), scheduler_config=pipeline.get("scheduler_config", {}),
         tasks=tasks, variants=variants, from_checkpoint=from_checkpoint,

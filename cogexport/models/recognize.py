@@ -50,10 +50,12 @@ def fitting_tables(keys: Sequence[str], candidates: Sequence[tuple[ModelFamily, 
 
 def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, where: str,
                  family: ModelFamily | None = None) -> tuple[ModelFamily, KeyMapTable]:
-    """The one table (and its family) whose signature the checkpoint's names carry."""
+    """The one table (and its family) whose signature the checkpoint's names carry. A table that several families
+    share (a VAE of the Wan variants) is one layout: the first family that has it, or the one named."""
     candidates = component_tables(component, family)
     fitting = fitting_tables(list(source), candidates)
-    if len(fitting) == 1:
+    layouts = {table.name for _, table in fitting}
+    if len(layouts) == 1:
         return fitting[0]
     if not fitting:
         sample = ", ".join(list(source)[:3]) or "no tensors at all"
@@ -63,7 +65,7 @@ def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, wh
                                  f"{others[0][0].name} --base (or none)")
         raise CogExportError(f"{where} holds no {what} weights cogexport recognises (tried "
                              f"{', '.join(name for _, name in candidates)}); its first keys are {sample}")
-    raise CogExportError(f"{where} matches several layouts ({', '.join(t.name for _, t in fitting)}); its keys are mixed")
+    raise CogExportError(f"{where} matches several layouts ({', '.join(sorted(layouts))}); its keys are mixed")
 
 
 @dataclass
