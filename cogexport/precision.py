@@ -26,6 +26,29 @@ def dtype_named(name: str) -> torch.dtype:
         raise CogExportError(f"--dtype {name!r} is not one of {', '.join(DTYPES)}") from None
 
 
+def describe_written(tensors: Mapping[str, LazyTensor]) -> str:
+    """The dtypes of tensors as written, in the names they are written under (the way back writes original names, in
+    which the policy's Diffusers-name globs would mislead): the main dtype, and the name patterns (block indices as
+    *) of the floating tensors kept in another."""
+    floating = {name: tensor.dtype for name, tensor in tensors.items() if tensor.dtype.is_floating_point}
+    if not floating:
+        return "no floating tensors"
+    names = {dtype: name for name, dtype in DTYPES.items()}
+    counts: dict[torch.dtype, int] = {}
+    for dtype in floating.values():
+        counts[dtype] = counts.get(dtype, 0) + 1
+    main = max(counts, key=counts.get)
+    others: dict[str, list[str]] = {}
+    for name, dtype in floating.items():
+        if dtype != main:
+            pattern = ".".join("*" if part.isdigit() else part for part in name.split("."))
+            others.setdefault(names.get(dtype, str(dtype)), [])
+            if pattern not in others[names.get(dtype, str(dtype))]:
+                others[names.get(dtype, str(dtype))].append(pattern)
+    kept = "; ".join(f"{', '.join(patterns)} kept in {dtype}" for dtype, patterns in others.items())
+    return f"{names.get(main, str(main))}" + (f", except {kept}" if kept else "")
+
+
 def _matches(pattern: str, name: str) -> bool:
     wanted, parts = pattern.split("."), name.split(".")
     return any(all(fnmatch.fnmatchcase(part, glob) for part, glob in zip(parts[start:], wanted))

@@ -457,6 +457,11 @@ def test_wan22_a14b_one_adapter_per_expert(tmp_path):
            component="transformer")
     for name, truth in truths.items():
         assert_all_equal(load_file(tmp_path / "fused" / name / "diffusion_pytorch_model.safetensors"), truth)
+    # --lora fuse takes the base weights from a pipeline --base, and writes the transformers unless told otherwise
+    default = export(tmp_path / "run", tmp_path / "fused-default", base=tmp_path / "base", lora="fuse", dtype="fp32")
+    assert default.component == "transformer" and not (tmp_path / "fused-default" / "model_index.json").exists()
+    for name, truth in truths.items():
+        assert_all_equal(load_file(tmp_path / "fused-default" / name / "diffusion_pytorch_model.safetensors"), truth)
 
 
 # -- bad input -------------------------------------------------------------------------------------------------

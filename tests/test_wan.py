@@ -92,6 +92,15 @@ def test_export_of_original_is_byte_identical_to_save_pretrained(shape_class, dt
     assert (tmp_path / "out" / "config.json").read_bytes() == (root / "fp32" / "config.json").read_bytes()
 
 
+def test_the_way_back_names_what_it_kept_in_fp32_by_the_names_it_wrote(saved, tmp_path):
+    _, root = saved("t2v")
+    result = export_original(root / "fp32", tmp_path / "original")  # bf16, the class's fp32 modules kept
+    written = load_file(tmp_path / "original" / "diffusion_pytorch_model.safetensors")
+    assert written["blocks.0.modulation"].dtype == torch.float32 and written["head.head.weight"].dtype == torch.bfloat16
+    assert result.precision.startswith("bf16, except ") and result.precision.endswith(" kept in fp32")
+    assert "blocks.*.modulation" in result.precision and "scale_shift_table" not in result.precision
+
+
 def test_bf16_export_keeps_the_classes_fp32_modules(saved, tmp_path):
     _, root = saved("i2v")
     export(root / "fp32", tmp_path / "out")  # Diffusers names in, bf16 by default

@@ -23,6 +23,7 @@ from ..models.base_folder import open_base, read_json
 from ..models.family import ModelFamily, ModelSpec, OriginalLayout, component_title
 from ..models.recognize import choose_table, recognise
 from ..models.target_choice import choose_transformer
+from ..precision import describe_written
 from ..write.folder_plan import FolderPlan
 from .inputs import ExportInputs, open_weights, search_folders
 from .options import ExportOptions, check_options
@@ -164,6 +165,7 @@ def _result(parts: list[OriginalPart], folder: FolderPlan, component: str, input
     what = component_title(component) if component != "transformer" else \
         " and ".join(component_title(name) for name in ("transformer", *first.beside_components))
     source = next(iter(inputs.sources.values()))
+    written = {name: tensor for part in parts for name, tensor in {**part.prefixed(), **part.beside}.items()}
     return ExportResult(output, f"original {what}", first.label, folder.written_paths, folder.tensors,
-                        folder.total_bytes, first.policy.describe(), family=first.family.name,
+                        folder.total_bytes, describe_written(written), family=first.family.name,
                         source=asdict(source.info), notes=list(source.info.notes))
