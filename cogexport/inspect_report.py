@@ -9,6 +9,7 @@ from typing import Mapping, Sequence
 from .checkpoint import LazyCheckpoint, open_checkpoint
 from .checkpoint.deepspeed_zero import DTYPE_NAMES
 from .errors import CogExportError
+from .inspect_folders import diffusers_folder_kind, inspect_diffusers_folder, render_folder_text
 from .lazy import LazyTensor
 from .lora import read_adapter
 from .models.recognize import component_tables, config_beside, expert_folders, fitting_tables, lora_key, read_facts
@@ -19,6 +20,8 @@ def inspect_paths(paths: list[Path], tag: str | None = None, check_data: bool = 
                   progress: bool | None = None) -> dict:
     """``inspect_checkpoint`` of the checkpoint, or of each expert of a release holding several (Wan 2.2 A14B's
     high_noise_model/ and low_noise_model/), under ``experts`` by the pipeline component each becomes."""
+    if len(paths) == 1 and diffusers_folder_kind(Path(paths[0])) is not None:  # a folder cogexport writes
+        return inspect_diffusers_folder(Path(paths[0]), check_data)
     experts = expert_folders([Path(p) for p in paths])
     if not experts:
         return inspect_checkpoint(paths, tag, check_data, progress)
@@ -171,6 +174,8 @@ def _model_rows(models: dict) -> list[tuple[str, str]]:
 
 
 def render_inspect_text(report: dict) -> str:
+    if report.get("kind", "").startswith("diffusers"):
+        return render_folder_text(report)
     if "experts" in report:
         return "\n\n".join(f"== {component}: {Path(expert['paths'][0]).name}\n{render_inspect_text(expert)}"
                              for component, expert in report["experts"].items())
