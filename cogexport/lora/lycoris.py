@@ -113,11 +113,13 @@ def delta(factors: Factors, scale: float) -> torch.Tensor:
 
 
 # -- the factorisation LyCORIS and PEFT shape LoKr factors by -------------------------------------------------------
-def factorization(dimension: int, factor: int = -1) -> tuple[int, int]:
-    """The two factors (smaller first) LyCORIS and PEFT split a dimension into: ``factor`` and its cofactor when
-    ``factor`` divides it, else the most balanced pair whose smaller side is at most ``factor`` (any, for -1)."""
+def factorization(dimension: int, factor: int = -1, smaller_first: bool = False) -> tuple[int, int]:
+    """The two factors LyCORIS and PEFT split a dimension into: ``factor`` and its cofactor when ``factor`` divides it
+    (PEFT keeps them in that order, LyCORIS puts the smaller first: ``smaller_first``), else the most balanced pair
+    whose smaller side is at most ``factor`` (any, for -1), smaller first."""
     if factor > 0 and dimension % factor == 0:
-        return factor, dimension // factor  # in this order, even when factor is the larger
+        pair = (factor, dimension // factor)
+        return tuple(sorted(pair)) if smaller_first else pair
     limit = dimension if factor == -1 else factor
     best = (1, dimension)
     for small in range(2, math.isqrt(dimension) + 1):
@@ -129,6 +131,6 @@ def factorization(dimension: int, factor: int = -1) -> tuple[int, int]:
 
 
 def fits_factorization(out: int, inp: int, halves: tuple[tuple[int, int], tuple[int, int]], factor: int) -> bool:
-    """Whether LyCORIS / PEFT, given this decompose factor, make w1 and w2 of these shapes."""
+    """Whether PEFT, given this decompose factor, makes w1 and w2 of these shapes."""
     (a, c), (b, d) = halves
     return factorization(out, factor) == (a, b) and factorization(inp, factor) == (c, d)

@@ -100,7 +100,7 @@ def lycoris_problem(name: str, module: LoraModule) -> str | None:
     w1_low, w2_low = LOKR_W1_A in module.factors, LOKR_W2_A in module.factors
     rank = module.rank
     factor = _lycoris_factor(out, inp, (a, c), (b, d))
-    (l_, k), (m, n) = lycoris.factorization(out, factor), lycoris.factorization(inp, factor)
+    (l_, k), (m, n) = lycoris.factorization(out, factor, True), lycoris.factorization(inp, factor, True)
     both = w1_low and w2_low
     if both and module.factors[LOKR_W1_A].shape[1] != module.factors[LOKR_W2_A].shape[1]:
         return f"{name}'s LoKr halves have different ranks; LyCORIS's loader gives both one"

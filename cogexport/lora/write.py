@@ -28,7 +28,8 @@ from ..errors import CogExportError
 from ..lazy import LazyTensor
 from ..precision import PrecisionPolicy
 from .adapter import LoraAdapter, LoraModule
-from .formats import IN_HEADER, IN_SIDE_FILE, LORA_AB_NAMES, LoraFormat, holders, writable_format, writable_formats
+from .formats import (FULL_AT_ONE, IN_HEADER, IN_SIDE_FILE, LORA_AB_NAMES, LoraFormat, holders, writable_format,
+                      writable_formats)
 from .lycoris_loaders import lycoris_problem, peft_config, whole_at_one
 from .modules import translate_modules
 from .parts import ALPHA, BIAS, DIFF, DIFF_B, KIND_TITLES, LORA, MAGNITUDE, PART_NAMES
@@ -90,12 +91,6 @@ def _module_tensors(name: str, module: LoraModule, target: LoraFormat, rslora: b
     tensors = {target.key(name, part): tensor for part, tensor in module.parts.items()}
     if not target.holds(ALPHA) or module.kind is None:
         return tensors
-    if module.kind != LORA:
-        whole_at_one(name, module, target.title, where)
-        if target.factor_rules == "lycoris":
-            problem = lycoris_problem(name, module)
-            if problem:
-                raise CogExportError(f"{where}: {problem}; write --lora-format comfyui or peft")
     rank, scale = module.rank, module.scale(rslora)
     if target.alpha_optional and scale == 1.0:
         return tensors  # its loaders apply a module without .alpha at scale 1
@@ -141,8 +136,8 @@ def _held(name: str, module: LoraModule, target: LoraFormat, adapter: LoraAdapte
         return CogExportError(f"{where}: {target.title} LoRA files cannot hold {what} (on {name}); they would be lost; "
                               f"write {holders(part)}")
 
-    if module.factors and not all(target.holds(part) for part in module.factors):
-        return _refuse_factors(name, module, target, where)
+    if module.factors:
+        _check_factors(name, module, target, where)
     for attribute, part in (("magnitude", MAGNITUDE), ("diff", DIFF)):
         if getattr(module, attribute) is not None and not target.holds(part):
             raise lost(PART_NAMES[part], part)
@@ -175,10 +170,18 @@ def _held(name: str, module: LoraModule, target: LoraFormat, adapter: LoraAdapte
     return module
 
 
-def _refuse_factors(name: str, module: LoraModule, target: LoraFormat, where: str) -> LoraModule:
-    part = next(iter(module.factors))
-    raise CogExportError(f"{where}: {target.title} LoRA files cannot hold a {KIND_TITLES[module.kind]} adapter (on "
-                         f"{name}): their loaders apply lora_A / lora_B only; write {holders(part)}")
+def _check_factors(name: str, module: LoraModule, target: LoraFormat, where: str) -> None:
+    """A LoKr or LoHa module goes only where its loader gives back its factors and strength."""
+    if not all(target.holds(part) for part in module.factors):
+        raise CogExportError(f"{where}: {target.title} LoRA files cannot hold a {KIND_TITLES[module.kind]} adapter "
+                             f"(on {name}): their loaders apply lora_A / lora_B only; write "
+                             f"{holders(next(iter(module.factors)))}")
+    if target.full_lokr == FULL_AT_ONE:
+        whole_at_one(name, module, target.title, where)
+    if target.factor_rules == "lycoris":
+        problem = lycoris_problem(name, module)
+        if problem:
+            raise CogExportError(f"{where}: {problem}; write --lora-format comfyui or peft")
 
 
 def _any_bias(adapter: LoraAdapter) -> bool:
