@@ -348,3 +348,17 @@ def test_bad_lycoris_input(base, tmp_path, cli):
     assert report["usable"] is False and "an OFT adapter (LyCORIS): not read" in report["models"]["lora"]["problem"]
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 4))
     assert snapshot(path.parent) == before
+
+
+def test_inspect_names_type_layout_rank_and_alpha(base, tmp_path, cli):
+    path, _ = lycoris_saved(tiny_model(base), per_block(LOKR), tmp_path / "run" / "pytorch_lora_weights.safetensors", 9)
+    text = cli("inspect", path).stdout
+    row = next(line for line in text.splitlines() if line.startswith("lora "))
+    assert "Wan LoKr adapter, layout LyCORIS adapter on Diffusers names (lycoris_" in row, row
+    assert "factor rank 2 (others: 1, 3), 4 modules with whole factors" in row
+    assert "alpha 1 (the file's .alpha tensors)" in row  # the most common alpha applied (ties: the smallest)
+    assert next(line for line in text.splitlines() if line.startswith("usable")).endswith(" yes")
+    assert not any(line.startswith("step") for line in text.splitlines())  # a plain file has no training step
+    report = json.loads(cli("inspect", path, "--json").stdout)["models"]["lora"]
+    assert (report["type"], report["kinds"], report["ranks"], report["whole_factors"]) == ("LoKr", {"LoKr": 14},
+                                                                                          [1, 2, 3], 4)

@@ -155,10 +155,6 @@ _BUILT_IN = (
                strip=("module.", "_orig_mod.", "base_model.model."), base_weights=True),
     # DiffSynth-Studio saves the adapter part of its PEFT-wrapped DiT, with the pipeline's "pipe.dit." removed.
     LoraFormat("diffsynth", "DiffSynth-Studio", {".lora_A.default.weight": DOWN, ".lora_B.default.weight": UP}),
-    LoraFormat("musubi", "kohya / musubi-tuner", {**_KOHYA, **LYCORIS_SUFFIXES}, prefix="lora_unet_",
-               write_prefix="lora_unet_", encoded=True, extras=("lokr_factor",), file="lora.safetensors",
-               write_parts=_KOHYA_NAMES, strength_where=_ALPHA_IN_TENSORS, kohya_metadata=True,
-               loaders=("diffusers", "comfyui+musubi")),
     LoraFormat("comfyui", "ComfyUI / original names",
                {**_KOHYA, ".lora_A.weight": DOWN, ".lora_B.weight": UP, ".diff": DIFF, ".diff_b": DIFF_B,
                 **LYCORIS_SUFFIXES},
@@ -166,6 +162,10 @@ _BUILT_IN = (
                alpha_optional=True,
                write_parts={**_KOHYA_NAMES, DIFF: ".diff", DIFF_B: ".diff_b", **_FACTOR_NAMES},
                strength_where=_ALPHA_IN_TENSORS, loaders=("diffusers", "comfyui")),
+    LoraFormat("musubi", "kohya / musubi-tuner", {**_KOHYA, **LYCORIS_SUFFIXES}, prefix="lora_unet_",
+               write_prefix="lora_unet_", encoded=True, extras=("lokr_factor",), file="lora.safetensors",
+               write_parts=_KOHYA_NAMES, strength_where=_ALPHA_IN_TENSORS, kohya_metadata=True,
+               loaders=("diffusers", "comfyui+musubi")),
     # LyCORIS's own save of a wrapped Diffusers model (SimpleTuner's LyCORIS runs): lycoris_ + the Diffusers module
     # path with underscores; LoRA modules as LyCORIS's LoCon writes them.
     LoraFormat("lycoris", "LyCORIS", {**_KOHYA, **LYCORIS_SUFFIXES}, prefix="lycoris_", write_prefix="lycoris_",
@@ -214,6 +214,18 @@ def register_format(fmt: LoraFormat, tables: Mapping[str, str] = ()) -> None:
         if fmt.name in _WRITABLE:
             _WRITABLE.remove(fmt.name)
         raise
+
+
+def unregister_format(name: str) -> None:
+    """Take back a format ``register_format`` added, and its tables."""
+    from .tables import unregister_tables
+
+    if name in (f.name for f in _BUILT_IN):
+        raise FormatError(f"LoRA format {name!r} is built in")
+    FORMATS.pop(name, None)
+    if name in _WRITABLE:
+        _WRITABLE.remove(name)
+    unregister_tables(name)
 
 
 def holders(part: str) -> str:

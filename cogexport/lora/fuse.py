@@ -35,12 +35,7 @@ def misfits(modules: Mapping[str, LoraModule], schema: Mapping[str, torch.Size])
             if weight is None or len(weight) != 2:
                 wrong.append(f"the adapter of {name} is not on a linear layer of the model")
                 continue
-            out, inp = weight
-            if module.down is not None and (module.down.shape[1] != inp or module.up.shape[0] != out):
-                wrong.append(f"{name} is {inp} -> {out}, the adapter {module.down.shape[1]} -> {module.up.shape[0]}")
-            if module.factors and lycoris.delta_shape(module.factors) != (out, inp):
-                adapted_out, adapted_in = lycoris.delta_shape(module.factors)
-                wrong.append(f"{name} is {inp} -> {out}, the {module.kind} adapter {adapted_in} -> {adapted_out}")
+            wrong += _weight_misfits(name, module, weight)
             if module.diff is not None and module.diff.shape != weight:
                 wrong.append(f"{name}.diff is {tuple(module.diff.shape)}, the weight {tuple(weight)}")
         for part in ("bias", "diff_b", "magnitude"):
@@ -53,6 +48,16 @@ def misfits(modules: Mapping[str, LoraModule], schema: Mapping[str, torch.Size])
             elif tensor.shape[0] != rows[0]:
                 wrong.append(f"{name}.{part} has {tensor.shape[0]} rows, the layer {rows[0]}")
     return wrong
+
+
+def _weight_misfits(name: str, module: LoraModule, weight: torch.Size) -> list[str]:
+    out, inp = weight
+    if module.down is not None and (module.down.shape[1] != inp or module.up.shape[0] != out):
+        return [f"{name} is {inp} -> {out}, the adapter {module.down.shape[1]} -> {module.up.shape[0]}"]
+    if module.factors and lycoris.delta_shape(module.factors) != (out, inp):
+        adapted_out, adapted_in = lycoris.delta_shape(module.factors)
+        return [f"{name} is {inp} -> {out}, the {module.kind} adapter {adapted_in} -> {adapted_out}"]
+    return []
 
 
 def check_fits(adapter: LoraAdapter, schema: Mapping[str, torch.Size], where: str) -> None:

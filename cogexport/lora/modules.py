@@ -83,16 +83,7 @@ def _regrouped(rule: Regroup, k: int, sources: list[LoraModule | None], names: l
                              f"{rule.dim}; adapters can only follow splits of the output rows")
     present = {j: module for j, module in enumerate(sources) if module is not None}
     unit = _unit_rows(rule, present, names, where)
-    result = LoraModule()
-    lora = {j: m for j, m in present.items() if m.down is not None and any(p[0] == j for p in picks)}
-    factored = {j: m for j, m in present.items() if m.factors and any(p[0] == j for p in picks)}
-    if lora and factored:
-        raise CogExportError(f"{where}: {', '.join(names)}: a LoRA and a LyCORIS adapter cannot become one adapter of "
-                             "the fused layer")
-    if lora:
-        result.down, result.up, result.alpha = _low_rank(picks, lora, unit, rule, names, where, rslora)
-    if factored:
-        result.factors, result.alpha, result.dim = _factors(picks, factored, rule, names, where)
+    result = _adapter_regrouped(picks, present, unit, rule, names, where, rslora)
     in_features = next((m.down.shape[1] if m.down is not None else m.diff.shape[1] for m in present.values()
                         if m.down is not None or m.diff is not None), None)
     for part, width in (("diff", in_features), ("diff_b", None), ("bias", None), ("magnitude", None)):
@@ -103,6 +94,23 @@ def _regrouped(rule: Regroup, k: int, sources: list[LoraModule | None], names: l
             raise CogExportError(f"{where}: {', '.join(names)}: DoRA magnitudes of a fused layer need every part "
                                  "adapted with DoRA")
         setattr(result, part, _stacked(picks, tensors, rule, unit, width))
+    return result
+
+
+def _adapter_regrouped(picks: list[tuple[int, int]], present: Mapping[int, LoraModule], unit: int, rule: Regroup,
+                       names: list[str], where: str, rslora: bool) -> LoraModule:
+    """The target's LoRA or LyCORIS adapter (none, when its parts have none)."""
+    result = LoraModule()
+    picked = {j for j, _ in picks}
+    lora = {j: m for j, m in present.items() if m.down is not None and j in picked}
+    factored = {j: m for j, m in present.items() if m.factors and j in picked}
+    if lora and factored:
+        raise CogExportError(f"{where}: {', '.join(names)}: a LoRA and a LyCORIS adapter cannot become one adapter of "
+                             "the fused layer")
+    if lora:
+        result.down, result.up, result.alpha = _low_rank(picks, lora, unit, rule, names, where, rslora)
+    if factored:
+        result.factors, result.alpha, result.dim = _factors(picks, factored, rule, names, where)
     return result
 
 
@@ -195,21 +203,26 @@ def _factors(picks: list[tuple[int, int]], modules: Mapping[int, LoraModule], ru
     if not same or not all(_equal([m.factors[part] for m in modules.values()]) for part in shared):
         raise CogExportError(f"{where}: the {kind} adapters of {', '.join(names)} differ in "
                              f"{' / '.join(shared)} or strength; one {kind} of the fused layer cannot carry them")
-    units = set()
-    for j, module in modules.items():
-        rows = module.factors[rows_parts[0]].shape[0]
-        if rows % rule.source_chunks[j]:
-            raise CogExportError(f"{where}: {names[0]}'s {rows_parts[0]} has {rows} rows, which cannot be split into "
-                                 f"the {rule.source_chunks[j]} parts of the fused layer ({rule.describe()}) exactly")
-        units.add(rows // rule.source_chunks[j])
-    if len(units) != 1:
-        raise CogExportError(f"{where}: the {kind} adapters of {', '.join(names)} do not fit together")
-    unit = units.pop()
+    unit = _factor_rows(modules, rows_parts[0], rule, names, where)
     factors = {part: first.factors[part] for part in shared}
     for part in rows_parts:
         tensors = {j: m.factors[part] for j, m in modules.items()}
         factors[part] = _stacked(picks, tensors, rule, unit, first.factors[part].shape[1])
     return factors, first.alpha, first.dim
+
+
+def _factor_rows(modules: Mapping[int, LoraModule], part: str, rule: Regroup, names: list[str], where: str) -> int:
+    """The rows of ``part`` one chunk of the fused layer takes: its rows split into whole equal parts."""
+    units = set()
+    for j, module in modules.items():
+        rows = module.factors[part].shape[0]
+        if rows % rule.source_chunks[j]:
+            raise CogExportError(f"{where}: {names[0]}'s {part} has {rows} rows, which cannot be split into the "
+                                 f"{rule.source_chunks[j]} parts of the fused layer ({rule.describe()}) exactly")
+        units.add(rows // rule.source_chunks[j])
+    if len(units) != 1:
+        raise CogExportError(f"{where}: the LyCORIS adapters of {', '.join(names)} do not fit together")
+    return units.pop()
 
 
 def _equal(tensors: list[LazyTensor]) -> bool:

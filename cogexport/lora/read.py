@@ -97,8 +97,7 @@ def _build(layout: _Layout, where: str) -> None:
     layout.stage = 1
     names = list(layout.modules)
     decoded = decode_kohya(table, names) if table.format.encoded else {name: name for name in names}
-    unknown = [name for name, module in decoded.items()
-               if module is None or table.modules is not None and rule_of(table.modules, module) is None]
+    unknown = [name for name, module in decoded.items() if module is None or not _names_a_layer(table, module)]
     layout.known = len(names) - len(unknown)
     if unknown:
         raise CogExportError(f"{where}: {table.format.prefix}{unknown[0]} names no layer of a {family.name} "
@@ -128,6 +127,19 @@ def _build(layout: _Layout, where: str) -> None:
     if foreign:
         raise CogExportError(f"{where}: the model's own weights beside the adapter are not a {family.name} "
                              f"transformer's: {_listing(foreign)}")
+
+
+def _names_a_layer(table: LoraTable, module: str) -> bool:
+    """Whether the table's key map names this module: by a rule of its own, or for a table that only keeps the
+    names (Diffusers names), by the module being one of the family's layers."""
+    if table.modules is None:
+        return True
+    if rule_of(table.modules, module) is None:
+        return False
+    if not table.modules.renames_nothing:
+        return True
+    schema = names_schema(table.family, blocks_needed([module]))
+    return f"{module}.weight" in schema or f"{module}.bias" in schema
 
 
 def _foreign_weights(layout: _Layout, schema: Mapping[str, torch.Size]) -> list[str]:

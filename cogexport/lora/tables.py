@@ -118,3 +118,8 @@ def output_table(family: ModelFamily, format_name: str) -> LoraTable | None:
     """The table a family's adapters are written with in this format, if the family has one."""
     return next((t for t in lora_tables()
                  if t.family.key == family.key and t.writes and t.format.name == format_name), None)
+
+
+def unregister_tables(format_name: str) -> None:
+    """Take back the registered tables of a format."""
+    _REGISTERED[:] = [table for table in _REGISTERED if table.format.name != format_name]
