@@ -362,3 +362,34 @@ def test_inspect_names_type_layout_rank_and_alpha(base, tmp_path, cli):
     report = json.loads(cli("inspect", path, "--json").stdout)["models"]["lora"]
     assert (report["type"], report["kinds"], report["ranks"], report["whole_factors"]) == ("LoKr", {"LoKr": 14},
                                                                                           [1, 2, 3], 4)
+
+
+def test_ltx_video_lycoris_own_files(tmp_path):
+    """SimpleTuner trains LTX-Video with LyCORIS too: LyCORIS's own save of a tiny LTX-Video, both kinds, read on
+    Diffusers names (lycoris_transformer_blocks_0_attn1_to_q), fused and written for PEFT and LyCORIS exactly."""
+    from diffusers import LTXVideoTransformer3DModel
+    from test_lora_ltx_video import build_transformer
+
+    model = build_transformer("2b", seed=0)
+    model.save_pretrained(tmp_path / "base" / "transformer")
+    base_folder, config, weights = tmp_path / "base" / "transformer", dict(model.config), model.state_dict()
+    specs = {f"transformer_blocks.{i}.{layer}": spec for i in range(2) for layer, spec in (
+        ("attn1.to_q", LOKR["attn1.to_k"]), ("attn1.to_k", LOKR["attn1.to_v"]), ("attn2.to_v", LOHA["attn1.to_q"]),
+        ("ff.net.2", LOHA["ffn.net.2"]))}
+    path, deltas = lycoris_saved(model, specs, tmp_path / "run" / "pytorch_lora_weights.safetensors", 12)
+    truth = added(weights, deltas)
+    export(path, tmp_path / "fused", base=base_folder, lora="fuse", dtype="fp32")
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth)
+    fresh = LTXVideoTransformer3DModel.from_config(config)
+    fresh.load_state_dict(weights)
+    with open_checkpoint(path) as checkpoint:
+        adapter = read_adapter(checkpoint, str(path), None, [path.parent], checkpoint.info.metadata)
+        assert adapter.table.name == "ltx_video/lycoris_lora" and adapter.type_name == "LoKr + LoHa"
+        planned = plan_output(adapter, "lycoris", adapter.names, PrecisionPolicy(torch.float32), str(path))
+        (tmp_path / "lycoris").mkdir()
+        save_file({name: t.load().contiguous() for name, t in planned.tensors.items()},
+                  tmp_path / "lycoris" / planned.file)
+    assert_all_equal(added(weights, lycoris_loaded(fresh, tmp_path / "lycoris" / "lycoris.safetensors")), truth)
+    with pytest.raises(CogExportError, match="PEFT adapters have one kind; this one mixes LoHa, LoKr"):
+        export(path, tmp_path / "peft", base=base_folder, lora_format="peft")
+    assert not (tmp_path / "peft").exists()
