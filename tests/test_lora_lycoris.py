@@ -27,7 +27,7 @@ from lora_helpers import assert_all_equal, assert_same_files, files_of, peft_fus
 from lycoris_helpers import (added, aitoolkit_wan_key, comfy_delta, lycoris_loaded, lycoris_saved, musubi_delta,
                              random_factors, write_musubi_lycoris)
 from safetensors.torch import load_file, save_file
-from test_lora_wan import BASE_FOLDER, REAL, original
+from test_lora_wan import BASE_FOLDER, original
 from wan_fixtures import REAL_WAN
 
 from cogexport.checkpoint import open_checkpoint
@@ -238,7 +238,8 @@ def _larger_first(dimension: int) -> tuple[int, int]:
 def musubi_truth(base, modules: dict) -> dict[str, torch.Tensor]:
     _, weights = base
     by_original = {original(m): m for m in {k.rsplit(".", 1)[0] for k in weights} if _has_original(m)}
-    return added(weights, {by_original[name]: musubi_delta(factors, alpha) for name, (factors, alpha) in modules.items()})
+    return added(weights, {by_original[name]: musubi_delta(factors, alpha)
+                           for name, (factors, alpha) in modules.items()})
 
 
 @pytest.mark.parametrize("algo,rank,alpha", [("lokr", 1, 4.0), ("loha", 2, 8.0)])
@@ -341,12 +342,17 @@ def test_bad_lycoris_input(base, tmp_path, cli):
     save_file(tensors, tmp_path / "shapes.safetensors")
     assert_refusal(cli(tmp_path / "shapes.safetensors", tmp_path / "o3", "--base", BASE_FOLDER, "--lora", "fuse"),
                    "blocks.0.attn1.to_q is 32 -> 32, the LoKr adapter 40 -> 32")
+    tensors = load_file(path)
+    tensors["lycoris_blocks_0_attn1_to_q.lokr_t2"] = torch.ones(2, 2, 3, 3)
+    save_file(tensors, tmp_path / "tucker.safetensors")
+    assert_refusal(cli(tmp_path / "tucker.safetensors", tmp_path / "o4", "--base", BASE_FOLDER),
+                   "is a LoKr adapter (LyCORIS) of convolutions (Tucker core lokr_t2): not read")
     oft = {"lycoris_blocks_0_attn1_to_q.oft_blocks": torch.zeros(4, 8, 8), "lycoris_blocks_0_attn1_to_q.alpha":
            torch.tensor(1.0)}
     save_file(oft, tmp_path / "oft.safetensors")
     report = json.loads(cli("inspect", tmp_path / "oft.safetensors", "--json").stdout)
     assert report["usable"] is False and "an OFT adapter (LyCORIS): not read" in report["models"]["lora"]["problem"]
-    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 4))
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
     assert snapshot(path.parent) == before
 
 

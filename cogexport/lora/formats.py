@@ -44,7 +44,7 @@ class LoraFormat:
     write_prefix: str = ""  # the prefix written keys get
     encoded: bool = False  # kohya: a module path's dots are written as underscores
     base_weights: bool = False  # a wrapped model: base_layer weights and plain (unwrapped) keys beside the adapters
-    extras: tuple[str, ...] = ()  # whole keys holding network settings, not adapter tensors (musubi-tuner's lokr_factor)
+    extras: tuple[str, ...] = ()  # whole keys of network settings, not adapter tensors (musubi-tuner's lokr_factor)
     # -- writing (a format with a file is one cogexport writes) -----------------------------------------------------
     file: str = ""  # the file a written adapter goes in
     write_parts: Mapping[str, str] = field(default_factory=dict)  # part -> suffix, for the parts the format holds
@@ -122,7 +122,8 @@ def _check_writable(fmt: LoraFormat) -> None:
          "it must hold lora_A / lora_B or LyCORIS factors")
     need(fmt.holds(ALPHA) or fmt.adapter_config in (IN_HEADER, IN_SIDE_FILE),
          "its strength needs a place: an .alpha part or an adapter config (header or side file)")
-    need(fmt.adapter_config in ("", IN_HEADER, IN_SIDE_FILE), f"adapter_config must be {IN_HEADER!r} or {IN_SIDE_FILE!r}")
+    need(fmt.adapter_config in ("", IN_HEADER, IN_SIDE_FILE),
+         f"adapter_config must be {IN_HEADER!r} or {IN_SIDE_FILE!r}")
     need(fmt.full_lokr in (FULL_AT_ONE, FULL_BY_CONFIG), f"full_lokr must be {FULL_AT_ONE!r} or {FULL_BY_CONFIG!r}")
     need(fmt.factor_rules in ("", "peft", "lycoris"), "factor_rules must be 'peft', 'lycoris' or ''")
 
@@ -146,7 +147,8 @@ _BUILT_IN = (
                write_prefix="base_model.model.", file="adapter_model.safetensors",
                write_parts={DOWN: ".lora_A.weight", UP: ".lora_B.weight", BIAS: ".lora_B.bias",
                             MAGNITUDE: ".lora_magnitude_vector", **_FACTOR_NAMES},
-               strength_where="lora_alpha (alpha for LoKr / LoHa), r and per-module patterns are in adapter_config.json",
+               strength_where="lora_alpha (alpha for LoKr / LoHa), r and per-module patterns are in "
+                              "adapter_config.json",
                adapter_config=IN_SIDE_FILE, loaders=("peft",), full_lokr=FULL_BY_CONFIG, factor_rules="peft"),
     # A model wrapped by PEFT, as a training checkpoint holds it (DeepSpeed, DDP, DCP): the adapters of PEFT's default
     # adapter beside the wrapped layers' base weights and every other weight of the model.
@@ -192,9 +194,6 @@ def writable_format(name: str) -> LoraFormat:
     if name not in _WRITABLE:
         raise CogExportError(f"--lora-format {name!r} is not one of {', '.join(_WRITABLE)}")
     return FORMATS[name]
-
-
-format_named = writable_format  # the name write.py used before
 
 
 def register_format(fmt: LoraFormat, tables: Mapping[str, str] = ()) -> None:

@@ -23,8 +23,8 @@ import torch
 
 from ..errors import CogExportError
 from ..lazy import LazyTensor
-from .parts import (HADA_T1, HADA_T2, HADA_W1_A, HADA_W1_B, HADA_W2_A, HADA_W2_B, LOHA, LOHA_PARTS, LOKR, LOKR_PARTS,
-                    LOKR_T2, LOKR_W1, LOKR_W1_A, LOKR_W1_B, LOKR_W2, LOKR_W2_A, LOKR_W2_B)
+from .parts import (HADA_T1, HADA_T2, HADA_W1_A, HADA_W1_B, HADA_W2_A, HADA_W2_B, LOHA, LOKR, LOKR_PARTS, LOKR_T2,
+                    LOKR_W1, LOKR_W1_A, LOKR_W1_B, LOKR_W2, LOKR_W2_A, LOKR_W2_B)
 
 Factors = Mapping[str, LazyTensor]
 
@@ -72,8 +72,9 @@ def check_factors(factors: Factors, name: str, where: str) -> None:
     kind = kind_of(factors)
     tucker = [part for part in (LOKR_T2, HADA_T1, HADA_T2) if part in factors]
     if tucker or any(len(t.shape) != 2 for t in factors.values()):
-        raise CogExportError(f"{where}: {name} is a {kind} adapter of a convolution ({tucker[0] if tucker else 'kernel'}"
-                             " dimensions): not read; cogexport reads LoKr / LoHa adapters of linear layers")
+        what = tucker[0] if tucker else "kernel dimensions"
+        raise CogExportError(f"{where}: {name} is a {kind} adapter of a convolution ({what}): not read; cogexport "
+                             "reads LoKr / LoHa adapters of linear layers")
     if kind == LOHA:
         _check_loha(factors, name, where)
     else:

@@ -23,7 +23,7 @@ from .adapter import LoraAdapter, LoraModule
 from .fuse import misfits
 from .modules import rule_of, translate_modules
 from .names import blocks_needed, decode_kohya, names_schema
-from .parts import ALPHA, BASE_BIAS, BASE_WEIGHT, LORA
+from .parts import ALPHA, BASE_BIAS, BASE_WEIGHT
 from .strength import Strength, recorded_config, set_strengths, whole_w2_rule
 from .tables import LoraTable, lora_tables
 from .unread import unread_adapter
@@ -164,7 +164,8 @@ def _check_module(module: LoraModule, name: str, where: str) -> None:
         try:
             lycoris.kind_of(module.factors)
         except ValueError:
-            raise CogExportError(f"{where}: {name} has both LoKr and LoHa factors; one module has one adapter") from None
+            raise CogExportError(f"{where}: {name} has both LoKr and LoHa factors; one module has one "
+                                 "adapter") from None
         lycoris.check_factors(module.factors, name, where)
         if module.bias is not None or module.magnitude is not None:
             raise CogExportError(f"{where}: {name} has LoRA bias or DoRA tensors beside LyCORIS factors")

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping
 
 from ..errors import CogExportError
 from .adapter import LoraModule
-from .parts import LORA, LOKR_W2, LOKR_W2_A
+from .parts import LORA, LOKR_W2
 
 DIFFUSERS_METADATA = "lora_adapter_metadata"
 FINETRAINERS_METADATA = "lora_config"
@@ -185,8 +185,9 @@ def _divisor(name: str, module: LoraModule, strength: Strength) -> int | None:
     if config is not None and not strength.alphas:
         r = _pattern_or(config, "rank_pattern", "r", name)
         if module.rank is not None and r != module.rank:
-            raise CogExportError(f"{strength.where}: {name}'s factors have rank {module.rank}, but {strength.recorded.where} "
-                                 f"says r {r}; the adapter and its config do not belong together")
+            raise CogExportError(f"{strength.where}: {name}'s factors have rank {module.rank}, but "
+                                 f"{strength.recorded.where} says r {r}; the adapter and its config do not belong "
+                                 "together")
         return int(r)
     if module.rank is not None:
         return module.rank
