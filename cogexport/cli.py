@@ -203,7 +203,7 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
                f"{human_bytes(result.total_bytes)} ({result.precision})")
     if result.lora:
         for expert, lora in (result.lora.get("experts") or {"": result.lora}).items():
-            click.echo(f"  {expert + ': ' if expert else ''}{lora['family']} LoRA ({lora['format_title']}), rank "
+            click.echo(f"  {expert + ': ' if expert else ''}{lora['family']} {lora['type']} ({lora['format_title']}), rank "
                        f"{lora['rank']}, alpha {lora['alpha']:g} ({lora['alpha_source']}), scale {lora['scale']:g}, "
                        f"{lora['modules']} modules in {lora['layers']} layers"
                        + (f"; written as {result.lora['written_as']}" if "written_as" in result.lora else ""))

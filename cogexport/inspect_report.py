@@ -61,6 +61,8 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bo
         folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
         folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
         report["models"] = recognise_models(checkpoint, info.metadata, folders) if len(checkpoint) else {}
+        if "problem" in report["models"].get("lora", {}):
+            report["usable"] = False  # an adapter nothing reads
     return report
 
 
@@ -157,20 +159,29 @@ def _model_rows(models: dict) -> list[tuple[str, str]]:
             rows.append((component, f"{what + ', ' if what else ''}{entry['description']}: {entry['keys']} keys"
                                     + (f", {entry['other_keys']} other keys ignored" if entry["other_keys"] else "")))
     lora = models.get("lora")
-    if lora and "problem" in lora:
-        rows.append(("lora", f"LoRA run ({lora['marker']}), but: {lora['problem']}"))
-    elif lora:
-        alpha = f"alpha {lora['alpha']:g} ({lora['alpha_source']})" if lora["alpha"] is not None else \
-            f"alpha not recorded ({lora['alpha_source']}, {lora['assumed_alpha']:g}, would be assumed: pass --lora-alpha)"
-        alpha += (", other alphas for some modules" if lora["per_module_alphas"] else "") + \
-            (", rank-stabilised (alpha / sqrt(r))" if lora["use_rslora"] else "")
-        ranks = f"rank {lora['rank']}" if len(lora["ranks"]) == 1 else \
-            f"rank {lora['rank']} (others: {', '.join(str(r) for r in lora['ranks'] if r != lora['rank'])})"
-        deltas = "".join(f", {count} modules with {part}" for part, count in lora["deltas"].items())
-        rows.append(("lora", f"{lora['family']} {lora['description']}: {ranks}, {alpha}, targets "
-                             f"{', '.join(lora['target_modules'])}, {lora['modules']} modules in {lora['layers']} layers"
-                             + deltas + ("" if lora["base_weights"] else ", adapter only (no base weights)")))
+    if lora:
+        rows.append(("lora", _adapter_row(lora)))
     return rows
+
+
+def _adapter_row(lora: dict) -> str:
+    """The adapter's type, layout, rank and alpha, and what it adapts."""
+    if "problem" in lora:
+        return f"LoRA run ({lora['marker']}), but: {lora['problem']}"
+    alpha = f"alpha {lora['alpha']:g} ({lora['alpha_source']})" if lora["alpha"] is not None else \
+        f"alpha not recorded ({lora['alpha_source']}, {lora['assumed_alpha']:g}, would be assumed: pass --lora-alpha)"
+    alpha += (", other alphas for some modules" if lora["per_module_alphas"] else "") + \
+        (", rank-stabilised (alpha / sqrt(r))" if lora["use_rslora"] else "")
+    word = "rank" if set(lora.get("kinds", {})) <= {"LoRA"} else "factor rank"
+    ranks = f"{word} {lora['rank']}" if len(lora["ranks"]) == 1 else \
+        f"{word} {lora['rank']} (others: {', '.join(str(r) for r in lora['ranks'] if r != lora['rank'])})"
+    if lora.get("whole_factors"):
+        whole = f"{lora['whole_factors']} modules with whole factors (scale 1 unless the trainer says otherwise)"
+        ranks = f"{ranks}, {whole}" if lora["ranks"] else whole
+    deltas = "".join(f", {count} modules with {part}" for part, count in lora["deltas"].items())
+    return (f"{lora['family']} {lora.get('type', 'LoRA')} adapter, layout {lora['description']}: {ranks}, {alpha}, "
+            f"targets {', '.join(lora['target_modules'])}, {lora['modules']} modules in {lora['layers']} layers"
+            + deltas + ("" if lora["base_weights"] else ", adapter only (no base weights)"))
 
 
 def render_inspect_text(report: dict) -> str:
@@ -185,7 +196,7 @@ def render_inspect_text(report: dict) -> str:
         *([("tag", f"{report['tag']}" + (f" (tags here: {', '.join(tags)})" if len(tags) > 1 else ""))]
           if report["tag"] else []),
         ("format", _format_row(report)),
-        ("step", str(report["step"])),
+        *([("step", str(report["step"]))] if report["step"] is not None else []),
         ("weights", report["weights_source"] or "cannot be assembled (see problems)"),
         *([("holds", "; ".join(report["contents"]))] if report.get("contents") else []),
         *_model_rows(report.get("models", {})),

@@ -123,7 +123,8 @@ def test_inspect_reports_the_adapter(cli, tmp_path):
                for name in load_file(tiny)}, tmp_path / "pytorch_lora_weights.safetensors")
     report = json.loads(cli("inspect", tmp_path / "pytorch_lora_weights.safetensors", "--json").stdout)
     assert report["models"]["lora"] == {
-        "family": "CogVideoX", "format": "diffusers", "format_title": "Diffusers", "layout": "cogvideox/diffusers_lora",
+        "family": "CogVideoX", "type": "LoRA", "kinds": {"LoRA": 8}, "whole_factors": 0,
+        "format": "diffusers", "format_title": "Diffusers", "layout": "cogvideox/diffusers_lora",
         "description": "Diffusers LoRA weights (pytorch_lora_weights.safetensors)",
         "rank": 4, "ranks": [4], "alpha": None, "assumed_alpha": 64.0, "alpha_recorded": False, "scale": 16.0,
         "alpha_source": "CogVideo finetune/'s default lora_alpha", "per_module_alphas": False, "use_rslora": False,
@@ -288,7 +289,8 @@ def test_bad_lora_options(cli, tmp_path):
         assert_refusal(cli(source, tmp_path / "o2", "--base", run.base_folder, "--lora-alpha", alpha), "--lora-alpha")
     renamed = {f"transformer.encoder.{n.split('.', 1)[1]}": t for n, t in load_file(source).items()}
     save_file(renamed, tmp_path / "foreign.safetensors")
-    assert_refusal(cli(tmp_path / "foreign.safetensors", tmp_path / "o3"), "not on a linear layer of a CogVideoX transformer")
+    assert_refusal(cli(tmp_path / "foreign.safetensors", tmp_path / "o3"),
+                   "encoder.transformer_blocks.0.attn1.to_q names no layer of a CogVideoX transformer")
     assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3"))
 
 

@@ -1,9 +1,14 @@
-"""How each trainer names an adapter's tensors: the key grammar of a LoRA file, the same for every model family.
+"""How each trainer names an adapter's tensors (the key grammar of a LoRA file, the same for every model family) and,
+for the formats cogexport writes, everything the format knows: its file, where its loaders read the strength, the
+adapter config and metadata it carries, and how people load it.
 
-A key is ``<prefix><module><suffix>``: the suffix says which part of the module's adapter it is (down and up
-matrices, alpha, bias and full-weight deltas, DoRA magnitudes, a wrapped layer's base weights); the module is named
-in whatever naming the file uses (Diffusers or the original repo's, with dots written as underscores in kohya
-files). Which naming, and how it maps to Diffusers modules, is family data (key_maps/<family>/*_lora.toml).
+A key is ``<prefix><module><suffix>``: the suffix says which part of the module's adapter it is (parts.py); the module
+is named in whatever naming the file uses (Diffusers or the original repo's, with dots written as underscores in
+kohya-style files). Which naming, and how it maps to Diffusers modules, is family data (key_maps/<family>/*_lora.toml).
+
+A new writable format is one LoraFormat here (or given to ``register_format``) and one table per family that writes
+it; a format or table that lacks what writing needs is refused when the formats and tables load, not after tensors
+were written.
 """
 
 from __future__ import annotations
@@ -11,17 +16,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-# The parts of one module's adapter, named as the canonical (Diffusers/PEFT) tensors are.
-DOWN, UP = "lora_A.weight", "lora_B.weight"  # [r, in], [out, r]
-BIAS = "lora_B.bias"  # added to the layer's bias times the module's scale (PEFT's lora_bias)
-MAGNITUDE = "lora_magnitude_vector"  # DoRA's per-row magnitude
-ALPHA = "alpha"  # the module's lora_alpha, a 0-dim tensor
-DIFF, DIFF_B = "diff", "diff_b"  # full weight / bias deltas, added as they are (ComfyUI)
-BASE_WEIGHT, BASE_BIAS = "base_layer.weight", "base_layer.bias"  # a PEFT-wrapped layer's own weights
-PARTS = (DOWN, UP, BIAS, MAGNITUDE, ALPHA, DIFF, DIFF_B, BASE_WEIGHT, BASE_BIAS)
-# What each part is, for messages naming what a format cannot hold.
-PART_NAMES = {BIAS: "LoRA bias deltas (lora_B.bias)", MAGNITUDE: "DoRA magnitudes", DIFF: "full-weight deltas (.diff)",
-              DIFF_B: "bias deltas (.diff_b)"}
+from ..errors import CogExportError
+from .parts import (ALPHA, BASE_BIAS, BASE_WEIGHT, BIAS, DIFF, DIFF_B, DOWN, FACTOR_PARTS, LYCORIS_SUFFIXES, MAGNITUDE,
+                    UP, WEIGHT_PARTS)
+from .parts import PARTS, PART_NAMES  # noqa: F401  (re-exported: the grammar's part names)
+from .usage import LOADERS, usage_lines
+
+# Where a writable format keeps the adapter config (PEFT's LoraConfig / LoKrConfig / LoHaConfig arguments).
+IN_HEADER = "header"  # the safetensors header's lora_adapter_metadata, prefixed with the pipeline component (Diffusers)
+IN_SIDE_FILE = "side file"  # adapter_config.json beside the file (PEFT)
+# How a format's loaders scale a LoKr module whose factors are both whole (no low-rank half to take alpha / r from).
+FULL_AT_ONE = "one"  # alpha is ignored: scale 1 (LyCORIS, ComfyUI)
+FULL_BY_CONFIG = "config"  # alpha / r of the adapter config (PEFT)
+
+
+class FormatError(ValueError):
+    """A LoRA format's entry lacks what writing it needs (a bug in the entry, found when the formats load)."""
 
 
 @dataclass(frozen=True)
@@ -34,38 +44,34 @@ class LoraFormat:
     write_prefix: str = ""  # the prefix written keys get
     encoded: bool = False  # kohya: a module path's dots are written as underscores
     base_weights: bool = False  # a wrapped model: base_layer weights and plain (unwrapped) keys beside the adapters
+    extras: tuple[str, ...] = ()  # whole keys of network settings, not adapter tensors (musubi-tuner's lokr_factor)
+    # -- writing (a format with a file is one cogexport writes) -----------------------------------------------------
     file: str = ""  # the file a written adapter goes in
-    alpha_optional: bool = False  # its loaders apply a module without .alpha at scale 1, so alpha = r is left out
     write_parts: Mapping[str, str] = field(default_factory=dict)  # part -> suffix, for the parts the format holds
-    strength_where: str = ""  # where a written file keeps each module's strength, for the model card
-    runners: str = ""  # what else loads a written file, for the model card's usage lines
-    loads_as_peft_folder: bool = False  # its loader takes the folder (PEFT), not the file (Diffusers' loader)
+    alpha_optional: bool = False  # its loaders apply a module without .alpha at scale 1, so alpha = r is left out
+    strength_where: str = ""  # where its loaders read the trained strength, for the model card
+    adapter_config: str = ""  # IN_HEADER, IN_SIDE_FILE, or "" (the strength is in .alpha tensors)
+    kohya_metadata: bool = False  # ss_network_module / ss_network_dim / ss_network_alpha in the header
+    loaders: tuple[str, ...] = ()  # how people load it (usage.py)
+    full_lokr: str = FULL_AT_ONE  # how its loaders scale a LoKr whose factors are both whole
+    factor_rules: str = ""  # whose rules its loader rebuilds LoKr factor shapes by ("peft", "lycoris"; "": as given)
 
-    def usage_lines(self, pipeline: str, base_model: str | None, files: Mapping[str, str]) -> list[str]:
-        """How a written adapter is loaded at its trained strength. ``files`` maps each expert's pipeline component
-        (transformer, transformer_2; one entry for an ordinary model) to the adapter file as the user loads it."""
-        lines = ["import torch", f"from diffusers import {pipeline}", ""]
-        lines.append(f"pipe = {pipeline}.from_pretrained(\"{base_model or 'path/to/base'}\", "
-                     "torch_dtype=torch.bfloat16)")
-        if self.loads_as_peft_folder:
-            lines[1:1] = ["from peft import PeftModel"]
-            for component, path in files.items():
-                folder = path.rsplit("/", 1)[0]
-                lines.append(f"pipe.{component} = PeftModel.from_pretrained(pipe.{component}, \"{folder}\")"
-                             ".merge_and_unload()")
-        else:  # Diffusers reads its own files, and for Wan kohya / musubi and ComfyUI files too
-            for component, path in files.items():
-                into = ", load_into_transformer_2=True" if component == "transformer_2" else ""
-                lines.append(f"pipe.load_lora_weights(\"{path}\"{into})")
-        if self.runners:
-            lines.append(f"# or in {self.runners}: {', '.join(files.values())} at strength 1.0")
-        return lines
+    def __post_init__(self) -> None:
+        if self.file:
+            _check_writable(self)
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.file)
+
+    def holds(self, part: str) -> bool:
+        return part in self.write_parts
 
     def split(self, keys: Iterable[str]) -> tuple[dict[str, tuple[str, str | None]], list[str]] | None:
         """Each key as (module, part) (part None for a plain key of a wrapped model), and the keys that fit no
-        suffix; None when the keys do not carry this format's prefix or none is an adapter key."""
-        keys = list(keys)
-        names = {key: key for key in keys}
+        suffix; None when the keys do not carry this format's prefix or none is an adapter key. Keys named in
+        ``extras`` are left out."""
+        names = {key: key for key in keys if key not in self.extras}
         for strip in self.strip:
             if names and all(name.startswith(strip) for name in names.values()):
                 names = {key: name[len(strip):] for key, name in names.items()}
@@ -85,7 +91,7 @@ class LoraFormat:
                 parsed[key] = (name, None)
             else:
                 unknown.append(key)
-        if not any(part in (DOWN, UP, DIFF, DIFF_B) for _, part in parsed.values()):
+        if not any(part in WEIGHT_PARTS for _, part in parsed.values()):
             return None
         wrapped = any(part is None or part in (BASE_WEIGHT, BASE_BIAS) for _, part in parsed.values())
         if self.base_weights and not wrapped:
@@ -97,23 +103,53 @@ class LoraFormat:
         name = module.replace(".", "_") if self.encoded else module
         return f"{self.write_prefix}{name}{self.write_parts[part]}"
 
+    def usage_lines(self, pipeline: str, base_model: str | None, files: Mapping[str, str]) -> list[str]:
+        """How the adapter is loaded at its trained strength by this format's loaders, for the model card: ``files``
+        maps the pipeline component each adapter is for to its file as the user will load it."""
+        return usage_lines(self.loaders, pipeline, base_model, files)
+
+
+def _check_writable(fmt: LoraFormat) -> None:
+    def need(condition: bool, what: str) -> None:
+        if not condition:
+            raise FormatError(f"LoRA format {fmt.name!r}: {what}")
+
+    need(bool(fmt.strength_where), "a writable format says where its loaders read the strength (strength_where)")
+    need(bool(fmt.loaders) and all(name in LOADERS for name in fmt.loaders),
+         f"its loaders must be some of {', '.join(LOADERS)}")
+    need(all(part in fmt.parts.values() for part in fmt.write_parts), "it must read every part it writes")
+    need(fmt.holds(DOWN) and fmt.holds(UP) or any(fmt.holds(part) for part in FACTOR_PARTS),
+         "it must hold lora_A / lora_B or LyCORIS factors")
+    need(fmt.holds(ALPHA) or fmt.adapter_config in (IN_HEADER, IN_SIDE_FILE),
+         "its strength needs a place: an .alpha part or an adapter config (header or side file)")
+    need(fmt.adapter_config in ("", IN_HEADER, IN_SIDE_FILE),
+         f"adapter_config must be {IN_HEADER!r} or {IN_SIDE_FILE!r}")
+    need(fmt.full_lokr in (FULL_AT_ONE, FULL_BY_CONFIG), f"full_lokr must be {FULL_AT_ONE!r} or {FULL_BY_CONFIG!r}")
+    need(fmt.factor_rules in ("", "peft", "lycoris"), "factor_rules must be 'peft', 'lycoris' or ''")
+
 
 _LORA_AB = {".lora_A.weight": DOWN, ".lora_B.weight": UP, ".lora_B.bias": BIAS, ".lora_magnitude_vector": MAGNITUDE}
 LORA_AB_NAMES = {DOWN: ".lora_A.weight", UP: ".lora_B.weight"}  # PEFT's names for the two matrices
+_KOHYA = {".lora_down.weight": DOWN, ".lora_up.weight": UP, ".alpha": ALPHA}
+_KOHYA_NAMES = {DOWN: ".lora_down.weight", UP: ".lora_up.weight", ALPHA: ".alpha"}
 _WRAPPED = {".lora_A.default.weight": DOWN, ".lora_B.default.weight": UP, ".lora_B.default.bias": BIAS,
             ".lora_magnitude_vector.default.weight": MAGNITUDE}
+_FACTOR_NAMES = {part: suffix for suffix, part in LYCORIS_SUFFIXES.items()}
+_ALPHA_IN_TENSORS = "each module's alpha is in its .alpha tensor (the loader applies alpha / r)"
 
-FORMATS = {f.name: f for f in (
-    LoraFormat("diffusers", "Diffusers", _LORA_AB, strip=("transformer.",), write_prefix="transformer.",
-               file="pytorch_lora_weights.safetensors",
+_BUILT_IN = (
+    LoraFormat("diffusers", "Diffusers", {**_LORA_AB, **LYCORIS_SUFFIXES}, strip=("transformer.",),
+               write_prefix="transformer.", file="pytorch_lora_weights.safetensors",
                write_parts={DOWN: ".lora_A.weight", UP: ".lora_B.weight", BIAS: ".lora_B.bias"},
-               strength_where="lora_alpha, r and per-module patterns are in the file's lora_adapter_metadata"),
-    LoraFormat("peft", "PEFT", _LORA_AB, prefix="base_model.model.", write_prefix="base_model.model.",
-               file="adapter_model.safetensors",
+               strength_where="lora_alpha, r and per-module patterns are in the file's lora_adapter_metadata",
+               adapter_config=IN_HEADER, loaders=("diffusers",)),
+    LoraFormat("peft", "PEFT", {**_LORA_AB, **LYCORIS_SUFFIXES}, prefix="base_model.model.",
+               write_prefix="base_model.model.", file="adapter_model.safetensors",
                write_parts={DOWN: ".lora_A.weight", UP: ".lora_B.weight", BIAS: ".lora_B.bias",
-                            MAGNITUDE: ".lora_magnitude_vector"},
-               strength_where="lora_alpha, r and per-module patterns are in adapter_config.json",
-               loads_as_peft_folder=True),
+                            MAGNITUDE: ".lora_magnitude_vector", **_FACTOR_NAMES},
+               strength_where="lora_alpha (alpha for LoKr / LoHa), r and per-module patterns are in "
+                              "adapter_config.json",
+               adapter_config=IN_SIDE_FILE, loaders=("peft",), full_lokr=FULL_BY_CONFIG, factor_rules="peft"),
     # A model wrapped by PEFT, as a training checkpoint holds it (DeepSpeed, DDP, DCP): the adapters of PEFT's default
     # adapter beside the wrapped layers' base weights and every other weight of the model.
     LoraFormat("peft-checkpoint", "PEFT-wrapped model", {**_WRAPPED, ".base_layer.weight": BASE_WEIGHT,
@@ -121,34 +157,76 @@ FORMATS = {f.name: f for f in (
                strip=("module.", "_orig_mod.", "base_model.model."), base_weights=True),
     # DiffSynth-Studio saves the adapter part of its PEFT-wrapped DiT, with the pipeline's "pipe.dit." removed.
     LoraFormat("diffsynth", "DiffSynth-Studio", {".lora_A.default.weight": DOWN, ".lora_B.default.weight": UP}),
-    LoraFormat("musubi", "kohya / musubi-tuner", {".lora_down.weight": DOWN, ".lora_up.weight": UP, ".alpha": ALPHA},
-               prefix="lora_unet_", write_prefix="lora_unet_", encoded=True, file="lora.safetensors",
-               write_parts={DOWN: ".lora_down.weight", UP: ".lora_up.weight", ALPHA: ".alpha"},
-               strength_where="each module's alpha is in its .alpha tensor (the loader applies alpha / r)",
-               runners="ComfyUI (LoraLoaderModelOnly), musubi-tuner (--lora_weight)"),
     LoraFormat("comfyui", "ComfyUI / original names",
-               {".lora_down.weight": DOWN, ".lora_up.weight": UP, ".lora_A.weight": DOWN, ".lora_B.weight": UP,
-                ".alpha": ALPHA, ".diff": DIFF, ".diff_b": DIFF_B},
+               {**_KOHYA, ".lora_A.weight": DOWN, ".lora_B.weight": UP, ".diff": DIFF, ".diff_b": DIFF_B,
+                **LYCORIS_SUFFIXES},
                strip=("model.", "diffusion_model."), write_prefix="diffusion_model.", file="lora.safetensors",
                alpha_optional=True,
-               write_parts={DOWN: ".lora_down.weight", UP: ".lora_up.weight", ALPHA: ".alpha", DIFF: ".diff",
-                            DIFF_B: ".diff_b"},
-               strength_where="each module's alpha is in its .alpha tensor (the loader applies alpha / r)",
-               runners="ComfyUI (LoraLoaderModelOnly)"),
+               write_parts={**_KOHYA_NAMES, DIFF: ".diff", DIFF_B: ".diff_b", **_FACTOR_NAMES},
+               strength_where=_ALPHA_IN_TENSORS, loaders=("diffusers", "comfyui")),
+    LoraFormat("musubi", "kohya / musubi-tuner", {**_KOHYA, **LYCORIS_SUFFIXES}, prefix="lora_unet_",
+               write_prefix="lora_unet_", encoded=True, extras=("lokr_factor",), file="lora.safetensors",
+               write_parts=_KOHYA_NAMES, strength_where=_ALPHA_IN_TENSORS, kohya_metadata=True,
+               loaders=("diffusers", "comfyui+musubi")),
+    # LyCORIS's own save of a wrapped Diffusers model (SimpleTuner's LyCORIS runs): lycoris_ + the Diffusers module
+    # path with underscores; LoRA modules as LyCORIS's LoCon writes them.
+    LoraFormat("lycoris", "LyCORIS", {**_KOHYA, **LYCORIS_SUFFIXES}, prefix="lycoris_", write_prefix="lycoris_",
+               encoded=True, file="lycoris.safetensors", write_parts={**_KOHYA_NAMES, **_FACTOR_NAMES},
+               strength_where=_ALPHA_IN_TENSORS, loaders=("lycoris",), factor_rules="lycoris"),
+    # Diffusers module paths with underscores after lora_transformer_: OneTrainer's legacy LoRA files, ai-toolkit's
+    # LoKr files of models it saves in its newer LoKr format.
+    LoraFormat("onetrainer", "OneTrainer legacy / ai-toolkit", {**_KOHYA, **LYCORIS_SUFFIXES},
+               prefix="lora_transformer_", encoded=True),
     # A key map (SAT's LoraMixin) already gives Diffusers names: base weights and lora_A / lora_B.
     LoraFormat("sat", "SAT LoraMixin", {".lora_A.weight": DOWN, ".lora_B.weight": UP}, base_weights=True),
-)}
-WRITABLE = ("diffusers", "peft", "comfyui", "musubi")
+)
+FORMATS: dict[str, LoraFormat] = {f.name: f for f in _BUILT_IN}
+_WRITABLE: list[str] = [f.name for f in _BUILT_IN if f.writable]
+WRITABLE = tuple(_WRITABLE)  # the built-in writable formats, in --help order (writable_formats() adds registered ones)
 
 
 def writable_formats() -> tuple[str, ...]:
-    """The formats --lora-format writes, in --help order."""
-    return WRITABLE
+    """The formats cogexport writes, in --help order."""
+    return tuple(_WRITABLE)
 
 
 def writable_format(name: str) -> LoraFormat:
-    from ..errors import CogExportError
-
-    if name not in WRITABLE:
-        raise CogExportError(f"--lora-format {name!r} is not one of {', '.join(WRITABLE)}")
+    if name not in _WRITABLE:
+        raise CogExportError(f"--lora-format {name!r} is not one of {', '.join(_WRITABLE)}")
     return FORMATS[name]
+
+
+def register_format(fmt: LoraFormat, tables: Mapping[str, str] = ()) -> None:
+    """Add a format (checked as the built-in ones are), and for each family key the TOML text of the table that
+    reads and (with [lora] writes = true) writes it for that family."""
+    from .tables import register_tables
+
+    if fmt.name in FORMATS:
+        raise FormatError(f"LoRA format {fmt.name!r} exists already")
+    FORMATS[fmt.name] = fmt
+    if fmt.writable:
+        _WRITABLE.append(fmt.name)
+    try:
+        register_tables(dict(tables))
+    except Exception:
+        del FORMATS[fmt.name]
+        if fmt.name in _WRITABLE:
+            _WRITABLE.remove(fmt.name)
+        raise
+
+
+def unregister_format(name: str) -> None:
+    """Take back a format ``register_format`` added, and its tables."""
+    from .tables import unregister_tables
+
+    if name in (f.name for f in _BUILT_IN):
+        raise FormatError(f"LoRA format {name!r} is built in")
+    FORMATS.pop(name, None)
+    if name in _WRITABLE:
+        _WRITABLE.remove(name)
+    unregister_tables(name)
+
+
+def holders(part: str) -> str:
+    """The writable formats that hold a part, as options to give."""
+    return " or ".join(f"--lora-format {name}" for name in _WRITABLE if FORMATS[name].holds(part))

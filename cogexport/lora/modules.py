@@ -8,6 +8,12 @@ their adapters: when they share lora_A (an adapter that was split, kept as one t
 store it, as equal copies) B is stacked again; otherwise A is stacked
 and B becomes block-diagonal (rank r1 + r2 + ...), exact as long as the layers share one scale. A layer of the
 fused group without an adapter gets zero rows of B.
+
+LyCORIS factors split the same way where the product allows it exactly: a LoHa's rows are those of w1_a and w2_a
+((w1_a w1_b) * (w2_a w2_b))[rows] = (w1_a[rows] w1_b) * (w2_a[rows] w2_b)); a LoKr's come in blocks of w2's height,
+one per row of w1, so a LoKr splits into parts that each take whole rows of w1 (or w1_a) and share w2:
+kron(w1, w2)[rows of w1 i..j] = kron(w1[i..j], w2). Fused back, parts that share the other factors and one strength
+are stacked again; anything else is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from ..keymap.plan import match_key
 from ..keymap.rules import Drop, Regroup, RuleError
 from ..keymap.table import KeyMapTable
 from ..lazy import LazyTensor
+from . import lycoris
 from .adapter import LoraModule
+from .parts import HADA_W1_A, HADA_W2_A, LOHA, LOKR_W1, LOKR_W1_A
 
 _WEIGHT = ".weight"
 
@@ -75,10 +83,7 @@ def _regrouped(rule: Regroup, k: int, sources: list[LoraModule | None], names: l
                              f"{rule.dim}; adapters can only follow splits of the output rows")
     present = {j: module for j, module in enumerate(sources) if module is not None}
     unit = _unit_rows(rule, present, names, where)
-    result = LoraModule()
-    lora = {j: m for j, m in present.items() if m.down is not None and any(p[0] == j for p in picks)}
-    if lora:
-        result.down, result.up, result.alpha = _low_rank(picks, lora, unit, rule, names, where, rslora)
+    result = _adapter_regrouped(picks, present, unit, rule, names, where, rslora)
     in_features = next((m.down.shape[1] if m.down is not None else m.diff.shape[1] for m in present.values()
                         if m.down is not None or m.diff is not None), None)
     for part, width in (("diff", in_features), ("diff_b", None), ("bias", None), ("magnitude", None)):
@@ -92,6 +97,23 @@ def _regrouped(rule: Regroup, k: int, sources: list[LoraModule | None], names: l
     return result
 
 
+def _adapter_regrouped(picks: list[tuple[int, int]], present: Mapping[int, LoraModule], unit: int, rule: Regroup,
+                       names: list[str], where: str, rslora: bool) -> LoraModule:
+    """The target's LoRA or LyCORIS adapter (none, when its parts have none)."""
+    result = LoraModule()
+    picked = {j for j, _ in picks}
+    lora = {j: m for j, m in present.items() if m.down is not None and j in picked}
+    factored = {j: m for j, m in present.items() if m.factors and j in picked}
+    if lora and factored:
+        raise CogExportError(f"{where}: {', '.join(names)}: a LoRA and a LyCORIS adapter cannot become one adapter of "
+                             "the fused layer")
+    if lora:
+        result.down, result.up, result.alpha = _low_rank(picks, lora, unit, rule, names, where, rslora)
+    if factored:
+        result.factors, result.alpha, result.dim = _factors(picks, factored, rule, names, where)
+    return result
+
+
 def _chunk_sources(rule: Regroup, k: int) -> list[tuple[int, int]]:
     """Target k's chunks, each as (source index, chunk of that source)."""
     owners = [(j, c) for j, count in enumerate(rule.source_chunks) for c in range(count)]
@@ -99,6 +121,8 @@ def _chunk_sources(rule: Regroup, k: int) -> list[tuple[int, int]]:
 
 
 def _rows(module: LoraModule) -> int:
+    if module.factors:
+        return lycoris.delta_shape(module.factors)[0]
     tensor = next(t for t in (module.up, module.diff, module.diff_b, module.bias, module.magnitude) if t is not None)
     return tensor.shape[0]
 
@@ -164,6 +188,52 @@ def _low_rank(picks, lora: Mapping[int, LoraModule], unit: int, rule: Regroup, n
         return block
 
     return down, LazyTensor(torch.Size((unit * len(picks), total)), dtype, up_rows, "LoRA B block-diagonal"), alpha
+
+
+def _factors(picks: list[tuple[int, int]], modules: Mapping[int, LoraModule], rule: Regroup, names: list[str],
+             where: str) -> tuple[dict[str, LazyTensor], float | None, int | None]:
+    """The target's LoKr / LoHa factors: the row factors' chunks in order (zeros where a part has no adapter), the
+    other factors, the alpha and the divisor shared."""
+    first = next(iter(modules.values()))
+    kind = first.kind
+    rows_parts = (HADA_W1_A, HADA_W2_A) if kind == LOHA else (LOKR_W1 if LOKR_W1 in first.factors else LOKR_W1_A,)
+    shared = [part for part in first.factors if part not in rows_parts]
+    same = all(m.kind == kind and set(m.factors) == set(first.factors) and (m.alpha, m.dim) == (first.alpha, first.dim)
+               for m in modules.values())
+    if not same or not all(_equal([m.factors[part] for m in modules.values()]) for part in shared):
+        raise CogExportError(f"{where}: the {kind} adapters of {', '.join(names)} differ in "
+                             f"{' / '.join(shared)} or strength; one {kind} of the fused layer cannot carry them")
+    unit = _factor_rows(modules, rows_parts[0], rule, names, where)
+    factors = {part: first.factors[part] for part in shared}
+    for part in rows_parts:
+        tensors = {j: m.factors[part] for j, m in modules.items()}
+        factors[part] = _stacked(picks, tensors, rule, unit, first.factors[part].shape[1])
+    return factors, first.alpha, first.dim
+
+
+def _factor_rows(modules: Mapping[int, LoraModule], part: str, rule: Regroup, names: list[str], where: str) -> int:
+    """The rows of ``part`` one chunk of the fused layer takes: its rows split into whole equal parts."""
+    units = set()
+    for j, module in modules.items():
+        rows = module.factors[part].shape[0]
+        if rows % rule.source_chunks[j]:
+            raise CogExportError(f"{where}: {names[0]}'s {part} has {rows} rows, which cannot be split into the "
+                                 f"{rule.source_chunks[j]} parts of the fused layer ({rule.describe()}) exactly")
+        units.add(rows // rule.source_chunks[j])
+    if len(units) != 1:
+        raise CogExportError(f"{where}: the LyCORIS adapters of {', '.join(names)} do not fit together")
+    return units.pop()
+
+
+def _equal(tensors: list[LazyTensor]) -> bool:
+    """The same tensor, or equal values (a file in split names stores a shared factor once per part)."""
+    first = tensors[0]
+    if all(t is first for t in tensors):
+        return True
+    if any(t.shape != first.shape or t.dtype != first.dtype for t in tensors):
+        return False
+    values = first.load()
+    return all(torch.equal(t.load(), values) for t in tensors[1:])
 
 
 def _one_adapter(modules: list[LoraModule]) -> bool:

@@ -18,13 +18,15 @@ from ..keymap.plan import match_key, plan_translation, translate_shapes
 from ..lazy import LazyTensor
 from ..models.family import ModelFamily, family_named
 from ..models.target import build_target
+from . import lycoris
 from .adapter import LoraAdapter, LoraModule
-from .formats import ALPHA, BASE_BIAS, BASE_WEIGHT
 from .fuse import misfits
 from .modules import rule_of, translate_modules
 from .names import blocks_needed, decode_kohya, names_schema
-from .strength import Recorded, pattern_value, positive, recorded_config
+from .parts import ALPHA, BASE_BIAS, BASE_WEIGHT
+from .strength import Strength, recorded_config, set_strengths, whole_w2_rule
 from .tables import LoraTable, lora_tables
+from .unread import unread_adapter
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
@@ -67,7 +69,7 @@ def _layouts(source: Mapping[str, LazyTensor],
             try:
                 tensors = plan_translation(table.keymap, source, None, {}, what=where).tensors
             except CogExportError as error:
-                problems.append(((1, 0), error))
+                problems.append(((1, 0), error, table.family.key))
                 continue
         split = table.format.split(tensors)
         if split is None:
@@ -95,8 +97,7 @@ def _build(layout: _Layout, where: str) -> None:
     layout.stage = 1
     names = list(layout.modules)
     decoded = decode_kohya(table, names) if table.format.encoded else {name: name for name in names}
-    unknown = [name for name, module in decoded.items()
-               if module is None or table.modules is not None and rule_of(table.modules, module) is None]
+    unknown = [name for name, module in decoded.items() if module is None or not _names_a_layer(table, module)]
     layout.known = len(names) - len(unknown)
     if unknown:
         raise CogExportError(f"{where}: {table.format.prefix}{unknown[0]} names no layer of a {family.name} "
@@ -104,7 +105,7 @@ def _build(layout: _Layout, where: str) -> None:
     layout.stage = 2
     for name, parts in layout.modules.items():
         module = LoraModule().with_parts({part: layout.tensors[key] for part, key in parts.items() if part != ALPHA})
-        _check_pair(module, table.format.prefix + name, where)
+        _check_module(module, table.format.prefix + name, where)
         layout.source[decoded[name]] = module
         if ALPHA in parts:
             layout.alpha_keys[decoded[name]] = parts[ALPHA]
@@ -117,15 +118,28 @@ def _build(layout: _Layout, where: str) -> None:
     schema = names_schema(family, blocks_needed(layout.modules_out))
     for target, module in layout.modules_out.items():
         weight = schema.get(f"{target}.weight")
-        if module.down is not None and (weight is None or len(weight) != 2):
+        if module.kind is not None and (weight is None or len(weight) != 2):
             raise CogExportError(f"{where}: the adapter of {layout.origins[target][0]} is not on a linear layer of a "
                                  f"{family.name} transformer")
-        if module.down is None and f"{target}.weight" not in schema and f"{target}.bias" not in schema:
+        if module.kind is None and f"{target}.weight" not in schema and f"{target}.bias" not in schema:
             raise CogExportError(f"{where}: {layout.origins[target][0]} is not a layer of a {family.name} transformer")
     foreign = _foreign_weights(layout, schema)
     if foreign:
         raise CogExportError(f"{where}: the model's own weights beside the adapter are not a {family.name} "
                              f"transformer's: {_listing(foreign)}")
+
+
+def _names_a_layer(table: LoraTable, module: str) -> bool:
+    """Whether the table's key map names this module: by a rule of its own, or for a table that only keeps the
+    names (Diffusers names), by the module being one of the family's layers."""
+    if table.modules is None:
+        return True
+    if rule_of(table.modules, module) is None:
+        return False
+    if not table.modules.renames_nothing:
+        return True
+    schema = names_schema(table.family, blocks_needed([module]))
+    return f"{module}.weight" in schema or f"{module}.bias" in schema
 
 
 def _foreign_weights(layout: _Layout, schema: Mapping[str, torch.Size]) -> list[str]:
@@ -139,6 +153,24 @@ def _foreign_weights(layout: _Layout, schema: Mapping[str, torch.Size]) -> list[
     known = {_INDEX.sub("#", name) for name in schema}
     translated = translate_shapes(table.modules, {n: s for n, s in shapes.items() if n not in unknown})
     return unknown + [name for name in translated if _INDEX.sub("#", name) not in known]
+
+
+def _check_module(module: LoraModule, name: str, where: str) -> None:
+    """A module's parts make one adapter, complete and of matching shapes."""
+    if module.factors:
+        if module.down is not None or module.up is not None:
+            raise CogExportError(f"{where}: {name} has both LoRA matrices and LyCORIS factors; one module has one "
+                                 "adapter")
+        try:
+            lycoris.kind_of(module.factors)
+        except ValueError:
+            raise CogExportError(f"{where}: {name} has both LoKr and LoHa factors; one module has one "
+                                 "adapter") from None
+        lycoris.check_factors(module.factors, name, where)
+        if module.bias is not None or module.magnitude is not None:
+            raise CogExportError(f"{where}: {name} has LoRA bias or DoRA tensors beside LyCORIS factors")
+        return
+    _check_pair(module, name, where)
 
 
 def _check_pair(module: LoraModule, name: str, where: str) -> None:
@@ -156,13 +188,16 @@ def _check_pair(module: LoraModule, name: str, where: str) -> None:
 
 
 def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | None) -> _Layout:
+    unread = unread_adapter(list(source))
+    if unread:
+        raise CogExportError(f"{where} is {unread}")
     layouts, problems = _layouts(source, where)
     fitting = []
     for layout in layouts:
         try:
             _build(layout, where)
         except CogExportError as error:
-            problems.append(((layout.stage, layout.known), error))
+            problems.append(((layout.stage, layout.known), error, layout.table.family.key))
         else:
             fitting.append(layout)
     if family is not None and len({f.table.family.key for f in fitting}) > 1:
@@ -184,11 +219,19 @@ def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | 
     if fitting:
         raise CogExportError(f"{where} fits several LoRA layouts ({', '.join(f.table.name for f in fitting)}); "
                              "its keys are mixed")
-    if problems:
-        raise max(problems, key=lambda problem: problem[0])[1]  # the first of those that got furthest
+    raise _why_none_fits(source, where, family, problems)
+
+
+def _why_none_fits(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | None,
+                   problems: list) -> CogExportError:
+    """The error of the layout that got furthest with the file, among the base's family's layouts when the base is
+    known (a Wan file's unknown module, rather than its names being no HunyuanVideo layer's)."""
+    own = [p for p in problems if family is not None and p[2] == family.key]
+    if own or problems:
+        return max(own or problems, key=lambda problem: problem[0])[1]  # the first of those that got furthest
     sample = ", ".join(list(source)[:3]) or "no tensors at all"
-    raise CogExportError(f"{where} is no LoRA layout cogexport knows (formats: Diffusers, PEFT, DiffSynth-Studio, "
-                         f"kohya / musubi-tuner, ComfyUI, SAT); its first keys are {sample}")
+    titles = ", ".join(dict.fromkeys(t.format.title for t in lora_tables()))
+    return CogExportError(f"{where} is no LoRA layout cogexport knows ({titles}); its first keys are {sample}")
 
 
 def _fits_a_release(layout: _Layout) -> bool:
@@ -227,7 +270,9 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
             raise CogExportError(f"{where} was trained with {option} ({recorded.where}), but the file holds no "
                                  f"{what}; it is incomplete")
     notes = _drop_zero_deltas(layout)
-    alpha_source, alpha_recorded = _set_alphas(layout, alpha_override, recorded, where)
+    strength = Strength(where, alpha_override, _alpha_values(layout, where), recorded, table.default_alpha_for,
+                        table.default_alpha_reason, table.alpha_recorded, whole_w2_rule(source, metadata))
+    alpha_source, alpha_recorded = set_strengths(layout.source, strength)
     stale = (metadata or {}).get("ss_network_alpha")
     if stale and ALPHA in table.format.parts.values() and not layout.alpha_keys and alpha_override is None:
         # musubi-tuner's convert_lora --target other folds alpha / r into both matrices and keeps kohya's metadata
@@ -245,12 +290,17 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
     adapter = LoraAdapter(table.family, table, layout.modules_out,
                           names_schema(table.family, blocks_needed(layout.modules_out)), alpha_source, alpha_recorded,
                           base_source=base_source, base_table=base_table, use_rslora=rslora, warnings=notes)
-    if not adapter.ranks:
-        raise CogExportError(f"{where} has LoRA names but no lora_A / lora_B pairs")
+    if not adapter.adapted:
+        raise CogExportError(f"{where} has LoRA names but no lora_A / lora_B pairs or LyCORIS factors")
     if not alpha_recorded:
         adapter.warnings.append(f"{where} does not record its LoRA alpha; using {adapter.alpha:g} ({alpha_source}); "
                                 "pass --lora-alpha if the run used another")
     return adapter
+
+
+def _alpha_values(layout: _Layout, where: str) -> dict[str, tuple[str, float]]:
+    """The file's .alpha tensors, by module: (key, value)."""
+    return {name: (key, _scalar(layout.tensors[key], key, where)) for name, key in layout.alpha_keys.items()}
 
 
 def _has(layout: _Layout, option: str) -> bool:
@@ -272,34 +322,6 @@ def _drop_zero_deltas(layout: _Layout) -> list[str]:
         if not module.parts:
             del layout.source[name]
     return [f"dropped {dropped} all-zero .diff / .diff_b delta(s): they change nothing"] if dropped else []
-
-
-def _set_alphas(layout: _Layout, override: float | None, recorded: Recorded, where: str) -> tuple[str, bool]:
-    """Each source module's alpha; returns where they came from and whether the file recorded them."""
-    table = layout.table
-    lora = {name: module for name, module in layout.source.items() if module.rank is not None}
-    if override is not None:
-        alpha = positive(override, "--lora-alpha")
-        for module in lora.values():
-            module.alpha = alpha
-        return "--lora-alpha", True
-    if layout.alpha_keys:
-        for name, module in lora.items():
-            key = layout.alpha_keys.get(name)
-            # kohya and ComfyUI apply a module without .alpha at scale 1
-            module.alpha = float(module.rank) if key is None else positive(
-                _scalar(layout.tensors[key], key, where), f"{where}: {key}")
-        return "the file's .alpha tensors", True
-    if recorded.config.get("lora_alpha") is not None:
-        alpha = positive(recorded.config["lora_alpha"], f"lora_alpha ({recorded.where})")
-        pattern = recorded.config.get("alpha_pattern") or {}
-        for name, module in lora.items():
-            value = pattern_value(pattern, name)
-            module.alpha = alpha if value is None else positive(value, f"alpha_pattern ({recorded.where})")
-        return recorded.where, True
-    for module in lora.values():
-        module.alpha = table.default_alpha_for(module.rank)
-    return table.default_alpha_reason, table.alpha_recorded
 
 
 def _scalar(tensor: LazyTensor, key: str, where: str) -> float:

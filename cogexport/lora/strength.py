@@ -1,10 +1,15 @@
 """The strength an adapter was trained at: each module's alpha, from what the file or the run recorded.
 
-In order: --lora-alpha; the file's own .alpha tensors (kohya, ComfyUI); the adapter config the file or run
-recorded (Diffusers' lora_adapter_metadata, finetrainers' lora_config, PEFT's adapter_config.json, a SAT
-model_config.json or training YAML beside the checkpoint; with PEFT's alpha_pattern and use_rslora); else what the
-layout's table says: what the format means (ComfyUI without .alpha: scale 1; DiffSynth: the strength is in
-lora_B) or a documented default that is only a guess (then a warning).
+In order: --lora-alpha; the file's own .alpha tensors (kohya, ComfyUI, LyCORIS); the adapter config the file or run
+recorded (Diffusers' lora_adapter_metadata, prefixed with the pipeline component or, as SimpleTuner's ComfyUI files
+have it, not; finetrainers' lora_config, PEFT's adapter_config.json (LoraConfig, LoKrConfig, LoHaConfig), a SAT
+model_config.json or training YAML beside the checkpoint; with PEFT's alpha_pattern, rank_pattern and use_rslora);
+else what the layout's table says: what the format means (ComfyUI without .alpha: scale 1; DiffSynth: the strength
+is in lora_B) or a documented default that is only a guess (then a warning).
+
+A LoKr or LoHa module divides alpha by its low-rank factor's rank; a LoKr whose factors are both whole by what its
+trainer divides by (lycoris.py): musubi-tuner's own LoKr the larger side of w2, a PEFT adapter its config's r, the
+rest nothing (alpha is not applied: scale 1).
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from ..errors import CogExportError
+from .adapter import LoraModule
+from .parts import LORA, LOKR_W2
 
 DIFFUSERS_METADATA = "lora_adapter_metadata"
 FINETRAINERS_METADATA = "lora_config"
@@ -54,12 +61,7 @@ def recorded_config(metadata: Mapping[str, str] | None, folders: Iterable[Path])
     metadata = metadata or {}
     raw = metadata.get(DIFFUSERS_METADATA)
     if raw:
-        try:
-            values = json.loads(raw)
-            config = {key[len(PIPELINE_PREFIX):]: value for key, value in values.items()
-                      if key.startswith(PIPELINE_PREFIX)}
-        except (ValueError, AttributeError):
-            config = {}
+        config = _diffusers_metadata(raw)
         if "lora_alpha" not in config:
             raise CogExportError(f"the file's {DIFFUSERS_METADATA} is not valid (expected JSON with "
                                  f"{PIPELINE_PREFIX}lora_alpha)")
@@ -100,6 +102,19 @@ def recorded_config(metadata: Mapping[str, str] | None, folders: Iterable[Path])
     return Recorded({}, None)
 
 
+def _diffusers_metadata(raw: str) -> dict:
+    """Diffusers' LoraConfig arguments, each prefixed with the pipeline component; SimpleTuner's ComfyUI files keep
+    the same JSON without the prefix."""
+    try:
+        values = json.loads(raw)
+    except ValueError:
+        return {}
+    if not isinstance(values, dict):
+        return {}
+    prefixed = {key[len(PIPELINE_PREFIX):]: value for key, value in values.items() if key.startswith(PIPELINE_PREFIX)}
+    return prefixed or values
+
+
 def _find_key(tree: object, key: str) -> object:
     if isinstance(tree, dict):
         if key in tree:
@@ -115,3 +130,109 @@ def _find_key(tree: object, key: str) -> object:
                 return found
     return None
 
+
+
+# -- each module's alpha ----------------------------------------------------------------------------------------------
+LYCORIS_PEFT_TYPES = ("LOKR", "LOHA")
+
+
+@dataclass
+class Strength:
+    """What there is to know about a file's strength, in order of precedence."""
+
+    where: str  # the file or run, for messages
+    override: float | None  # --lora-alpha
+    alphas: dict[str, tuple[str, float]]  # the file's .alpha tensors, by module (in the file's naming): (key, value)
+    recorded: Recorded
+    default: Callable[[int], float]  # the table's default alpha for a rank
+    default_reason: str
+    default_recorded: bool
+    whole_w2: bool = False  # musubi-tuner's own LoKr: a whole w2 divides alpha by its larger side
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def lycoris_config(self) -> dict | None:
+        """PEFT's LoKrConfig / LoHaConfig, when that is what the run recorded."""
+        config = self.recorded.config
+        return config if config.get("peft_type") in LYCORIS_PEFT_TYPES else None
+
+
+def set_strengths(modules: Mapping[str, LoraModule], strength: Strength) -> tuple[str, bool]:
+    """Each module's alpha (and a LoKr's or LoHa's divisor); returns where they came from and whether the file or
+    run recorded them."""
+    recorded = strength.recorded
+    if strength.override is not None:
+        source, flag, alpha_of = "--lora-alpha", True, _override(strength)
+    elif strength.alphas:
+        source, flag, alpha_of = "the file's .alpha tensors", True, _from_tensors(strength)
+    elif recorded.config.get("lora_alpha") is not None or strength.lycoris_config:
+        source, flag, alpha_of = recorded.where, True, _from_config(strength)
+    else:
+        source, flag, alpha_of = strength.default_reason, strength.default_recorded, _from_default(strength)
+    for name, module in modules.items():
+        if module.kind is not None:
+            module.dim = _divisor(name, module, strength)
+            applied = module.kind == LORA or module.dim is not None
+            module.alpha = alpha_of(name, module) if applied else None  # a whole LoKr at scale 1: no alpha applies
+    return source, flag
+
+
+def _divisor(name: str, module: LoraModule, strength: Strength) -> int | None:
+    """What a LoKr's or LoHa's alpha is divided by (a LoRA's is its rank)."""
+    if module.kind == LORA:
+        return None
+    config = strength.lycoris_config
+    if config is not None and not strength.alphas:
+        r = _pattern_or(config, "rank_pattern", "r", name)
+        if module.rank is not None and r != module.rank:
+            raise CogExportError(f"{strength.where}: {name}'s factors have rank {module.rank}, but "
+                                 f"{strength.recorded.where} says r {r}; the adapter and its config do not belong "
+                                 "together")
+        return int(r)
+    if module.rank is not None:
+        return module.rank
+    if strength.whole_w2 and LOKR_W2 in module.factors:
+        return max(module.factors[LOKR_W2].shape)
+    return None
+
+
+def _override(strength: Strength) -> Callable[[str, LoraModule], float]:
+    alpha = positive(strength.override, "--lora-alpha")
+    return lambda name, module: alpha
+
+
+def _from_tensors(strength: Strength) -> Callable[[str, LoraModule], float]:
+    # kohya, ComfyUI and LyCORIS apply a module without .alpha at scale 1
+    def alpha(name: str, module: LoraModule) -> float:
+        if name not in strength.alphas:
+            return float(module.rank if module.kind == LORA else module.dim)
+        key, value = strength.alphas[name]
+        return positive(value, f"{strength.where}: {key}")
+    return alpha
+
+
+def _from_config(strength: Strength) -> Callable[[str, LoraModule], float]:
+    config, where = strength.recorded.config, strength.recorded.where
+
+    def alpha(name: str, module: LoraModule) -> float:
+        if module.kind != LORA and strength.lycoris_config is not None:
+            return positive(_pattern_or(config, "alpha_pattern", "alpha", name), f"alpha ({where})")
+        if config.get("lora_alpha") is None:  # a LoKr config says nothing about a LoRA module beside it
+            return strength.default(module.rank)
+        return positive(_pattern_or(config, "alpha_pattern", "lora_alpha", name), f"lora_alpha ({where})")
+    return alpha
+
+
+def _from_default(strength: Strength) -> Callable[[str, LoraModule], float]:
+    return lambda name, module: strength.default(module.rank if module.kind == LORA else module.dim)
+
+
+def _pattern_or(config: Mapping, pattern: str, usual: str, name: str) -> object:
+    value = pattern_value(config.get(pattern) or {}, name)
+    return config.get(usual) if value is None else value
+
+
+def whole_w2_rule(keys: Iterable[str], metadata: Mapping[str, str] | None) -> bool:
+    """Whether a file is musubi-tuner's own LoKr (networks.lokr), which divides a whole w2's alpha by its larger side:
+    its network-level lokr_factor tensor, or its training metadata, says so."""
+    return "lokr_factor" in set(keys) or (metadata or {}).get("ss_network_module") == "networks.lokr"

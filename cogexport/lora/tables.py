@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import Mapping
 
-from ..keymap.table import KeyMapTable, TableError, load_table
-from ..models.family import ModelFamily, families
+from ..keymap.table import KeyMapTable, TableError, load_table, parse_table
+from ..models.family import ModelFamily, families, family_named
 from .formats import FORMATS, LoraFormat
 
 
@@ -52,15 +53,15 @@ class LoraTable:
         return float(rank) if self.default_alpha == "rank" else float(self.default_alpha)
 
 
-def _load(name: str, family: ModelFamily) -> LoraTable:
-    table = load_table(name)
+def _load(name: str, family: ModelFamily, table: KeyMapTable | None = None) -> LoraTable:
+    table = table or load_table(name)
     spec = table.lora
     if spec.get("format") not in FORMATS:
         raise TableError(f"key map {name}: [lora] format must be one of {', '.join(FORMATS)}")
     has_rules = bool(table.rules or table.fallback)
     if has_rules == ("modules" in spec):
         raise TableError(f"key map {name}: a LoRA table either names its modules with [lora] modules or has rules")
-    return LoraTable(
+    made = LoraTable(
         name=table.name, description=table.description, source=table.source, family=family,
         format=FORMATS[spec["format"]],
         modules=load_table(spec["modules"]) if "modules" in spec else None,
@@ -69,15 +70,57 @@ def _load(name: str, family: ModelFamily) -> LoraTable:
         alpha_recorded=bool(spec.get("alpha_recorded", False)), writes=bool(spec.get("writes", False)),
         network_module=spec.get("network_module"), write_lora_ab=bool(spec.get("write_lora_ab", False)),
     )
+    _check_writes(made)
+    return made
+
+
+def _check_writes(table: LoraTable) -> None:
+    """A table that writes its format has what writing it needs (found when the tables load, not mid-export)."""
+    if not table.writes:
+        return
+    fmt = table.format
+    if not fmt.writable:
+        raise TableError(f"key map {table.name}: [lora] writes = true, but cogexport writes no {fmt.title} files")
+    if table.modules is None:
+        raise TableError(f"key map {table.name}: a table that writes names its modules with [lora] modules")
+    if fmt.kohya_metadata and not table.network_module:
+        raise TableError(f"key map {table.name}: --lora-format {fmt.name} writes ss_network_module; give [lora] "
+                         "network_module")
 
 
 @cache
+def _family_tables(known: tuple[ModelFamily, ...]) -> tuple[LoraTable, ...]:
+    """The LoRA tables the families name (keyed by the families: a key-map root added later brings its own)."""
+    return tuple(_load(name, family) for family in known for name in family.lora_tables)
+
+
+_REGISTERED: list[LoraTable] = []
+
+
 def lora_tables() -> tuple[LoraTable, ...]:
-    """Every family's LoRA tables, in family order."""
-    return tuple(_load(name, family) for family in families() for name in family.lora_tables)
+    """Every family's LoRA tables, in family order, then those registered with a format (formats.register_format)."""
+    return (*_family_tables(families()), *_REGISTERED)
+
+
+def register_tables(tables: Mapping[str, str]) -> None:
+    """Add tables given as TOML text, by the key of the family each is for (checked as the shipped ones are)."""
+    made = []
+    for key, text in tables.items():
+        table = parse_table(text, f"{key}/registered")
+        made.append(_load(table.name, family_named(key), table))
+    known = {t.name for t in lora_tables()}
+    clash = [t.name for t in made if t.name in known]
+    if clash:
+        raise TableError(f"key map {clash[0]}: a LoRA table of that name exists already")
+    _REGISTERED.extend(made)
 
 
 def output_table(family: ModelFamily, format_name: str) -> LoraTable | None:
     """The table a family's adapters are written with in this format, if the family has one."""
     return next((t for t in lora_tables()
                  if t.family.key == family.key and t.writes and t.format.name == format_name), None)
+
+
+def unregister_tables(format_name: str) -> None:
+    """Take back the registered tables of a format."""
+    _REGISTERED[:] = [table for table in _REGISTERED if table.format.name != format_name]

@@ -18,8 +18,9 @@ from .family import ModelFamily, Variant, families
 
 # Name fragments only LoRA checkpoints have (SAT's LoRA mixin, PEFT, kohya / musubi-tuner, ComfyUI files).
 LORA_MARKERS = (".original.", ".matrix_A.", ".matrix_B.", ".lora_A.", ".lora_B.", ".base_layer.", ".lora_down.",
-                ".lora_up.", ".lora_magnitude_vector")
-LORA_PREFIXES = ("lora_unet_",)
+                ".lora_up.", ".lora_magnitude_vector", ".lokr_w1", ".lokr_w2", ".hada_w1_", ".hada_w2_", ".dora_scale",
+                ".oft_", ".boft_")
+LORA_PREFIXES = ("lora_unet_", "lycoris_", "lora_transformer_")
 
 
 def lora_key(keys: Sequence[str]) -> str | None:
