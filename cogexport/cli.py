@@ -14,6 +14,7 @@ import click
 from . import __version__
 from .allocation import reuse_freed_tensor_memory
 from .errors import CogExportError, one_line
+from .export.experts import expert_names
 from .export.options import component_choices, lora_format_help, task_help
 from .inspect_report import inspect_paths, render_inspect_text
 from .keymap.table import TableError
@@ -170,6 +171,10 @@ def _model_name_examples() -> str:
 @click.option("--lora", type=click.Choice(["adapter", "fuse"]),
               help="A LoRA run: write the adapter (the default for LoRA runs) or fuse it into the model.")
 @click.option("--lora-alpha", type=float, help="The run's lora_alpha, when the checkpoint does not record it.")
+@click.option("--lora-expert", metavar="EXPERT",
+              help=f"For one adapter of a model with several experts: the expert it was trained for ("
+                   f"{' or '.join(expert_names())}, or the pipeline component), when its file name, folder or "
+                   "metadata does not say.")
 @click.option("--lora-format", metavar="FORMAT",
               help=f"The adapter file's layout: {lora_format_help()} [default: diffusers].")
 @click.option("--model-name", help=f"The published model this is (e.g. {_model_name_examples()}); needed for a VAE "
@@ -184,13 +189,14 @@ def _model_name_examples() -> str:
 @json_option
 @_user_errors_exit_2
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
-           tag, ema, lora, lora_alpha, lora_format, model_name, base_model, layout, overwrite, push_to_hub, private,
-           as_json) -> None:
+           tag, ema, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, overwrite, push_to_hub,
+           private, as_json) -> None:
     from .export import ExportOptions, command_line, export as run_export, export_original
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
                             keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,
-                            ema=ema, lora=lora, lora_alpha=lora_alpha, lora_format=lora_format, model_name=model_name,
+                            ema=ema, lora=lora, lora_alpha=lora_alpha, lora_expert=lora_expert,
+                            lora_format=lora_format, model_name=model_name,
                             base_model=base_model, overwrite=overwrite,
                             push_to_hub=push_to_hub, private=private, command=command_line())
     result = (export_original if layout == "original" else run_export)(list(checkpoint), output, options)

@@ -42,8 +42,9 @@ def read_adapters(inputs: ExportInputs, options: ExportOptions) -> dict[str, Lor
 
 def lora_summary(adapters: dict[str, LoraAdapter], inputs: ExportInputs) -> dict:
     summary = next(iter(adapters.values())).summary()
-    if inputs.experts:
-        summary["experts"] = {inputs.experts[name].name: adapter.summary() for name, adapter in adapters.items()}
+    if len(adapters) > 1 or inputs.experts:
+        folders = inputs.expert_folders or {}
+        summary["experts"] = {folders.get(name, name): adapter.summary() for name, adapter in adapters.items()}
     return summary
 
 
@@ -81,8 +82,12 @@ def _plan_adapters(adapters: dict[str, LoraAdapter], inputs: ExportInputs, optio
         base_model = options.base_model or (chosen.variant.hub_id if chosen and chosen.published else None)
         output = plan_output(adapter, format_name, schema, precision(adapter.family.lora_keep_fp32, options),
                              inputs.where_of(component), base_model)
-        planned[component] = _PlannedAdapter(inputs.experts[component].name if inputs.experts else "", output, chosen)
+        planned[component] = _PlannedAdapter(inputs.expert_folders.get(component, ""), output, chosen)
     return planned
+
+
+def _in(subfolder: str, name: str) -> str:
+    return f"{subfolder}/{name}" if subfolder else name
 
 
 def plan_adapter_export(inputs: ExportInputs, adapters: dict[str, LoraAdapter], options: ExportOptions,
@@ -90,14 +95,17 @@ def plan_adapter_export(inputs: ExportInputs, adapters: dict[str, LoraAdapter], 
     """The adapter file (one per expert, in the release's expert subfolders) in --lora-format's layout, the files
     its loader reads beside it, and a model card."""
     lora_format = writable_format(options.lora_format or DEFAULT_LORA_FORMAT)
-    planned = _plan_adapters(adapters, inputs, options, lora_format.name)
+    # one adapter trained across every expert goes into each: written once
+    first_of = {id(adapter): component for component, adapter in reversed(adapters.items())}
+    planned = _plan_adapters({c: a for c, a in adapters.items() if first_of[id(a)] == c}, inputs, options,
+                             lora_format.name)
     folder = FolderPlan()
-    files = {}
-    for component, each in planned.items():
-        prefix = f"{each.subfolder}/" if each.subfolder else ""
-        folder.add(TensorFile(prefix + each.output.file, each.output.tensors, metadata=each.output.metadata),
-                   *(TextFile(prefix + name, text) for name, text in each.output.side_files.items()))
-        files[component] = prefix + each.output.file
+    for each in planned.values():
+        folder.add(TensorFile(_in(each.subfolder, each.output.file), each.output.tensors,
+                              metadata=each.output.metadata),
+                   *(TextFile(_in(each.subfolder, name), text) for name, text in each.output.side_files.items()))
+    files = {component: _in(planned[first_of[id(a)]].subfolder, planned[first_of[id(a)]].output.file)
+             for component, a in adapters.items()}
     first, chosen = next(iter(adapters.values())), next(iter(planned.values())).chosen
     facts = AdapterCardFacts(first.family, chosen.label if chosen else first.family.name,
                              chosen.variant if chosen else None,

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..checkpoint import LazyCheckpoint, as_paths, open_checkpoint, open_ema
+from ..errors import CogExportError
+from ..lora.experts import expert_pairs
 from ..models.base_folder import BaseFolder, open_base
+from ..models.family import families
 from ..models.recognize import expert_folders, lora_key
 from .options import ExportOptions
 
@@ -32,10 +35,12 @@ def search_folders(paths: Sequence[Path], source: LazyCheckpoint) -> list[Path]:
 class ExportInputs:
     paths: list[Path]
     base: BaseFolder | None
-    experts: dict[str, Path]  # pipeline component -> the expert's subfolder; empty for one ordinary model
+    experts: dict[str, Path]  # pipeline component -> the expert's folder or file; empty for one ordinary model
     sources: dict[str, LazyCheckpoint]  # pipeline component -> its checkpoint (transformer alone when no experts)
     stack: ExitStack
     extra: list[LazyCheckpoint] = field(default_factory=list)  # other checkpoints read (a --vae)
+    # pipeline component -> the release's subfolder for that expert (high_noise_model, ...), when there are experts
+    expert_folders: dict[str, str] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -49,7 +54,7 @@ class ExportInputs:
     @property
     def expert_names(self) -> tuple[str, ...]:
         """The release's expert subfolders read (high_noise_model, ...), empty for one ordinary model."""
-        return tuple(folder.name for folder in self.experts.values())
+        return tuple(self.expert_folders.get(component, path.name) for component, path in self.experts.items())
 
     @property
     def lora_marker(self) -> str | None:
@@ -82,13 +87,41 @@ class ExportInputs:
         return [folder for each in (*self.sources.values(), *self.extra) for folder in each.own_folders()]
 
 
+def side_by_side_experts(paths: list[Path]) -> tuple[dict[str, Path], dict[str, str]]:
+    """One folder holding one adapter file per expert side by side (ai-toolkit saves a two-expert run as
+    NAME_high_noise and NAME_low_noise): component -> file, and component -> the release's subfolder name. Empty
+    when the folder is no such pair; several pairs (one per saved step) are refused, each named."""
+    folder = paths[0] if len(paths) == 1 else None
+    files = sorted(folder.glob("*.safetensors")) if folder is not None and folder.is_dir() else []
+    if len(files) < 2:
+        return {}, {}
+    for family in families():
+        for layout in {tuple(v.experts.items()) for v in family.variants if v.experts}:
+            pairs = expert_pairs(files, dict(layout))
+            if len(pairs) > 1:
+                listing = "; ".join(" and ".join(p.name for p in pair.values()) for pair in pairs.values())
+                raise CogExportError(f"{folder} holds {len(pairs)} sets of expert adapters ({listing}); point at the "
+                                     "files of one set")
+            if pairs:
+                return next(iter(pairs.values())), dict(layout)
+    return {}, {}
+
+
+def _experts(paths: list[Path]) -> tuple[dict[str, Path], dict[str, str]]:
+    """The input's experts, if it holds several: the release's subfolders, or adapter files side by side."""
+    folders = expert_folders(paths)
+    if folders:
+        return folders, {component: folder.name for component, folder in folders.items()}
+    return side_by_side_experts(paths)
+
+
 @contextmanager
 def open_inputs(checkpoint, options: ExportOptions) -> Iterator[ExportInputs]:
     paths = as_paths(checkpoint)
     base = open_base(options.base) if options.base else None
-    experts = expert_folders(paths)
+    experts, subfolders = _experts(paths)
     with ExitStack() as stack:
-        sources = {component: stack.enter_context(open_weights([folder], options.tag, options.ema))
-                   for component, folder in experts.items()} or \
+        sources = {component: stack.enter_context(open_weights([path], options.tag, options.ema))
+                   for component, path in experts.items()} or \
             {"transformer": stack.enter_context(open_weights(paths, options.tag, options.ema))}
-        yield ExportInputs(paths, base, experts, sources, stack)
+        yield ExportInputs(paths, base, experts, sources, stack, expert_folders=subfolders)

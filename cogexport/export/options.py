@@ -59,6 +59,7 @@ class ExportOptions:
     lora: str | None = None  # adapter or fuse; a LoRA run defaults to adapter
     lora_alpha: float | None = None
     lora_format: str | None = None  # the adapter file's layout (see lora/formats.py); default diffusers
+    lora_expert: str | None = None  # which expert of a base with several one adapter was trained for
     model_name: str | None = None  # a published variant name, for VAE-only exports or to check detection
     base_model: str | None = None  # the Hub id the model card names as base model
     overwrite: bool = False
@@ -125,8 +126,9 @@ def _check_lora_options(options: ExportOptions) -> None:
 def _check_original(options: ExportOptions) -> None:
     if options.lora_format:
         raise CogExportError("--lora-format names an adapter file's layout; --to original writes a full transformer")
-    if options.lora or options.vae or options.push_to_hub:
-        raise CogExportError("--to original writes a full model; it takes no --lora, --vae or --push-to-hub")
+    if options.lora or options.lora_expert or options.vae or options.push_to_hub:
+        raise CogExportError("--to original writes a full model; it takes no --lora, --lora-expert, --vae or "
+                             "--push-to-hub")
     if default_component(options) == PIPELINE:
         models = "|".join(component_choices()[:-1])
         raise CogExportError(f"--to original writes a transformer or a VAE (one model: --component {models}); "
@@ -139,9 +141,10 @@ def lora_mode(options: ExportOptions, marker: str | None, where: str) -> str | N
     if options.lora is not None and marker is None:
         raise CogExportError(f"{where} holds no LoRA adapter (no lora_A, lora_down or matrix_A weights); export it "
                              "without --lora")
-    if marker is None and options.lora_format is not None:
+    if marker is None and (options.lora_format is not None or options.lora_expert is not None):
+        given = "--lora-format" if options.lora_format is not None else "--lora-expert"
         raise CogExportError(f"{where} holds no LoRA adapter (no lora_A, lora_down or matrix_A weights); "
-                             "--lora-format is for LoRA checkpoints")
+                             f"{given} is for LoRA checkpoints")
     if marker is not None and options.lora is None and options.component is not None:
         raise CogExportError(f"{where} is a LoRA checkpoint ({marker}); export the adapter with --lora adapter, or "
                              "merge it into a full model with --lora fuse (giving --base when the checkpoint does not "

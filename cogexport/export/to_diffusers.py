@@ -19,6 +19,7 @@ from ..models.family import ModelFamily, Variant, family_of_variant
 from ..write.diffusers_folders import plan_model_folder
 from ..write.folder_plan import FolderPlan
 from .adapters import lora_summary, plan_adapter_export, read_adapters
+from .experts import assign_experts
 from .diffusers_layout import linked_from_base, model_folders, pipeline_folder
 from .inputs import ExportInputs, open_inputs
 from .options import PIPELINE, ExportOptions, check_options, default_component, lora_mode
@@ -35,16 +36,17 @@ def export(checkpoint, output, options: ExportOptions | None = None, **overrides
     output = Path(output)
     with open_inputs(checkpoint, options) as inputs:
         mode = lora_mode(options, inputs.lora_marker, inputs.where)
+        adapters = assign_experts(read_adapters(inputs, options), inputs, options) if mode else {}
         if mode == "adapter":
-            folder, result = plan_adapter_export(inputs, read_adapters(inputs, options), options, str(output))
+            folder, result = plan_adapter_export(inputs, adapters, options, str(output))
         else:
-            folder, result = _plan_model_export(inputs, options, mode, str(output))
+            folder, result = _plan_model_export(inputs, options, adapters, str(output))
         return publish(folder, result, output, inputs, options)
 
 
-def _plan_model_export(inputs: ExportInputs, options: ExportOptions, mode: str | None,
+def _plan_model_export(inputs: ExportInputs, options: ExportOptions, adapters: dict[str, LoraAdapter],
                        output: str) -> tuple[FolderPlan, ExportResult]:
-    adapters = read_adapters(inputs, options) if mode == "fuse" else {}
+    """Full weights (with the adapters fused in, for --lora fuse) as model folders or a pipeline folder."""
     component = default_component(options)
     parts, variant = _plan_parts(inputs, adapters, component, options)
     for part in parts:

@@ -157,6 +157,10 @@ class ModelFamily:
             name = self.shapes.variant_of_components(name, components)
         return self.variant_named(name)
 
+    def expert_layout(self, count: int) -> Mapping[str, str]:
+        """Pipeline component -> release subfolder of the family's releases with ``count`` experts (empty if none)."""
+        return next((v.experts for v in self.variants if v.experts and len(v.experts) == count), {})
+
     def has_config(self, variant: Variant, config: Mapping[str, Any]) -> bool:
         """Whether ``config`` is the variant's published transformer config (lists and tuples alike)."""
         published = json.loads(json.dumps(self.transformer_config(variant)))
