@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build llama.cpp's reference quantizers (ggml-quants.c alone) as a shared library, the judge of cogexport's K types
 # in tests/test_quantize_kquants.py (which skips without it). The source is the llama.cpp that the llama-cpp-python
-# sdist on PyPI vendors; only ggml-quants.c is compiled (a few seconds), with -ffp-contract=off so that no
+# sdist on PyPI vendors; only ggml-quants.c is compiled (a few seconds), as a release build (-O3 -DNDEBUG, so its
+# asserts are off as in llama-quantize) with -ffp-contract=off so that no
 # multiply-add is fused: the reference's float32 arithmetic exactly as written.
 #     scripts/build_ggml_reference.sh [OUT_DIR]      (default tests/.fixtures/ggml-reference)
 set -euo pipefail
@@ -28,7 +29,7 @@ const char *ggml_type_name(int type) { (void)type; abort(); }
 size_t ggml_type_size(int type) { (void)type; abort(); }
 C
 mkdir -p "$out"
-gcc -O2 -ffp-contract=off -fPIC -shared -I"$ggml/include" -I"$ggml/src" -o "$out/libggml_quants_ref.so" \
+gcc -O3 -DNDEBUG -ffp-contract=off -fPIC -shared -I"$ggml/include" -I"$ggml/src" -o "$out/libggml_quants_ref.so" \
     "$ggml/src/ggml-quants.c" "$work/stubs.c" -lm
 echo "llama-cpp-python==$version" > "$out/SOURCE"
 echo "built $out/libggml_quants_ref.so from llama-cpp-python $version's vendored llama.cpp"
