@@ -40,6 +40,7 @@ class GgufCheckpoint(LazyCheckpoint):
     def __init__(self, path: Path) -> None:
         super().__init__()
         self.path = Path(path)
+        self._descriptor: int | None = None
         try:
             reader = gguf.GGUFReader(self.path)
         except (ValueError, OSError, KeyError, IndexError) as error:
@@ -52,10 +53,22 @@ class GgufCheckpoint(LazyCheckpoint):
                                    weights_source="GGUF tensors, dequantized on load",
                                    metadata=_scalar_fields(reader))
         self._descriptor = os.open(self.path, os.O_RDONLY)
-        for tensor in reader.tensors:
-            self._add(reader, tensor)
+        try:
+            for tensor in reader.tensors:
+                self._add(reader, tensor)
+        except BaseException:
+            self.close()
+            raise
         del reader  # drops the memory map; tensors are read with pread
         self.info.trainable = list(self._tensors)
+        self.info.notes.append("tensor types: " + ", ".join(f"{k} {v}" for k, v in self.type_counts().items()))
+
+    def type_counts(self) -> dict[str, int]:
+        """How many tensors the file stores in each GGML type (for inspect: what quantization cost)."""
+        counts: dict[str, int] = {}
+        for kind in self.types.values():
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
 
     def _add(self, reader: gguf.GGUFReader, tensor) -> None:
         stored = tuple(int(d) for d in reversed(tensor.shape.tolist()))
