@@ -34,54 +34,53 @@ def _f32(value: float) -> np.float32:
     return np.float32(value)
 
 
-def _running_sum(terms) -> torch.Tensor:
-    """Sum of the rows of ``terms`` (an iterable of tensors) in order, one float32 addition at a time from 0."""
-    total = None
-    for term in terms:
-        total = term + 0.0 if total is None else total + term
+def _row_sums(terms: torch.Tensor, from_zero: bool = True) -> torch.Tensor:
+    """The sum over dim 0 of ``terms`` in row order, one float32 addition at a time (the reference's loop over the
+    values of a group), for every other index at once; ``from_zero``: the C sum starts at 0 (else at row 0)."""
+    total = terms[0] + 0.0 if from_zero else terms[0].clone()
+    for i in range(1, terms.shape[0]):
+        total.add_(terms[i])
     return total
+
+
+def _weighted_error(w: torch.Tensor, scale: torch.Tensor, levels: torch.Tensor, low: torch.Tensor,
+                    x: torch.Tensor) -> torch.Tensor:
+    """The sum over a group of w * (scale * level + min - x)^2, in the reference's order."""
+    diff = scale * levels + low - x
+    return _row_sums(w * (diff * diff))
 
 
 def _scale_search_start(x: torch.Tensor, w: torch.Tensor, nmax: int):
     """make_qkx2_quants up to its search: the range, the weighted sums and the first guess and its error.
     ``x`` and ``w`` are (n, groups): value i of every group in row i."""
     low, high = x.amin(0), x.amax(0)
-    sum_w, sum_x = w[0] + 0.0, w[0] * x[0]
-    for i in range(1, x.shape[0]):
-        sum_w = sum_w + w[i]
-        sum_x = sum_x + w[i] * x[i]
+    sum_w = _row_sums(w, from_zero=False)
+    sum_x = _row_sums(w * x, from_zero=False)
     low = torch.where(low > 0, torch.zeros_like(low), low)
     iscale = divided(nmax, high - low)
     scale = torch.ones_like(iscale) / iscale
     levels = nearest_int(iscale * (x - low)).clamp(0, nmax)
-    error = _running_sum(w[i] * _squared(scale * levels[i] + low - x[i]) for i in range(x.shape[0]))
-    return low, high, sum_w, sum_x, levels, scale, error
-
-
-def _squared(diff: torch.Tensor) -> torch.Tensor:
-    return diff * diff
+    return low, high, sum_w, sum_x, levels, scale, _weighted_error(w, scale, levels, low, x)
 
 
 def make_qkx2_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep: int):
     """The reference's make_qkx2_quants (squared error, use_mad false) for every group at once: levels (n, groups),
     scale and the min to subtract (groups)."""
     low, high, sum_w, sum_x, levels, scale, best = _scale_search_start(x, w, nmax)
-    clipped_low, n = low, x.shape[0]
+    clipped_low = low
     for step in range(nstep + 1):
         factor = _f32(rmin) + _f32(rdelta) * _f32(step) + _f32(nmax)
         iscale = divided(float(factor), high - low)
         trial = nearest_int(iscale * (x - low)).clamp(0, nmax)
-        wl = [w[i] * trial[i] for i in range(n)]
-        sum_l = _running_sum(wl)
-        sum_l2 = _running_sum(wl[i] * trial[i] for i in range(n))
-        sum_xl = _running_sum(wl[i] * x[i] for i in range(n))
+        wl = w * trial
+        sum_l, sum_l2, sum_xl = _row_sums(torch.stack([wl, wl * trial, wl * x], dim=1))
         det = sum_w * sum_l2 - sum_l * sum_l
         this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
         this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
         clipped = this_min > 0
         this_min = torch.where(clipped, torch.zeros_like(this_min), this_min)
         this_scale = torch.where(clipped, sum_xl / sum_l2, this_scale)
-        error = _running_sum(w[i] * _squared(this_scale * trial[i] + this_min - x[i]) for i in range(n))
+        error = _weighted_error(w, this_scale, trial, this_min, x)
         better = (det > 0) & (error < best)
         levels = torch.where(better, trial, levels)
         best = torch.where(better, error, best)
@@ -127,7 +126,7 @@ def _k_levels(blocks: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep
     d and dmin bytes (blocks, 2 each), packed scales (blocks, 12))."""
     count = blocks.shape[0]
     groups = blocks.reshape(count * 8, 32).T.contiguous()  # (32, groups): value i of every group in row i
-    average = sqrt_f32(_running_sum(groups[i] * groups[i] for i in range(32)) / 32)
+    average = sqrt_f32(_row_sums(groups * groups) / 32)
     weights = average + groups.abs()
     levels, scales, mins = make_qkx2_quants(groups, weights, nmax, rmin, rdelta, nstep)
     scales, mins = scales.reshape(count, 8).T, mins.reshape(count, 8).T
@@ -167,14 +166,12 @@ def quantize_q5_k(blocks: torch.Tensor) -> torch.Tensor:
 def make_qx_quants(x: torch.Tensor, nmax: int):
     """The reference's make_qx_quants with rmse_type 1 and no importance weights (weights x^2), for every group at
     once; ``x`` is (n, groups). Returns signed levels + nmax (n, groups) and the scale (groups)."""
-    n = x.shape[0]
     peak = x.gather(0, x.abs().argmax(dim=0, keepdim=True))[0]  # the first value of largest magnitude
     weights = x * x
 
     def fit(iscale):
         levels = nearest_int(iscale * x).clamp(-nmax, nmax - 1)
-        sum_lx = _running_sum(weights[i] * x[i] * levels[i] for i in range(n))
-        sum_l2 = _running_sum(weights[i] * levels[i] * levels[i] for i in range(n))
+        sum_lx, sum_l2 = _row_sums(torch.stack([weights * x * levels, weights * levels * levels], dim=1))
         return levels, sum_lx, sum_l2
 
     levels, sum_lx, sum_l2 = fit(divided(-nmax, peak))
