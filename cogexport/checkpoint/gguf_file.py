@@ -9,6 +9,7 @@ reading a tensor never maps more of the file into memory than that tensor.
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import gguf
@@ -43,7 +44,7 @@ class GgufCheckpoint(LazyCheckpoint):
         self._descriptor: int | None = None
         try:
             reader = gguf.GGUFReader(self.path)
-        except (ValueError, OSError, KeyError, IndexError) as error:
+        except (ValueError, OSError, KeyError, IndexError, TypeError, OverflowError, struct.error) as error:
             raise CogExportError(f"{self.path} is not a readable GGUF file ({quoted(str(error), 120)}); "
                                  "copy the file again") from None
         self.types: dict[str, str] = {}
