@@ -1,0 +1,247 @@
+"""Which GGML type each tensor of a GGUF file gets: the family's facts (``key_maps/<family>/quantized.toml``) and
+the presets (``Q4_K_M``, ``Q8_0``, ...) applied to original-layout names, as a plan made and checked before any
+byte is written.
+
+The decisions are those of the chain people use today, ComfyUI-GGUF's ``tools/convert.py`` (F32 for 1-D tensors,
+tensors of at most 1,024 values and the family's high-precision names; the source's float type otherwise) followed
+by ``llama-quantize`` with ComfyUI-GGUF's patch (only 2-D tensors whose names end in ``weight`` are quantized,
+never the family's embedders and heads; the ``_M``/``_S`` mixes raise attention-value, fused-qkv and
+feed-forward-down weights a step). Where they differ on purpose:
+- a row whose length is not a multiple of the type's block stays in the file's float type (the patch falls back to
+  F16 for the K types only; the legacy types would fail there), and the plan says so;
+- tensors of more than 4 dimensions (Wan's and HunyuanVideo's Conv3d patch embeddings) are stored as they are, in
+  F32, which ComfyUI-GGUF's loader and Diffusers' GGUF loader both read: the chain sets them aside and adds them
+  back with ``fix_5d_tensors.py`` the same way, by hand.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Mapping
+
+import gguf
+import torch
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from ..errors import CogExportError, quoted
+from ..lazy import LazyTensor
+from .formats import GgmlType, ggml_type
+
+POLICY_FILE = "quantized.toml"
+SMALL_TENSOR = 1024  # convert.py's QUANTIZATION_THRESHOLD: tensors of at most this many values stay in F32
+MAX_NAME = 127  # GGML_MAX_NAME (128 with ComfyUI-GGUF's patch) less the terminating zero
+ROLES = ("attn_v", "attn_qkv", "ffn_down")  # the patch's rule order
+
+
+@dataclass(frozen=True)
+class Bump:
+    """A mix's raised type for one role; ``first`` limits it to the first N tensors of the role (Q4_K_S)."""
+
+    type: str
+    first: int | None = None
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A ``--quant`` choice: the type most weights get (None: a float file), the float type it forces, the bumps."""
+
+    name: str
+    base: str | None
+    float_type: str | None = None
+    bumps: Mapping[str, Bump] = field(default_factory=dict)
+
+    @property
+    def file_type(self) -> int:
+        return int(gguf.LlamaFileType[f"MOSTLY_{self.name}"])
+
+
+# llama-quantize's ftypes and the rules ComfyUI-GGUF's patch (img_tensor_get_type) gives them.
+PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
+    Preset("F16", None, "F16"),
+    Preset("BF16", None, "BF16"),
+    Preset("Q8_0", "Q8_0"),
+    Preset("Q6_K", "Q6_K"),
+    Preset("Q5_K_M", "Q5_K", bumps={"attn_v": Bump("Q6_K"), "attn_qkv": Bump("Q6_K"), "ffn_down": Bump("Q6_K")}),
+    Preset("Q5_K_S", "Q5_K"),
+    Preset("Q5_1", "Q5_1"),
+    Preset("Q5_0", "Q5_0", bumps={"ffn_down": Bump("Q5_1")}),
+    Preset("Q4_K_M", "Q4_K", bumps={"attn_v": Bump("Q6_K"), "attn_qkv": Bump("Q5_K"), "ffn_down": Bump("Q6_K")}),
+    Preset("Q4_K_S", "Q4_K", bumps={"attn_v": Bump("Q5_K", first=4), "ffn_down": Bump("Q5_K")}),
+    Preset("Q4_1", "Q4_1"),
+    Preset("Q4_0", "Q4_0", bumps={"ffn_down": Bump("Q4_1")}),
+)}
+
+
+@dataclass(frozen=True)
+class QuantizationPolicy:
+    """One family's facts for quantized files (see key_maps/wan/quantized.toml for what each field means)."""
+
+    family: str
+    architecture: str
+    signature: tuple[str, ...]
+    keep_f32: tuple[str, ...]
+    keep_float: tuple[str, ...]
+    roles: Mapping[str, tuple[str, ...]]
+    fp8_quantize: tuple[str, ...]
+
+    def role_of(self, name: str) -> str | None:
+        return next((role for role in ROLES if any(p in name for p in self.roles.get(role, ()))), None)
+
+    def fp8_quantizes(self, name: str, shape: tuple[int, ...]) -> bool:
+        return len(shape) >= 2 and any(fnmatch.fnmatchcase(name, glob) for glob in self.fp8_quantize)
+
+
+def parse_policy(text: str, family: str) -> QuantizationPolicy:
+    data = tomllib.loads(text)
+    section, fp8 = data.get("gguf", {}), data.get("fp8", {})
+    if not isinstance(section.get("architecture"), str) or not section.get("signature"):
+        raise ValueError(f"{family}/{POLICY_FILE}: [gguf] needs architecture and signature")
+    roles = {role: tuple(section.get("roles", {}).get(role, ())) for role in ROLES}
+    unknown = set(section.get("roles", {})) - set(ROLES)
+    if unknown:
+        raise ValueError(f"{family}/{POLICY_FILE}: unknown roles {sorted(unknown)}; known: {ROLES}")
+    return QuantizationPolicy(family, section["architecture"], tuple(section["signature"]),
+                              tuple(section.get("keep_f32", ())), tuple(section.get("keep_float", ())), roles,
+                              tuple(fp8.get("quantize", ())))
+
+
+@cache
+def quantization_policy(family: str) -> QuantizationPolicy:
+    """The policy of the family whose tables live in ``key_maps/<family>/`` (its ``ModelFamily.key``)."""
+    path = resources.files("cogexport.key_maps").joinpath(family, POLICY_FILE)
+    if not path.is_file():
+        raise CogExportError(f"no quantized outputs are defined for the {family} family (no {family}/{POLICY_FILE})")
+    return parse_policy(path.read_text(encoding="utf-8"), family)
+
+
+def quantizable_families() -> tuple[str, ...]:
+    root = resources.files("cogexport.key_maps")
+    return tuple(sorted(p.name for p in root.iterdir() if p.joinpath(POLICY_FILE).is_file()))
+
+
+def preset_named(name: str) -> Preset:
+    try:
+        return PRESETS[name.upper()]
+    except KeyError:
+        raise CogExportError(f"unknown GGUF quantization {quoted(name)}; one of {', '.join(PRESETS)}") from None
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One tensor of the file: its name, source, type, its shape and the shape it is stored in, and why."""
+
+    name: str
+    source: LazyTensor
+    type: GgmlType
+    shape: tuple[int, ...]
+    stored_shape: tuple[int, ...]
+    reason: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.type.nbytes(self.stored_shape)
+
+
+@dataclass(frozen=True)
+class GgufPlan:
+    """Every tensor of a GGUF file, decided and checked; ``notes`` says what did not get the preset's type."""
+
+    architecture: str
+    preset: Preset
+    tensors: tuple[PlannedTensor, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def type_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for tensor in self.tensors:
+            counts[tensor.type.name] = counts.get(tensor.type.name, 0) + 1
+        return counts
+
+
+def plan_gguf(tensors: Mapping[str, LazyTensor], policy: QuantizationPolicy, preset: Preset | str) -> GgufPlan:
+    """The plan for ``tensors`` (ORIGINAL release names, ComfyUI layout) under ``policy`` and ``preset``."""
+    preset = preset_named(preset) if isinstance(preset, str) else preset
+    _check_names(tensors, policy)
+    counts: dict[str, int] = {}
+    planned, notes = [], []
+    for name, source in tensors.items():
+        entry, note = _plan_one(name, source, policy, preset, counts)
+        planned.append(entry)
+        if note:
+            notes.append(note)
+    return GgufPlan(policy.architecture, preset, tuple(planned), tuple(notes))
+
+
+def _check_names(tensors: Mapping[str, LazyTensor], policy: QuantizationPolicy) -> None:
+    missing = [glob for glob in policy.signature if not any(fnmatch.fnmatchcase(n, glob) for n in tensors)]
+    if missing:
+        raise CogExportError(f"these tensors are not in the original {policy.family} layout that ComfyUI-GGUF reads "
+                             f"(no {quoted(missing[0])}); convert them to the original names first")
+    for name, source in tensors.items():
+        if len(name.encode()) > MAX_NAME:
+            raise CogExportError(f"tensor name {quoted(name)} is longer than GGUF's {MAX_NAME} bytes")
+        if not source.dtype.is_floating_point:
+            raise CogExportError(f"tensor {quoted(name)} is {source.dtype}; a GGUF model file holds float tensors")
+
+
+def _plan_one(name: str, source: LazyTensor, policy: QuantizationPolicy, preset: Preset,
+              counts: dict[str, int]) -> tuple[PlannedTensor, str | None]:
+    shape = tuple(source.shape)
+    float_type = preset.float_type or ("BF16" if source.dtype == torch.bfloat16 else "F16")
+    chosen, reason = _high_precision(name, source, policy, float_type)
+    note = None
+    if chosen is None and preset.base is None:
+        chosen, reason = float_type, f"{preset.name} file"
+    if chosen is None and _never_quantized(name, shape, policy):
+        chosen, reason = float_type, "not quantized (ComfyUI-GGUF's rules for this name)"
+    if chosen is None:
+        chosen, reason = _mixed_type(name, policy, preset, counts), "quantized"
+        if not ggml_type(chosen).fits(shape[-1]):
+            note = (f"{name}: rows of {shape[-1]} values do not fill {chosen} blocks of {ggml_type(chosen).block}; "
+                    f"kept in {float_type}")
+            chosen, reason = float_type, note
+    return PlannedTensor(name, source, ggml_type(chosen), shape, shape, reason), note
+
+
+def _high_precision(name: str, source: LazyTensor, policy: QuantizationPolicy,
+                    float_type: str) -> tuple[str | None, str]:
+    """convert.py's F32 decisions (only for float32 and bfloat16 sources, as there) and the >4-D tensors."""
+    shape = tuple(source.shape)
+    if len(shape) > 4:
+        return "F32", f"{len(shape)}-D: stored as it is, in F32"
+    if source.dtype == torch.float16:
+        return None, ""
+    if len(shape) <= 1:
+        return "F32", "1-D"
+    if source.numel <= SMALL_TENSOR:
+        return "F32", f"at most {SMALL_TENSOR} values"
+    if any(key in name for key in policy.keep_f32):
+        return "F32", "kept in F32 for the family"
+    return None, ""
+
+
+def _never_quantized(name: str, shape: tuple[int, ...], policy: QuantizationPolicy) -> bool:
+    return (not name.endswith("weight") or "_norm.weight" in name or len(shape) != 2
+            or any(key in name for key in policy.keep_float))
+
+
+def _mixed_type(name: str, policy: QuantizationPolicy, preset: Preset, counts: dict[str, int]) -> str:
+    role = policy.role_of(name)
+    bump = preset.bumps.get(role) if role else None
+    if role:
+        counts[role] = counts.get(role, 0) + 1
+    if bump is None or (bump.first is not None and counts[role] > bump.first):
+        return preset.base
+    return bump.type

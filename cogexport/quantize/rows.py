@@ -1,0 +1,72 @@
+"""Quantize a tensor to a GGML type, a bounded chunk of rows at a time: tensor in, the stored bytes out."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+
+from ..errors import CogExportError, quoted
+from . import kquants, legacy
+from .formats import GgmlType, ggml_type
+
+_BLOCK_QUANTIZERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "F32": legacy.quantize_f32, "F16": legacy.quantize_f16, "BF16": legacy.quantize_bf16,
+    "Q8_0": legacy.quantize_q8_0, "Q5_1": legacy.quantize_q5_1, "Q5_0": legacy.quantize_q5_0,
+    "Q4_1": legacy.quantize_q4_1, "Q4_0": legacy.quantize_q4_0,
+    "Q6_K": kquants.quantize_q6_k, "Q5_K": kquants.quantize_q5_k, "Q4_K": kquants.quantize_q4_k,
+}
+# Types whose values or scales are stored as float16: a magnitude past float16's largest finite value would be
+# stored as infinity, so it is refused instead.
+_HALF_LIMIT = 65504.0
+_BOUNDLESS = ("F32", "BF16")
+# Values quantized at once: bounds the working memory to a few MB and keeps each vector operation in cache.
+CHUNK_VALUES = 1 << 18
+
+
+def quantize_tensor(tensor: torch.Tensor, type_name: str, name: str = "tensor") -> torch.Tensor:
+    """``tensor`` (any float dtype, its rows along the last dimension) stored as ``type_name``: a uint8 tensor of
+    shape (rows, bytes per row). Refuses non-finite values and rows the type cannot hold, naming ``name``."""
+    kind = ggml_type(type_name)
+    rows = tensor.reshape(-1, tensor.shape[-1] if tensor.dim() else 1)
+    if not kind.fits(rows.shape[1]):
+        raise CogExportError(f"{quoted(name)}: rows of {rows.shape[1]} values cannot be stored as {type_name} "
+                             f"(blocks of {kind.block})")
+    out = torch.empty(rows.shape[0], kind.row_bytes(rows.shape[1]), dtype=torch.uint8)
+    step = max(1, CHUNK_VALUES // max(1, rows.shape[1]))
+    with _one_thread():
+        for start in range(0, rows.shape[0], step):
+            chunk = rows[start:start + step].to(torch.float32)
+            _check_values(chunk, kind, name)
+            out[start:start + step] = _quantize_rows(chunk, kind)
+    return out
+
+
+@contextmanager
+def _one_thread():
+    """The quantizers run thousands of small elementwise operations per chunk; split over threads they spend more
+    time synchronising than computing (measured 5-10x slower with 2 threads on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _quantize_rows(rows: torch.Tensor, kind: GgmlType) -> torch.Tensor:
+    quantizer = _BLOCK_QUANTIZERS[kind.name]
+    if kind.is_float:
+        return quantizer(rows).reshape(rows.shape[0], -1)
+    blocks = rows.reshape(-1, kind.block)
+    return quantizer(blocks).reshape(rows.shape[0], -1)
+
+
+def _check_values(chunk: torch.Tensor, kind: GgmlType, name: str) -> None:
+    if not torch.isfinite(chunk).all():
+        raise CogExportError(f"{quoted(name)} holds NaN or infinite values; a quantized file would carry them "
+                             "silently: fix the checkpoint (or export an earlier step)")
+    if kind.name not in _BOUNDLESS and chunk.numel() and chunk.abs().max() > _HALF_LIMIT:
+        raise CogExportError(f"{quoted(name)} holds values beyond {_HALF_LIMIT:g}, which {kind.name} stores as "
+                             "float16 (it would hold infinity): choose BF16 or F32 for it")

@@ -1,0 +1,68 @@
+"""Write a GGUF file from a checked plan, one tensor at a time, with llama.cpp's own ``gguf`` writer for the container.
+
+The header (every tensor's name, type, shape and offset) depends only on the plan, so it is written first; then each
+tensor is loaded, quantized and written, and dropped before the next: memory holds one tensor and its bytes. The
+key-value data is what ComfyUI-GGUF's ``tools/convert.py`` and ``llama-quantize`` write for an image model:
+``general.architecture``, ``general.quantization_version`` and ``general.file_type``; a tensor stored in another
+shape than its own gets ``comfy.gguf.orig_shape.<name>`` (an array of int32), which ComfyUI-GGUF's loader restores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+
+from ..quantize import quantize_tensor
+from ..quantize.policy import GgufPlan, PlannedTensor
+
+ORIG_SHAPE_KEY = "comfy.gguf.orig_shape."
+
+
+def build_writer(plan: GgufPlan) -> gguf.GGUFWriter:
+    """A GGUFWriter holding the plan's key-value data and tensor infos (nothing written yet)."""
+    writer = gguf.GGUFWriter(path=None, arch=plan.architecture)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_file_type(plan.preset.file_type)
+    for tensor in plan.tensors:
+        if tensor.stored_shape != tensor.shape:
+            writer.add_array(ORIG_SHAPE_KEY + tensor.name, [int(d) for d in tensor.shape])
+        writer.add_tensor_info(tensor.name, tensor.stored_shape, np.dtype(np.float32), tensor.nbytes,
+                               raw_dtype=tensor.type.code)
+    return writer
+
+
+def stored_bytes(tensor: PlannedTensor) -> np.ndarray:
+    """The planned tensor loaded and quantized: its bytes in the file (uint8)."""
+    values = tensor.source.load().reshape(tensor.stored_shape)
+    return quantize_tensor(values, tensor.type.name, tensor.name).numpy()
+
+
+def write_gguf(path: Path, plan: GgufPlan, on_tensor: Callable[[str, int], None] | None = None) -> int:
+    """Stream ``plan`` into the GGUF file ``path``; returns the bytes of tensor data written.
+
+    ``on_tensor(name, nbytes)`` is called after each tensor (progress bars). On any error the partial file is
+    removed and the error raised (a bad value names its tensor: a ``CogExportError``).
+    """
+    path = Path(path)
+    writer = build_writer(plan)
+    written = 0
+    try:
+        writer.write_header_to_file(path=path)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for tensor in plan.tensors:
+            data = stored_bytes(tensor)
+            writer.write_tensor_data(data)
+            written += data.nbytes
+            del data
+            if on_tensor is not None:
+                on_tensor(tensor.name, tensor.nbytes)
+        writer.close()
+    except BaseException:
+        writer.close()
+        path.unlink(missing_ok=True)
+        raise
+    return written
