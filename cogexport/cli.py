@@ -15,7 +15,8 @@ from . import __version__
 from .allocation import reuse_freed_tensor_memory
 from .errors import CogExportError, one_line
 from .export.experts import expert_names
-from .export.options import component_choices, lora_format_help, task_help
+from .export.options import DIRECTIONS, FP8_DTYPES, FP8_LAYOUTS, component_choices, lora_format_help, quant_help, \
+    task_help
 from .inspect_report import inspect_paths, render_inspect_text
 from .keymap.table import TableError
 from .models.family import FamilyError
@@ -160,7 +161,9 @@ def _model_name_examples() -> str:
               help="Local Diffusers pipeline or model folder: configs, and a pipeline's text encoder and tokenizer.")
 @click.option("--vae", "vae_path", type=click.Path(path_type=Path),
               help="VAE checkpoint for a pipeline (original or Diffusers weights) [default: the base's VAE].")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32", *FP8_DTYPES]), default="bf16", show_default=True,
+              help="Dtype of floating tensors (each family keeps its fp32 allowlist); fp8 (e4m3fn) and fp8_e5m2 write "
+                   "ComfyUI's scaled-fp8 file with --to original.")
 @click.option("--keep-fp32", multiple=True, metavar="GLOB",
               help="Also keep tensors matching GLOB (on dotted name components) in fp32; repeatable.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file (decimal units).")
@@ -180,26 +183,32 @@ def _model_name_examples() -> str:
 @click.option("--model-name", help=f"The published model this is (e.g. {_model_name_examples()}); needed for a VAE "
                                    "alone.")
 @click.option("--base-model", help="Hub id the model card names as the base model [default: the published one].")
-@click.option("--to", "layout", type=click.Choice(["diffusers", "original"]), default="diffusers", show_default=True,
-              help="Write Diffusers folders, or (from Diffusers weights: a model or pipeline folder, a training "
-                   "checkpoint) the family's original layout: the files its own repository and ComfyUI load.")
+@click.option("--to", "layout", type=click.Choice(list(DIRECTIONS)), default="diffusers", show_default=True,
+              help="Write Diffusers folders; the family's original layout (the files its own repository and ComfyUI "
+                   "load); or a GGUF file of the transformer (--quant) for ComfyUI-GGUF and Diffusers. A LoRA run is "
+                   "fused first for the last two.")
+@click.option("--quant", metavar="TYPE", help=f"With --to gguf: the quantization ({quant_help()}).")
+@click.option("--fp8-layout", type=click.Choice(list(FP8_LAYOUTS)), default="comfy_quant", show_default=True,
+              help="With --dtype fp8: ComfyUI's per-layer comfy_quant markers, the header's _quantization_metadata, or "
+                   "the legacy scaled_fp8 / scale_weight layout.")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
 @click.option("--push-to-hub", metavar="REPO", help="Upload the finished folder to this Hub repository.")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repository private.")
 @json_option
 @_user_errors_exit_2
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
-           tag, ema, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, overwrite, push_to_hub,
-           private, as_json) -> None:
-    from .export import ExportOptions, command_line, export as run_export, export_original
+           tag, ema, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, quant, fp8_layout,
+           overwrite, push_to_hub, private, as_json) -> None:
+    from .export import ExportOptions, command_line, export as run_export, export_gguf, export_original
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
                             keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,
                             ema=ema, lora=lora, lora_alpha=lora_alpha, lora_expert=lora_expert,
                             lora_format=lora_format, model_name=model_name,
-                            base_model=base_model, overwrite=overwrite,
+                            base_model=base_model, overwrite=overwrite, quant=quant, fp8_layout=fp8_layout,
                             push_to_hub=push_to_hub, private=private, command=command_line())
-    result = (export_original if layout == "original" else run_export)(list(checkpoint), output, options)
+    run = {"original": export_original, "gguf": export_gguf}.get(layout, run_export)
+    result = run(list(checkpoint), output, options)
     for note in result.notes:
         click.echo(f"cogexport: note: {note}", err=True)
     if as_json:

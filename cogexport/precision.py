@@ -33,7 +33,8 @@ def describe_written(tensors: Mapping[str, LazyTensor]) -> str:
     floating = {name: tensor.dtype for name, tensor in tensors.items() if tensor.dtype.is_floating_point}
     if not floating:
         return "no floating tensors"
-    names = {dtype: name for name, dtype in DTYPES.items()}
+    names = {**{dtype: name for name, dtype in DTYPES.items()}, torch.float8_e4m3fn: "fp8 e4m3fn",
+             torch.float8_e5m2: "fp8 e5m2"}
     counts: dict[torch.dtype, int] = {}
     for dtype in floating.values():
         counts[dtype] = counts.get(dtype, 0) + 1

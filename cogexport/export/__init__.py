@@ -7,5 +7,6 @@ from .options import ExportOptions, check_options, command_line
 from .result import ExportResult
 from .to_diffusers import export
 from .to_original import export_original
+from .to_quantized import export_gguf
 
-__all__ = ["ExportOptions", "ExportResult", "check_options", "command_line", "export", "export_original"]
+__all__ = ["ExportOptions", "ExportResult", "check_options", "command_line", "export", "export_gguf", "export_original"]

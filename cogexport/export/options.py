@@ -17,7 +17,10 @@ from ..models.family import families
 from ..write.diffusers_folders import check_variant_name
 from ..write.shards import parse_size
 
-DIRECTIONS = ("diffusers", "original")
+DIRECTIONS = ("diffusers", "original", "gguf")
+WAY_BACK = ("original", "gguf")  # the directions that write a family's original names
+FP8_DTYPES = ("fp8", "fp8_e5m2")  # --dtype of a scaled-fp8 original file (e4m3fn, e5m2)
+FP8_LAYOUTS = ("comfy_quant", "metadata", "legacy")
 LORA_MODES = ("adapter", "fuse")
 PIPELINE = "pipeline"
 # pipeline components that are the transformer's own (a second expert), never asked for by name
@@ -38,6 +41,12 @@ def task_help() -> str:
 def lora_format_help() -> str:
     """Every writable LoRA format and what it writes, for --help."""
     return ", ".join(f"{name} ({writable_format(name).title})" for name in writable_formats())
+
+
+def quant_help() -> str:
+    from ..quantize import PRESETS
+
+    return ", ".join(PRESETS)
 
 
 def family_names() -> str:
@@ -67,6 +76,8 @@ class ExportOptions:
     private: bool = False
     progress: bool | None = None
     command: str = ""
+    quant: str | None = None  # --to gguf: the quantization (a preset of cogexport/quantize/policy.py)
+    fp8_layout: str = "comfy_quant"  # --dtype fp8: how the scales are marked (ComfyUI's current or legacy layout)
 
 
 def command_line() -> str:
@@ -87,8 +98,9 @@ def check_options(options: ExportOptions, direction: str) -> None:
     if options.model_name and options.base is not None:
         raise CogExportError("--model-name and --base both say which model this is; give one of them")
     _check_lora_options(options)
-    if direction == "original":
-        _check_original(options)
+    _check_quantized(options, direction)
+    if direction in WAY_BACK:
+        _check_way_back(options, direction)
     elif options.vae is not None and default_component(options) != PIPELINE:
         raise CogExportError("--vae goes into a pipeline (--component pipeline); to export a VAE alone, give it "
                              "as CHECKPOINT with --component vae")
@@ -101,12 +113,14 @@ def _is_pipeline_folder(path: Path | None) -> bool:
     return path is not None and (Path(path) / "model_index.json").is_file()
 
 
-def default_component(options: ExportOptions) -> str:
-    """--component, else the whole pipeline when --base is a pipeline folder (the rest of it comes from there),
-    else the transformer. --lora fuse uses --base for the base weights: it writes the transformer unless told."""
+def default_component(options: ExportOptions, direction: str = "diffusers") -> str:
+    """--component, else (to Diffusers) the whole pipeline when --base is a pipeline folder (the rest of it comes
+    from there), else the transformer. --lora fuse uses --base for the base weights: it writes the transformer unless
+    told; so does the way back, which writes one model."""
     if options.component:
         return options.component
-    return PIPELINE if _is_pipeline_folder(options.base) and options.lora != "fuse" else "transformer"
+    pipeline = direction == "diffusers" and _is_pipeline_folder(options.base) and options.lora != "fuse"
+    return PIPELINE if pipeline else "transformer"
 
 
 def _check_lora_options(options: ExportOptions) -> None:
@@ -123,16 +137,37 @@ def _check_lora_options(options: ExportOptions) -> None:
         raise CogExportError("--lora-format names the layout of an adapter file; --lora fuse writes a full model")
 
 
-def _check_original(options: ExportOptions) -> None:
+def _check_way_back(options: ExportOptions, direction: str) -> None:
     if options.lora_format:
-        raise CogExportError("--lora-format names an adapter file's layout; --to original writes a full transformer")
-    if options.lora or options.lora_expert or options.vae or options.push_to_hub:
-        raise CogExportError("--to original writes a full model; it takes no --lora, --lora-expert, --vae or "
-                             "--push-to-hub")
-    if default_component(options) == PIPELINE:
+        raise CogExportError(f"--lora-format names an adapter file's layout; --to {direction} writes a full "
+                             "transformer")
+    if options.lora == "adapter" or options.vae or options.push_to_hub:
+        raise CogExportError(f"--to {direction} writes a full model (a LoRA run is fused into it); it takes no "
+                             "--lora adapter, --vae or --push-to-hub")
+    if default_component(options, direction) == PIPELINE:
         models = "|".join(component_choices()[:-1])
-        raise CogExportError(f"--to original writes a transformer or a VAE (one model: --component {models}); "
+        raise CogExportError(f"--to {direction} writes a transformer or a VAE (one model: --component {models}); "
                              f"--component {PIPELINE} has no original layout")
+    if direction == "gguf" and default_component(options, direction) != "transformer":
+        raise CogExportError(f"--to gguf writes the transformer (ComfyUI-GGUF and Diffusers load GGUF transformers); "
+                             f"--component {options.component} has no GGUF layout")
+
+
+def _check_quantized(options: ExportOptions, direction: str) -> None:
+    """--quant goes with --to gguf (which needs it), --dtype fp8 with --to original."""
+    from ..quantize import PRESETS
+
+    if direction == "gguf" and options.quant is None:
+        raise CogExportError(f"--to gguf needs --quant (one of {', '.join(PRESETS)})")
+    if options.quant is not None and direction != "gguf":
+        raise CogExportError("--quant is the quantization of a GGUF file; give --to gguf")
+    if options.quant is not None and options.quant.upper() not in PRESETS:
+        raise CogExportError(f"--quant {options.quant!r} is not one of {', '.join(PRESETS)}")
+    if options.dtype in FP8_DTYPES and direction != "original":
+        raise CogExportError(f"--dtype {options.dtype} writes ComfyUI's scaled-fp8 file of the original layout; give "
+                             "--to original")
+    if options.fp8_layout not in FP8_LAYOUTS:
+        raise CogExportError(f"--fp8-layout {options.fp8_layout!r} is not one of {', '.join(FP8_LAYOUTS)}")
 
 
 def lora_mode(options: ExportOptions, marker: str | None, where: str) -> str | None:

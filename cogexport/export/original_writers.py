@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..lazy import LazyTensor
-from ..models.family import ModelFamily, OriginalLayout
+from ..models.family import ModelFamily, OriginalLayout, Variant
 from ..precision import PrecisionPolicy
 from ..write.folder_plan import PlannedFile, TensorFile, TextFile, json_text, shard_files
 from ..write.model_states_file import model_states_file
@@ -31,6 +31,8 @@ class OriginalPart:
     policy: PrecisionPolicy
     beside: dict[str, LazyTensor] = field(default_factory=dict)  # other models' tensors in the same file, prefixed
     beside_components: tuple[str, ...] = ()  # which models those are
+    read_as: dict[str, LazyTensor] = field(default_factory=dict)  # the tensors as read, not cast (original names)
+    variant: Variant | None = None  # the published variant it is built like
 
     def prefixed(self) -> dict[str, LazyTensor]:
         return {self.layout.prefix + name: tensor for name, tensor in self.tensors.items()}

@@ -20,7 +20,6 @@ import fnmatch
 import sys
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from typing import Mapping
 
 import gguf
@@ -32,6 +31,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from ..errors import CogExportError, quoted
+from ..keymap.roots import family_folders, find_key_map_file
 from ..lazy import LazyTensor
 from .formats import GgmlType, ggml_type
 
@@ -116,15 +116,14 @@ def parse_policy(text: str, family: str) -> QuantizationPolicy:
 @cache
 def quantization_policy(family: str) -> QuantizationPolicy:
     """The policy of the family whose tables live in ``key_maps/<family>/`` (its ``ModelFamily.key``)."""
-    path = resources.files("cogexport.key_maps").joinpath(family, POLICY_FILE)
-    if not path.is_file():
+    path = find_key_map_file(f"{family}/{POLICY_FILE}")
+    if path is None:
         raise CogExportError(f"no quantized outputs are defined for the {family} family (no {family}/{POLICY_FILE})")
     return parse_policy(path.read_text(encoding="utf-8"), family)
 
 
 def quantizable_families() -> tuple[str, ...]:
-    root = resources.files("cogexport.key_maps")
-    return tuple(sorted(p.name for p in root.iterdir() if p.joinpath(POLICY_FILE).is_file()))
+    return tuple(sorted(key for key, folder in family_folders() if folder.joinpath(POLICY_FILE).is_file()))
 
 
 def preset_named(name: str) -> Preset:

@@ -11,7 +11,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Protocol
 
 from ..errors import CogExportError
 from ..lazy import LazyTensor
@@ -39,6 +39,10 @@ class TensorFile:
     def nbytes(self) -> int:
         return sum(tensor.nbytes for tensor in self.tensors.values())
 
+    @property
+    def tensor_count(self) -> int:
+        return len(self.tensors)
+
     def write(self, root: Path, on_tensor: OnTensor | None) -> None:
         path = root / self.path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,6 +59,7 @@ class TextFile:
     text: str
 
     nbytes = 0  # next to the tensors, nothing
+    tensor_count = 0
 
     def write(self, root: Path, on_tensor: OnTensor | None) -> None:
         path = root / self.path
@@ -72,12 +77,25 @@ class LinkedFolder:
     how: str = ""
 
     nbytes = 0  # usually links; copies are counted by the free-space check of the caller when it cannot link
+    tensor_count = 0
 
     def write(self, root: Path, on_tensor: OnTensor | None) -> None:
         self.how = link_or_copy_tree(self.source, root / self.path)
 
 
-PlannedFile = Union[TensorFile, TextFile, LinkedFolder]
+class PlannedFile(Protocol):
+    """A file of an output folder: where it goes, the bytes of tensor data it holds, and how it is written (a
+    TensorFile, TextFile or LinkedFolder here; other containers such as GGUF, beside their writers)."""
+
+    path: str
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def tensor_count(self) -> int: ...
+
+    def write(self, root: Path, on_tensor: OnTensor | None) -> None: ...
 
 
 @dataclass
@@ -90,7 +108,7 @@ class FolderPlan:
 
     @property
     def tensors(self) -> int:
-        return sum(len(planned.tensors) for planned in self.files if isinstance(planned, TensorFile))
+        return sum(planned.tensor_count for planned in self.files)
 
     @property
     def paths(self) -> list[str]:

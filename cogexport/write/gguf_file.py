@@ -9,6 +9,7 @@ shape than its own gets ``comfy.gguf.orig_shape.<name>`` (an array of int32), wh
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -66,3 +67,24 @@ def write_gguf(path: Path, plan: GgufPlan, on_tensor: Callable[[str, int], None]
         path.unlink(missing_ok=True)
         raise
     return written
+
+
+@dataclass
+class GgufFile:
+    """A GGUF file of an output folder (see folder_plan.py): its path in the folder and its checked plan."""
+
+    path: str
+    plan: GgufPlan
+
+    @property
+    def nbytes(self) -> int:
+        return self.plan.nbytes
+
+    @property
+    def tensor_count(self) -> int:
+        return len(self.plan.tensors)
+
+    def write(self, root: Path, on_tensor: Callable[[str, int], None] | None) -> None:
+        target = root / self.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_gguf(target, self.plan, on_tensor)

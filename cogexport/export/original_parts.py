@@ -1,0 +1,153 @@
+"""The models of an export back to a family's original names (``--to original``, ``--to gguf``, fp8): each model of
+the input read into its Diffusers model as any export reads it (a LoRA run fused first), checked against that model,
+then run backwards through the family's original table. Each part holds its tensors cast by the family's dtype
+policy and, for the quantized outputs, as read (not cast), both in original names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Mapping
+
+from ..checkpoint import LazyCheckpoint, as_paths
+from ..errors import CogExportError
+from ..keymap.plan import plan_translation
+from ..keymap.table import load_table
+from ..lazy import LazyTensor
+from ..lora import LoraAdapter
+from ..models.base_folder import open_base, read_json
+from ..models.family import ModelFamily, ModelSpec, OriginalLayout, component_title
+from ..models.recognize import choose_table
+from .adapters import read_adapters
+from .experts import assign_experts
+from .inputs import ExportInputs, open_weights, search_folders
+from .options import ExportOptions, lora_mode
+from .original_writers import OriginalPart
+from .parts import ModelExport, family_hint, plan_component, plan_fused_transformer, plan_transformer
+
+_EXPERTS = ("transformer", "transformer_2")  # the pipeline components a transformer may be split into
+
+
+def open_way_back(checkpoint, options: ExportOptions, component: str, stack) -> ExportInputs:
+    """The input: a pipeline folder stands for its transformer(s) or its ``component``; anything else is the model's
+    own checkpoint (a training run, a model folder, a LoRA run)."""
+    paths = as_paths(checkpoint)
+    folders = _model_folders(paths, component)
+    sources = {name: stack.enter_context(open_weights(where, options.tag, options.ema))
+               for name, where in folders.items()}
+    # a pipeline folder's models are read from their own subfolders (messages name those)
+    experts = {} if folders == {component: paths} else {name: where[0] for name, where in folders.items()}
+    return ExportInputs(paths, open_base(options.base) if options.base else None, experts, sources, stack)
+
+
+def _model_folders(paths: list[Path], component: str) -> dict[str, list[Path]]:
+    if len(paths) != 1 or not (paths[0] / "model_index.json").is_file():
+        return {component: paths}
+    index = read_json(paths[0] / "model_index.json")
+    wanted = _EXPERTS if component == "transformer" else (component,)
+    found = {name: [paths[0] / name] for name in wanted if isinstance(index.get(name), list) and index[name][0]}
+    if not found:
+        raise CogExportError(f"{paths[0]}/model_index.json names no {component} to write back")
+    return found
+
+
+def release_folder(part: OriginalPart, experts: int) -> str:
+    return "" if experts == 1 else release_folder_of(part.family, part.component, experts)
+
+
+def release_folder_of(family: ModelFamily, component: str, experts: int) -> str:
+    """Where the original release keeps this expert (high_noise_model/, low_noise_model/)."""
+    layout = family.expert_layout(experts)
+    if not layout:
+        raise CogExportError(f"{family.name} has no release with {experts} experts")
+    return layout[component]
+
+
+def plan_way_back(inputs: ExportInputs, component: str, options: ExportOptions,
+                  refuse_original: bool = True) -> list[OriginalPart]:
+    """Every part to write back: the transformer (each expert; with a LoRA run's adapter fused in), or the one
+    ``component``. ``refuse_original``: an input already in the original layout is refused (--to original)."""
+    if component != "transformer":
+        return [_component_part(inputs.sources[name], component, inputs, options, inputs.where_of(name),
+                                inputs.search_folders(name), refuse_original) for name in inputs.sources]
+    # the original layout holds a full model: a LoRA run is fused into it (--lora adapter was refused with the options)
+    mode = lora_mode(replace(options, lora=options.lora or ("fuse" if inputs.lora_marker else None), component=None),
+                     inputs.lora_marker, inputs.where)
+    adapters = assign_experts(read_adapters(inputs, options), inputs, options) if mode else {}
+    names = tuple(adapters) or tuple(inputs.sources)
+    return [_transformer_part(inputs, name, names, options, adapters.get(name), refuse_original) for name in names]
+
+
+def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], options: ExportOptions,
+                      adapter: LoraAdapter | None, refuse_original: bool) -> OriginalPart:
+    if adapter is not None:
+        part = plan_fused_transformer(adapter, inputs, name, options)
+    else:
+        source, where = inputs.sources[name], inputs.where_of(name)
+        family, _ = choose_table(source, "transformer", "transformer", where, family_hint(inputs.base, options))
+        # the release's expert subfolders (high_noise_model/, ...) when writing several experts
+        experts = tuple(release_folder_of(family, each, len(names)) for each in names) if len(names) > 1 else ()
+        part = plan_transformer(source, options, where, inputs.base, name, experts,
+                                [*inputs.paths_of(name), *inputs.search_folders(name)])
+    return _written_back(part, inputs.where_of(name), refuse_original and adapter is None)
+
+
+def _written_back(part: ModelExport, where: str, refuse_original: bool) -> OriginalPart:
+    spec = part.family.components[part.component if part.component in part.family.components else "transformer"]
+    _check_layouts(spec, part.table.name, part.family, where, refuse_original)
+    layout, tensors = original_tensors(spec, part.tensors, part.target.counts, where)
+    read_as = plan_translation(load_table(layout.table).inverted(), part.plan.tensors, None, part.target.counts,
+                               what=where).tensors
+    return OriginalPart(part.component, part.family, layout, part.label, part.target.config,
+                        part.variant.task if part.variant else None, tensors, part.policy, read_as=read_as,
+                        variant=part.variant)
+
+
+def original_tensors(spec: ModelSpec, tensors: Mapping[str, LazyTensor], counts: dict,
+                     where: str) -> tuple[OriginalLayout, dict[str, LazyTensor]]:
+    """The first of the model's original layouts whose table, run backwards, takes every tensor."""
+    failures = []
+    for layout in spec.originals:
+        try:
+            return layout, plan_translation(load_table(layout.table).inverted(), tensors, None, counts,
+                                            what=where).tensors
+        except CogExportError as error:
+            failures.append(str(error))
+    raise CogExportError(failures[0])
+
+
+def _check_layouts(spec: ModelSpec, table: str, family: ModelFamily, where: str, refuse_original: bool) -> None:
+    if not spec.originals:
+        raise CogExportError(f"cogexport knows no original layout for the {family.name} {spec.class_name}")
+    if refuse_original and table in {layout.table for layout in spec.originals}:
+        raise CogExportError(f"{where} is already in the original {family.name} layout ({table}); export it "
+                             "without --to original to get Diffusers weights")
+
+
+def _component_part(source: LazyCheckpoint, component: str, inputs: ExportInputs, options: ExportOptions,
+                    where: str, folders: list[Path], refuse_original: bool = True) -> OriginalPart:
+    title = component_title(component)
+    family, _ = choose_table(source, component, title, where, family_hint(inputs.base, options))
+    part = plan_component(source, component, family, None, inputs.base, options, where, folders)
+    written = _written_back(part, where, refuse_original)
+    written.label = part.label.removesuffix(f" {title}")
+    return written
+
+
+def add_components_beside(transformer: OriginalPart, options: ExportOptions, inputs: ExportInputs) -> None:
+    """From a pipeline folder: its other models in the family's original names, each under its prefix, in the
+    transformer's file, for a layout that keeps them there (LTX-Video's VAE). Each model's version is the layout
+    under which every name translates."""
+    paths = inputs.paths
+    if len(paths) != 1 or not (paths[0] / "model_index.json").is_file():
+        return
+    for component, spec in transformer.family.components.items():
+        folder = paths[0] / component
+        written_beside = spec.originals and not any(layout.writer for layout in spec.originals)
+        if component == "transformer" or not written_beside or not (folder / "config.json").is_file():
+            continue
+        source = inputs.open_more([folder], options.tag)
+        part = _component_part(source, component, inputs, options, str(folder), search_folders([folder], source))
+        transformer.beside.update(part.prefixed())
+        transformer.beside_components += (component,)

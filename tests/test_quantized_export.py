@@ -1,0 +1,132 @@
+"""`--to gguf` and `--to original --dtype fp8` from the inputs cogexport reads (a Diffusers model folder, an original
+release, a LoRA run fused first, a two-expert pipeline), through the command line. The judges: Diffusers' own GGUF
+loader and single-file converter put the file's tensors back into the model's names (a misnamed tensor would land on
+the wrong weight); the F16 file holds exactly the fp16 cast; every block type's weights are within the type's error of
+the source; fp8 weights times their scale equal the reference cast (computed here from the model) times scale."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from conftest import assert_refused
+from quantized_models import FAMILIES, original_tensors
+from safetensors import safe_open
+from test_gguf_diffusers import dequantized_state, forward, load_with_diffusers
+from wan_fixtures import tiny_wan_pipeline
+
+from cogexport.write.fp8_file import fp8_cast, fp8_scale
+
+# relative RMS error each type stays under on these Gaussian-like weights (measured: Q8_0 0.005, Q4_K 0.07)
+WITHIN = {"F16": 1e-3, "Q8_0": 0.01, "Q4_K_M": 0.1}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def saved(request, tmp_path_factory):
+    """A tiny 256-wide model of the family, saved as Diffusers saves it (the input), and its config folder."""
+    family = FAMILIES[request.param]
+    model = family.build()
+    folder = tmp_path_factory.mktemp(family.key)
+    model.save_pretrained(folder / "model")
+    model.save_config(folder / "config")
+    return family, model, folder
+
+
+def gguf_file(folder):
+    (path,) = [p for p in folder.rglob("*.gguf")]
+    return path
+
+
+@pytest.mark.parametrize("quant", list(WITHIN))
+def test_gguf_from_a_diffusers_folder_loads_into_the_right_weights(saved, quant, cli, tmp_path, monkeypatch):
+    family, model, folder = saved
+    result = cli(folder / "model", tmp_path / "out", "--to", "gguf", "--quant", quant)
+    assert result.exit_code == 0, result.stderr
+    path = gguf_file(tmp_path / "out")
+    assert gguf.GGUFReader(path).fields["general.architecture"].contents() == {
+        "wan": "wan", "hunyuanvideo": "hyvid", "ltx_video": "ltxv"}[family.key]
+    loaded = load_with_diffusers(path, family, folder, monkeypatch)
+    weights = dequantized_state(loaded)
+    assert weights.keys() == model.state_dict().keys()
+    for name, truth in model.state_dict().items():
+        if quant == "F16" or weights[name].dtype != torch.float32 or truth.numel() <= 1024:
+            continue
+        error = (weights[name] - truth).pow(2).mean().sqrt() / truth.pow(2).mean().sqrt().clamp_min(1e-12)
+        assert error < WITHIN[quant], (name, float(error))
+    if quant == "F16":  # the float file holds the exact casts: F16 where quantizable, F32 where kept
+        for name, truth in model.state_dict().items():
+            assert torch.equal(weights[name], truth.half().float()) or torch.equal(weights[name], truth), name
+    assert torch.isfinite(forward(loaded, family)).all()
+    assert "GGUF" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_gguf_of_an_original_release_and_of_a_two_expert_pipeline(cli, tmp_path):
+    from wan_fixtures import real_wan
+
+    assert cli(real_wan() / "original", tmp_path / "release", "--to", "gguf", "--quant", "Q8_0").exit_code == 0
+    reader = gguf.GGUFReader(gguf_file(tmp_path / "release"))
+    assert {t.name for t in reader.tensors} >= {"blocks.0.self_attn.q.weight", "head.head.weight"}
+    pipeline = tiny_wan_pipeline("t2v-a14b")
+    assert cli(pipeline, tmp_path / "experts", "--to", "gguf", "--quant", "F16").exit_code == 0
+    for folder, component in (("high_noise_model", "transformer"), ("low_noise_model", "transformer_2")):
+        (path,) = (tmp_path / "experts" / folder).glob("*.gguf")
+        stored = {t.name: np.array(t.data) for t in gguf.GGUFReader(path).tensors}
+        with safe_open(pipeline / component / "diffusion_pytorch_model.safetensors", "pt") as handle:
+            ffn = handle.get_tensor("blocks.0.ffn.net.0.proj.weight")  # over 1,024 values: not kept in F32
+        assert np.array_equal(stored["blocks.0.ffn.0.weight"].reshape(ffn.shape), ffn.half().numpy())
+
+
+def test_gguf_of_a_lora_run_is_fused_first(cli, tmp_path):
+    from test_lora_expert_pairs import MODULES, comfy, fused as read_fused
+    from test_lora_wan import make_adapter
+
+    pipeline = tiny_wan_pipeline("t2v-a14b")
+    with safe_open(pipeline / "transformer_2" / "diffusion_pytorch_model.safetensors", "pt") as handle:
+        weights = {k: handle.get_tensor(k) for k in handle.keys()}
+    adapter = make_adapter(weights, MODULES, seed=41)
+    path = comfy(tmp_path / "lora" / "run_low_noise.safetensors", adapter)
+    assert cli(path, tmp_path / "fused", "--base", pipeline, "--lora", "fuse", "--dtype", "fp32").exit_code == 0
+    truth = read_fused(tmp_path / "fused")
+    result = cli(path, tmp_path / "out", "--base", pipeline, "--to", "gguf", "--quant", "F16")
+    assert result.exit_code == 0, result.stderr
+    stored = {t.name: np.array(t.data) for t in gguf.GGUFReader(gguf_file(tmp_path / "out")).tensors}
+    ffn = truth["blocks.1.ffn.net.2.weight"]
+    assert np.array_equal(stored["blocks.1.ffn.2.weight"].reshape(ffn.shape), ffn.half().numpy())
+
+
+@pytest.mark.parametrize("dtype, fp8", [("fp8", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)])
+def test_fp8_weights_times_scale_equal_the_reference_cast(saved, dtype, fp8, cli, tmp_path):
+    family, model, folder = saved
+    result = cli(folder / "model", tmp_path / "out", "--to", "original", "--dtype", dtype)
+    assert result.exit_code == 0, result.stderr
+    (path,) = (tmp_path / "out").glob("*_scaled.safetensors")
+    with safe_open(path, "pt") as handle:
+        stored = {k: handle.get_tensor(k) for k in handle.keys()}
+    layers = [name[: -len(".weight_scale")] for name in stored if name.endswith(".weight_scale")]
+    assert layers and all(stored[f"{layer}.weight"].dtype == fp8 for layer in layers)
+    dequantized = {name: t.float() for name, t in stored.items() if not name.endswith(("weight_scale", "comfy_quant"))}
+    source = {name: t.load() for name, t in original_tensors(family, model).items()}  # the values, by original name
+    for layer in layers:
+        dequantized[f"{layer}.weight"] = stored[f"{layer}.weight"].float() * stored[f"{layer}.weight_scale"]
+        weight = source[f"{layer}.weight"]
+        scale = fp8_scale(weight, fp8)  # max |W| / the type's largest finite value, over the whole stored tensor
+        assert torch.equal(dequantized[f"{layer}.weight"], fp8_cast(weight, scale, fp8).float() * scale), layer
+    # the names: Diffusers' converter puts every tensor back on its weight; the others hold the bf16 (or fp32) cast
+    in_diffusers_names = family.converter_function()(dict(dequantized))  # (the converters pop what they read)
+    assert in_diffusers_names.keys() == model.state_dict().keys()
+    quantized = {f"{layer}.weight" for layer in layers}
+    kept = {name: t for name, t in source.items() if name not in quantized}
+    for name, weight in kept.items():
+        assert torch.equal(dequantized[name], weight.bfloat16().float()) or torch.equal(dequantized[name], weight), name
+
+
+def test_quantized_options_are_checked(cli, tmp_path):
+    model = tiny_wan_pipeline("t2v") / "transformer"
+    assert_refused(cli, tmp_path, [model, tmp_path / "o", "--to", "gguf"], "--to gguf needs --quant", inputs=[model])
+    assert_refused(cli, tmp_path, [model, tmp_path / "o", "--to", "gguf", "--quant", "Q3_X"], "--quant 'Q3_X' is not",
+                   inputs=[model])
+    assert_refused(cli, tmp_path, [model, tmp_path / "o", "--quant", "Q8_0"], "give --to gguf", inputs=[model])
+    assert_refused(cli, tmp_path, [model, tmp_path / "o", "--dtype", "fp8"], "give --to original", inputs=[model])
+    assert_refused(cli, tmp_path, [model, tmp_path / "o", "--to", "gguf", "--quant", "Q8_0", "--component", "vae"],
+                   "--to gguf writes the transformer", inputs=[model])
