@@ -90,6 +90,18 @@ def _in(subfolder: str, name: str) -> str:
     return f"{subfolder}/{name}" if subfolder else name
 
 
+def _card_facts(adapters: dict[str, LoraAdapter], planned: dict[str, _PlannedAdapter], files: dict[str, str],
+                options: ExportOptions) -> AdapterCardFacts:
+    """What the card says the adapter is for: the model --base, --model-name or the run's weights name, else the
+    family."""
+    first, chosen = next(iter(adapters.values())), next(iter(planned.values())).chosen
+    published = chosen is not None and chosen.published
+    return AdapterCardFacts(first.family, chosen.label if chosen else first.family.name,
+                            chosen.variant if chosen else None,
+                            options.base_model or (chosen.variant.hub_id if published else None),
+                            {each.subfolder: adapters[component] for component, each in planned.items()}, files)
+
+
 def plan_adapter_export(inputs: ExportInputs, adapters: dict[str, LoraAdapter], options: ExportOptions,
                         output: str) -> tuple[FolderPlan, ExportResult]:
     """The adapter file (one per expert, in the release's expert subfolders) in --lora-format's layout, the files
@@ -106,13 +118,10 @@ def plan_adapter_export(inputs: ExportInputs, adapters: dict[str, LoraAdapter], 
                    *(TextFile(_in(each.subfolder, name), text) for name, text in each.output.side_files.items()))
     files = {component: _in(planned[first_of[id(a)]].subfolder, planned[first_of[id(a)]].output.file)
              for component, a in adapters.items()}
-    first, chosen = next(iter(adapters.values())), next(iter(planned.values())).chosen
-    facts = AdapterCardFacts(first.family, chosen.label if chosen else first.family.name,
-                             chosen.variant if chosen else None,
-                             options.base_model or (chosen.variant.hub_id if chosen and chosen.published else None),
-                             {each.subfolder: adapters[component] for component, each in planned.items()}, files)
+    facts = _card_facts(adapters, planned, files, options)
     folder.add(TextFile("README.md", adapter_card(facts, lora_format, options, inputs.source)))
     folder.check()
+    first = next(iter(adapters.values()))
     result = ExportResult(output, "lora adapter", facts.label, folder.paths, folder.tensors, folder.total_bytes,
                           precision(first.family.lora_keep_fp32, options).describe(), family=first.family.name,
                           lora={**lora_summary(adapters, inputs), "written_as": lora_format.name},
