@@ -133,6 +133,9 @@ def _format_row(report: dict) -> str:
     if report["format"] == "dcp":
         return (f"PyTorch distributed checkpoint (DCP), saved by {report['writer']}, world size "
                 f"{report['world_size'] or '?'}")
+    if report["format"] == "hf-storage":
+        ranks = f", {report['world_size']} ranks" if report["world_size"] else ""
+        return f"PyTorch distributed checkpoint in safetensors, saved by {report['writer']}{ranks}"
     if report["format"] != "deepspeed":
         return {"safetensors": "safetensors", "torch": "torch.save state dict",
                 "deepspeed-universal": f"DeepSpeed universal checkpoint (saved at world size {report['world_size']}; "

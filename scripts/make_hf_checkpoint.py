@@ -12,6 +12,9 @@ state dict (``get_model_state_dict``: DTensors) is saved with ``dcp.save`` throu
                          metadata entry DCP_SHARDING_INFO; no index, no .metadata
     OUT/mapping/         the same with fqn_to_index_mapping (the state dict cut into three runs of names): each rank
                          writes shard-R-model-K-of-00003.safetensors for K = 1..3
+    OUT/lone/            a mapping putting the one-row ``scale_shift_table`` alone in file 2 (Wan): past 2 ranks, the
+                         ranks beyond its row hold empty pieces at the same place, the writer keeps one of them, and
+                         the others write no file 2 at all
     OUT/consolidated/    save_distributed=True, enable_consolidation=True: the per-rank files in sharded/, and
                          torch's consolidate_safetensors_files' model-00001-of-00001.safetensors + model.safetensors.
                          index.json beside it (not for the toy: torch's consolidator cannot take integer tensors)
@@ -41,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deepspeed_cpu import spawn_ranks  # noqa: E402
 from make_dcp_checkpoint import build_model, record_truth, shard_fsdp2, training_loss  # noqa: E402
 
-LAYOUTS = ("distributed", "mapping", "consolidated", "torchtitan")
+LAYOUTS = ("distributed", "mapping", "lone", "consolidated", "torchtitan")
+LONE = "scale_shift_table"
 MODELS = ("toy", "wan-t2v")
 
 
@@ -104,6 +108,8 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
         for layout in spec["layouts"]:
             if layout == "torchtitan":
                 torchtitan_hf_step(state, out / "torchtitan" / "checkpoint" / f"step-{spec['steps']}", mapping)
+            elif layout == "lone":
+                hf_save(state, out / layout, {name: 2 if name == LONE else 1 for name in state})
             else:
                 hf_save(state, out / layout, mapping if layout == "mapping" else None, layout == "consolidated")
             dist.barrier()
@@ -129,7 +135,7 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 def main(out: Path, model: str, world_size: int, steps: int, layouts: tuple[str, ...], truth: bool) -> None:
     """Train MODEL a few steps on CPU ranks and save it through HuggingFaceStorageWriter in each layout, into OUT."""
     # torch's consolidator sizes elements with torch.finfo, so the toy's integer buffer cannot be consolidated
-    allowed = LAYOUTS if model != "toy" else ("distributed", "mapping")
+    allowed = LAYOUTS if model != "toy" else ("distributed", "mapping")  # and the toy has no one-row tensor
     layouts = layouts or allowed
     if not set(layouts) <= set(allowed):
         raise click.UsageError(f"--model {model} can be saved in {', '.join(allowed)} only")
