@@ -42,11 +42,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deepspeed_cpu import spawn_ranks  # noqa: E402
-from make_dcp_checkpoint import build_model, record_truth, shard_fsdp2, training_loss  # noqa: E402
+from make_dcp_checkpoint import build_model, mesh, record_truth, shard_fsdp2, training_loss  # noqa: E402
 
 LAYOUTS = ("distributed", "mapping", "lone", "consolidated", "torchtitan")
 LONE = "scale_shift_table"
-MODELS = ("toy", "wan-t2v")
+MODELS = ("toy", "wan-t2v", "bench", "bench-small")  # bench: the ~1.9 GB model of scripts/benchmark_dcp.py
 
 
 def name_mapping(names: list[str], files: int = 3) -> dict[str, int]:
@@ -94,6 +94,11 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
     try:
         plain = build_model(spec)
+        if spec["model"].startswith("bench"):  # one FSDP unit per Linear: no rank ever gathers the whole 1.9 GB
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in plain.layers:
+                fully_shard(layer, mesh=mesh(world_size))
         model = shard_fsdp2(plain, spec, world_size)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
         out = Path(spec["out"])
@@ -128,17 +133,21 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--model", type=click.Choice(MODELS), default="wan-t2v", show_default=True)
 @click.option("--world-size", type=click.IntRange(1, 16), default=2, show_default=True)
-@click.option("--steps", type=click.IntRange(2), default=2, show_default=True)
+@click.option("--steps", type=click.IntRange(1), default=2, show_default=True, help="At least 2 for torchtitan.")
 @click.option("--layout", "layouts", multiple=True, type=click.Choice(LAYOUTS),
               help="Layouts to write (repeatable; default: all the model allows).")
 @click.option("--truth/--no-truth", default=True, show_default=True, help="Write truth.safetensors and truth.json.")
 def main(out: Path, model: str, world_size: int, steps: int, layouts: tuple[str, ...], truth: bool) -> None:
     """Train MODEL a few steps on CPU ranks and save it through HuggingFaceStorageWriter in each layout, into OUT."""
-    # torch's consolidator sizes elements with torch.finfo, so the toy's integer buffer cannot be consolidated
-    allowed = LAYOUTS if model != "toy" else ("distributed", "mapping")  # and the toy has no one-row tensor
+    # torch's consolidator sizes elements with torch.finfo, so the toy's integer buffer cannot be consolidated; only
+    # Wan has the one-row table
+    allowed = {"toy": ("distributed", "mapping"), "wan-t2v": LAYOUTS}.get(model, ("distributed", "mapping",
+                                                                                 "consolidated", "torchtitan"))
     layouts = layouts or allowed
     if not set(layouts) <= set(allowed):
         raise click.UsageError(f"--model {model} can be saved in {', '.join(allowed)} only")
+    if "torchtitan" in layouts and steps < 2:
+        raise click.UsageError("the torchtitan layout needs --steps 2 or more (step 1 is its plain DCP save)")
     out.mkdir(parents=True, exist_ok=True)
     spec = {"out": str(out.resolve()), "model": model, "world_size": world_size, "steps": steps,
             "layouts": list(layouts), "truth": truth, "writer": "hf-storage", "lora_rank": None, "compile": False}

@@ -32,6 +32,7 @@ from ..lazy import LazyTensor
 from ..tensor_bytes import pread_into, tensor_buffer
 from .base import CheckpointInfo, LazyCheckpoint
 from .deepspeed_zero import DTYPE_NAMES
+from .locate import natural_sorted
 from .safetensors_files import RANK_FILE, SHARDING_INFO, SafetensorsCheckpoint, read_header
 from .tiling import overlapping_pair
 
@@ -149,8 +150,8 @@ class HfShardedCheckpoint(LazyCheckpoint):
             self._check_names()
             pieces = self._read_headers()
             self._check_lost_files(pieces)
-            for name, tensor_pieces in pieces.items():
-                self._tensors[name] = self._lazy(name, tensor_pieces)
+            for name in natural_sorted(pieces):  # the files keep no order of the model's: one that no file decides
+                self._tensors[name] = self._lazy(name, pieces[name])
         except BaseException:
             self.close()
             raise
@@ -188,23 +189,24 @@ class HfShardedCheckpoint(LazyCheckpoint):
 
     def _check_lost_files(self, pieces: dict[str, list[Piece]]) -> None:
         """A rank that wrote some of the mapping's files but not file K, which other ranks wrote, lost its pieces of
-        K's tensors; nothing else would show it when it is the last rank (its pieces end the tensors). The writer
-        leaves a file out only when it has nothing to write: every piece the rank had of K's tensors an empty one
-        dropped as a copy of another rank's (K's tensors all end in an empty piece), or K holding only whole tensors
-        (written once, by one rank)."""
+        K's tensors; nothing else would show it when it is the last rank (its pieces end the tensors, and at 2 ranks
+        what is left of each looks like a tensor saved whole). The writer leaves a file out only when the rank has
+        nothing to write in it: under FSDP every rank holds a piece of every tensor, dropped only as a copy of
+        another rank's identical empty piece, so each of K's tensors must end in an empty piece. (A file holding only
+        unsharded tensors that other ranks wrote would be refused too: the files cannot tell it from a loss.)"""
         by_index: dict[int, set[str]] = {}
         for file, name in self.names.items():
             by_index.setdefault(name.index, set()).update(n for n, ps in pieces.items() if any(p.file == file
                                                                                                  for p in ps))
         for missing in self._missing_files():
             index = parse_rank_file_name(missing).index
-            split = [name for name in sorted(by_index.get(index, ())) if not _could_lack_a_rank(pieces[name])]
-            if split:
+            held = [name for name in sorted(by_index.get(index, ())) if not _ends_in_an_empty_piece(pieces[name])]
+            if held:
                 wrote = sorted(n.index for n in self.names.values() if n.rank == parse_rank_file_name(missing).rank)
                 raise CogExportError(f"{missing} is missing from {self.folder}: its rank wrote files "
                                      f"{', '.join(map(str, wrote))} of {next(iter(self.names.values())).count}, and "
-                                     f"file {index}'s tensors (such as {quoted(split[0])}) are split over every rank; "
-                                     "copy the whole save folder again")
+                                     f"its pieces of file {index}'s tensors (such as {quoted(held[0])}) are not in "
+                                     "the others; copy the whole save folder again")
 
     def _read_headers(self) -> dict[str, list[Piece]]:
         pieces: dict[str, list[Piece]] = {}
@@ -274,14 +276,13 @@ class HfShardedCheckpoint(LazyCheckpoint):
 
 
 
-def _could_lack_a_rank(pieces: list[Piece]) -> bool:
-    """Whether a tensor's pieces allow a rank to have written nothing of it: it is whole in one piece (not sharded),
-    or it ends in an empty piece (it has fewer rows than ranks: the ranks past its end hold empty pieces, copies of
-    one another)."""
-    if len(pieces) == 1 and not any(pieces[0].offsets):
-        return True
-    rows = max(p.offsets[0] + p.sizes[0] for p in pieces) if pieces[0].sizes else 0
-    return any(p.sizes and not p.numel and p.offsets[0] == rows for p in pieces)
+def _ends_in_an_empty_piece(pieces: list[Piece]) -> bool:
+    """Whether a tensor has fewer rows than ranks: the ranks past its end hold empty pieces there, copies of one
+    another of which the writer keeps one, so a rank may have written nothing of it."""
+    if not pieces[0].sizes:
+        return False
+    rows = max(p.offsets[0] + p.sizes[0] for p in pieces)
+    return any(not p.numel and p.offsets[0] == rows for p in pieces)
 
 
 def _dtypes(checkpoint: LazyCheckpoint) -> str:
