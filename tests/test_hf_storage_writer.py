@@ -234,3 +234,14 @@ def test_a_consolidated_save_whose_pieces_are_another_save(tmp_path, cli):
     assert snapshot(folder) == before
     with pytest.raises(CogExportError, match="not the same save"):
         open_checkpoint(folder)
+
+
+def test_the_checkpoint_read_is_named_in_one_phrase():
+    """info.origin, for lines such as consolidate's "from ...": never "tag None (step None)" for a save without tags."""
+    run = hf_storage_checkpoint("wan-t2v", 2)
+    expected = {"consolidated": "the consolidated Hugging Face writer save", "mapping": "the per-rank Hugging Face "
+                "writer save"}
+    for layout, what in expected.items():
+        with open_checkpoint(run.layout(layout)) as checkpoint:
+            assert checkpoint.info.origin == f"{what} {run.layout(layout)}"
+            assert (checkpoint.info.tag, checkpoint.info.step, checkpoint.info.picked) == (None, None, "")

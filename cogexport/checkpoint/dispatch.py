@@ -54,14 +54,14 @@ def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | No
     """
     paths = as_paths(checkpoint)
     options = OpenOptions(tag, strict, entry)
-    if len(paths) > 1:
-        return _open_several(paths, options)
-    path = paths[0]
-    if not path.exists():
-        raise CogExportError(f"{path} does not exist")
-    if path.is_file() and path.name != METADATA_FILE:
-        return _open_file(path, options)
-    return _open_folder(path.parent if path.is_file() else path, options)
+    if len(paths) == 1 and not paths[0].exists():
+        raise CogExportError(f"{paths[0]} does not exist")
+    if len(paths) == 1 and (paths[0].is_dir() or paths[0].name == METADATA_FILE):
+        return _open_folder(paths[0] if paths[0].is_dir() else paths[0].parent, options)
+    opened = _open_several(paths, options) if len(paths) > 1 else _open_file(paths[0], options)
+    what = {"deepspeed": "the DeepSpeed checkpoint", "safetensors": "safetensors weights",
+            "torch": "torch.save weights"}.get(opened.info.format, opened.info.format)
+    return _named(opened, what, ", ".join(map(str, paths)))
 
 
 def _open_several(paths: list[Path], options: OpenOptions) -> LazyCheckpoint:
@@ -176,8 +176,13 @@ def _opened(claim: Claim, root: Path, options: OpenOptions, picked: str,
     info.picked = picked
     if picked:
         info.notes.insert(0, picked)
-    where = root if claim.path == root else root / claim.label(root)
-    info.origin = f"{claim.what} {where}" + (f", tag {info.tag}" if info.tag and info.tag != where.name else "") \
+    return _named(checkpoint, claim.what, str(root if claim.path == root else root / claim.label(root)))
+
+
+def _named(checkpoint: LazyCheckpoint, what: str, where: str) -> LazyCheckpoint:
+    """``info.origin``: the checkpoint read, in a phrase (what, where, its tag and step when it has them)."""
+    info = checkpoint.info
+    info.origin = f"{what} {where}" + (f", tag {info.tag}" if info.tag and info.tag != Path(where).name else "") \
         + (f", step {info.step}" if info.step is not None else "")
     return checkpoint
 
