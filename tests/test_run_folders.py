@@ -155,3 +155,24 @@ def test_tag_on_one_file_is_refused(tmp_path):
     save_file({"w": torch.ones(3)}, tmp_path / "model.safetensors")
     with pytest.raises(CogExportError, match="does not apply to"):
         open_checkpoint(tmp_path / "model.safetensors", tag="checkpoint-2")
+
+
+def test_a_step_and_its_consolidated_copy_are_one_save(tmp_path, cli):
+    """accelerate merge-weights run into the step folder itself (model.safetensors beside pytorch_model_fsdp_0):
+    the same tensors, so the original is read and the copy named; a copy of other tensors stays a candidate."""
+    import subprocess
+    import sys
+
+    dcp = dcp_checkpoint("accelerate-fsdp2", "toy", 2)
+    step = Path(shutil.copytree(dcp.last_step, tmp_path / "run" / "checkpoint-2"))
+    accelerate = Path(sys.executable).parent / "accelerate"
+    subprocess.run([str(accelerate), "merge-weights", str(step / "pytorch_model_fsdp_0"), str(step)], check=True,
+                   capture_output=True)
+    assert (step / "model.safetensors").is_file()
+    stderr = assert_consolidates_to(cli, tmp_path / "run", tmp_path / "read", dcp.weights)
+    assert "model.safetensors beside it holds the same tensors" in stderr
+    with open_checkpoint(step) as checkpoint:
+        assert checkpoint.info.format == "dcp"
+    save_file({"w": torch.ones(2)}, step / "model.safetensors")
+    assert_refused(cli, tmp_path, ["consolidate", step, tmp_path / "refused"], "more than one set of weights",
+                   "model.safetensors")

@@ -68,6 +68,7 @@ class Claim:
     covers: set[Path] = field(default_factory=set)  # the folder's entries that belong to it
     companion: bool = False  # read only through its owner (DeepSpeed's adapter copy), never a candidate itself
     detail: str = ""  # what a listing adds in brackets
+    notes: list[str] = field(default_factory=list)  # what the dispatcher found out about it, for info.notes
 
     def open(self, options: OpenOptions) -> LazyCheckpoint:
         return self.opener(options)
@@ -207,10 +208,9 @@ def _index_names(index: Path) -> set[str]:
         return set()  # a damaged index: the reader says so when it is opened
 
 
-def torch_file_claims(folder: Path, covered: set[Path]) -> list[Claim]:
+def torch_file_claims(folder: Path, covered: set[Path], has_safetensors: bool) -> list[Claim]:
     """torch.save weights lying loose: not a DeepSpeed rank file, not training state, not the older ``.bin`` copy of
     safetensors weights beside it (pytorch_model.bin beside model.safetensors)."""
-    has_safetensors = any(p.suffix == ".safetensors" for p in covered)
     claims = []
     for file in _entries(folder):
         if file.suffix not in TORCH_SUFFIXES or file in covered or not file.is_file() or _is_deepspeed_file(file.name) \
@@ -230,9 +230,9 @@ def folder_claims(folder: Path) -> list[Claim]:
     """Every reader's claims on ``folder`` itself (not on its subfolders)."""
     claims = [claim for reader in WHOLE_FOLDER_READERS for claim in reader(folder)]
     covered = {path for claim in claims for path in claim.covers}
-    claims += safetensors_claims(folder, covered)
-    covered |= {path for claim in claims for path in claim.covers}
-    return claims + torch_file_claims(folder, covered)
+    weights = safetensors_claims(folder, covered)
+    covered |= {path for claim in weights for path in claim.covers}
+    return claims + weights + torch_file_claims(folder, covered, has_safetensors=bool(weights))
 
 
 def _searchable(folder: Path) -> bool:

@@ -14,8 +14,12 @@ The rules, in order:
 - Anything else (two checkpoints side by side, a checkpoint and loose weights, steps and exported weights) is
   refused with every candidate named.
 
-A DeepSpeed checkpoint-N's adapter copy (``pytorch_lora_weights.safetensors``, CogVideo finetune/) is its companion,
-not a candidate; a consolidated Hugging Face writer save's ``sharded/`` is the same save in pieces, not a candidate.
+Never candidates of their own: a DeepSpeed checkpoint-N's adapter copy (``pytorch_lora_weights.safetensors``, CogVideo
+finetune/); a consolidated Hugging Face writer save's ``sharded/`` (the same save in pieces); a checkpoint folder's
+safetensors copy inside it holding the same tensors (``accelerate merge-weights`` into checkpoint-N: the original is
+read); a folder's weights in other forms (``stem.fp16.safetensors`` variants, ``pytorch_model.bin`` beside
+safetensors weights); training state (optimizer, scheduler, RNG, trainer files); hidden folders. One rank's file of a
+distributed save (PyTorch's Hugging Face writer) is never read as a model: pointing at it is refused.
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ def _open_folder(root: Path, options: OpenOptions) -> LazyCheckpoint:
     candidates = [claim for claim in gather(root) if not claim.companion]
     if options.tag is not None:
         return _open_tagged(root, candidates, options)
+    candidates = _without_copies(root, candidates)
     if not candidates:
         raise _nothing_here(root)
     if len(candidates) == 1:
@@ -144,6 +149,29 @@ def _tag_of_one_checkpoint(root: Path, own: list[Claim], options: OpenOptions) -
 
 
 # -- the rules -------------------------------------------------------------------------------------------------
+def _without_copies(root: Path, candidates: list[Claim]) -> list[Claim]:
+    """A checkpoint folder's consolidated copy inside it (``accelerate merge-weights`` into checkpoint-N, a model
+    exported into the DeepSpeed checkpoint folder) is no second candidate when it holds the same tensors (names and
+    shapes; a copy may be in another dtype): the original is read, and a note names the copy."""
+    kept = list(candidates)
+    for original in [claim for claim in candidates if claim.whole_folder]:
+        beside = [claim for claim in candidates if claim.reader == "safetensors" and not claim.whole_folder
+                  and original.path in (claim.path, claim.path.parent)]
+        if len(beside) == 1 and _same_tensors(original, beside[0]):
+            kept.remove(beside[0])
+            original.notes.append(f"{beside[0].label(root)} beside it holds the same tensors (names and shapes): a "
+                                  "consolidated copy, not read; point at it to read it instead")
+    return kept
+
+
+def _same_tensors(first: Claim, second: Claim) -> bool:
+    try:
+        with first.open(OpenOptions(strict=False)) as one, second.open(OpenOptions()) as other:
+            return len(one) > 0 and {n: t.shape for n, t in one.items()} == {n: t.shape for n, t in other.items()}
+    except CogExportError:
+        return False  # either cannot be read as it is: both stay candidates, and the user is asked
+
+
 def step_folder(claim: Claim, root: Path) -> Path | None:
     """The step folder a claim is (or lies in), below ``root``: checkpoint-N, step-N, ... holding the checkpoint."""
     for folder in (claim.path, claim.path.parent):
@@ -174,8 +202,7 @@ def _opened(claim: Claim, root: Path, options: OpenOptions, picked: str,
     if steps and step is not None and claim.reader != "DeepSpeed":
         info.tags = steps
     info.picked = picked
-    if picked:
-        info.notes.insert(0, picked)
+    info.notes[:0] = [picked] * bool(picked) + claim.notes
     return _named(checkpoint, claim.what, str(root if claim.path == root else root / claim.label(root)))
 
 
