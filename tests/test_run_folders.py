@@ -170,7 +170,7 @@ def test_a_step_and_its_consolidated_copy_are_one_save(tmp_path, cli):
                    capture_output=True)
     assert (step / "model.safetensors").is_file()
     stderr = assert_consolidates_to(cli, tmp_path / "run", tmp_path / "read", dcp.weights)
-    assert "model.safetensors beside it holds the same tensors" in stderr
+    assert "checkpoint-2/model.safetensors beside it holds the same tensors" in stderr
     with open_checkpoint(step) as checkpoint:
         assert checkpoint.info.format == "dcp"
     save_file({"w": torch.ones(2)}, step / "model.safetensors")

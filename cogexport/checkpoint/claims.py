@@ -73,12 +73,15 @@ class Claim:
     def open(self, options: OpenOptions) -> LazyCheckpoint:
         return self.opener(options)
 
+    def main_file(self) -> Path:
+        """The file that stands for the claim: an index, else its weights file, else the claimed path itself."""
+        files = sorted(self.covers, key=lambda p: (p.suffix != ".json", p.name))
+        return next((p for p in files if p.suffix in (".json", ".safetensors")), self.path)
+
     def label(self, root: Path) -> str:
         """The claim's path as the user would type it from ``root`` (the file when it is root's own weights)."""
-        if self.path == root:
-            main = sorted(p for p in self.covers if p.suffix in (".json", ".safetensors"))
-            return main[0].name if main else root.name
-        return str(self.path.relative_to(root)) if self.path.is_relative_to(root) else str(self.path)
+        path = self.main_file() if self.path == root else self.path
+        return str(path.relative_to(root)) if path != root and path.is_relative_to(root) else str(path.name)
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -192,10 +195,10 @@ def safetensors_claims(folder: Path, covered: set[Path]) -> list[Claim]:
     files = [p for p in everything if p not in covered and not RANK_FILE.match(p.name)]
     weights = _folder_weights(folder, files, covered, alone=everything == files)
     claims = []
-    if weights:
-        main = [p for p in weights if p.suffix == ".safetensors"]
-        claims.append(Claim("safetensors", main[0] if len(main) == 1 else folder, "safetensors weights",
-                            lambda options: SafetensorsCheckpoint(folder), covers=set(weights)))
+    if weights:  # a model folder (plain weights, an index) is named by the folder; a folder of one file by the file
+        shown = weights[0] if len(weights) == 1 and weights[0].stem not in PLAIN_STEMS else folder
+        claims.append(Claim("safetensors", shown, "safetensors weights", lambda options: SafetensorsCheckpoint(folder),
+                            covers=set(weights)))
     claims += [Claim("safetensors", file, "safetensors weights", lambda options, file=file: SafetensorsCheckpoint(file),
                      covers={file}) for file in files if file not in weights]
     return claims

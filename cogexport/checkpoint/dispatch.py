@@ -159,8 +159,10 @@ def _without_copies(root: Path, candidates: list[Claim]) -> list[Claim]:
                   and original.path in (claim.path, claim.path.parent)]
         if len(beside) == 1 and _same_tensors(original, beside[0]):
             kept.remove(beside[0])
-            original.notes.append(f"{beside[0].label(root)} beside it holds the same tensors (names and shapes): a "
-                                  "consolidated copy, not read; point at it to read it instead")
+            copy = beside[0].main_file()
+            original.notes.append(f"{copy.relative_to(root) if copy.is_relative_to(root) else copy} beside it holds "
+                                  "the same tensors (names and shapes): a consolidated copy, not read; point at it "
+                                  "to read it instead")
     return kept
 
 
