@@ -239,8 +239,8 @@ def _nothing_here(root: Path) -> CogExportError:
 
 def _several_runs(root: Path, steps: dict[Claim, Path]) -> CogExportError:
     runs = sorted({step.parent for step in steps.values()})
-    listing = "; ".join(f"{run.relative_to(root)} ({', '.join(natural_sorted(s.name for s in steps.values() if s.parent == run))})"
-                        for run in runs)
+    names = {run: ", ".join(natural_sorted(step.name for step in steps.values() if step.parent == run)) for run in runs}
+    listing = "; ".join(f"{run.relative_to(root)} ({names[run]})" for run in runs)
     return CogExportError(f"{root} holds the checkpoints of several runs: {listing}; point at one run's folder")
 
 

@@ -174,8 +174,9 @@ class HfShardedCheckpoint(LazyCheckpoint):
     def _check_names(self) -> None:
         counts = sorted({n.count for n in self.names.values()})
         if len(counts) > 1:
-            raise CogExportError(f"{self.folder} mixes the rank files of saves cut into {' and '.join(map(str, counts))} "
-                                 "files (shard-*-model-*-of-N.safetensors): point at one save's folder")
+            raise CogExportError(f"{self.folder} mixes the rank files of saves cut into "
+                                 f"{' and '.join(map(str, counts))} files (shard-*-model-*-of-N.safetensors): point at "
+                                 "one save's folder")
         wrong = [file.name for file, n in self.names.items() if not 1 <= n.index <= n.count or n.rank < 1]
         if wrong:
             raise CogExportError(f"{self.folder / wrong[0]} is numbered outside its save (rank from 1, file 1 to N); "
