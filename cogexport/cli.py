@@ -112,7 +112,7 @@ def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, as_js
     source = result.source
     click.echo(f"wrote {result.output}: {', '.join(result.files)}")
     click.echo(f"  {result.tensors} tensors, {human_bytes(result.total_bytes)} ({result.dtype} parameters), "
-               f"from tag {source['tag']} (step {source['step']}, {source['weights_source']})")
+               f"from {source['origin'] or ', '.join(source['paths'])} ({source['weights_source']})")
 
 
 @main.command()
@@ -271,23 +271,33 @@ def verify(output, against, vae_against, tag, ema, no_load, judge_limit, as_json
         click.echo(json.dumps([r.as_dict() for r in reports], indent=2))
     else:
         for report in reports:
-            loaded = {True: "loads with Diffusers", False: f"does NOT load with Diffusers ({report.load_error})",
-                      None: "loading skipped"}[report.loads_with_diffusers]
-            click.echo(f"{'ok' if report.ok else 'FAILED'}: {report.folder} ({report.kind}, {report.model_class}): "
-                       f"{report.tensors} tensors, {report.exact} exact, {report.cast_exact} equal to the cast source; "
-                       f"{loaded}")
-            for mismatch in [*report.mismatches[:20], *report.judge_mismatches[:20]]:
-                click.echo(f"  {mismatch}")
-            if report.judge:
-                click.echo(f"  second opinion: Diffusers' {report.judge} makes the same "
-                           f"{report.judged} tensors" if not report.judge_mismatches else
-                           f"  second opinion: Diffusers' {report.judge} disagrees (above)")
-            elif report.judge_note:
-                click.echo(f"  no second opinion: {report.judge_note}")
-            if report.ok:
-                click.echo("  this proves: " + "; ".join(report.proves))
+            click.echo("\n".join(_verify_lines(report)))
     if not all(r.ok for r in reports):
         sys.exit(1)
+
+
+def _verify_lines(report) -> list[str]:
+    """One verify report as text: the verdict, what differs, the second opinion or why there is none, the proof."""
+    loaded = {True: "loads with Diffusers", False: f"does NOT load with Diffusers ({report.load_error})",
+              None: "loading skipped"}[report.loads_with_diffusers]
+    counted = f"{report.exact} exact to the reference quantizer" if report.kind == "quantized file" else \
+        f"{report.exact} exact, {report.cast_exact} equal to the cast source; {loaded}"
+    lines = [f"{'ok' if report.ok else 'FAILED'}: {report.folder} ({report.kind}, {report.model_class}): "
+             f"{report.tensors} tensors, {counted}"]
+    lines += [f"  {mismatch}" for mismatch in [*report.mismatches[:20], *report.judge_mismatches[:20]]]
+    if report.errors:
+        worst = max(report.errors, key=lambda error: error["rms_relative"])
+        lines.append(f"  cost of quantizing: worst RMS error {worst['rms_relative']:.2%} of the tensor "
+                     f"({worst['name']}, {worst['type']}), largest difference "
+                     f"{max(error['max_error'] for error in report.errors):.3g}")
+    if report.judge:
+        lines.append(f"  second opinion: Diffusers' {report.judge} makes the same {report.judged} tensors"
+                     if not report.judge_mismatches else f"  second opinion: Diffusers' {report.judge} disagrees (above)")
+    elif report.judge_note:
+        lines.append(f"  no second opinion: {report.judge_note}")
+    if report.ok:
+        lines.append("  this proves: " + "; ".join(report.proves))
+    return lines
 
 
 def _split_output(arguments: tuple[Path, ...]) -> tuple[list[Path], Path | None]:

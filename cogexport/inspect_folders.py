@@ -21,17 +21,19 @@ _CARD_LINE = re.compile(r"^- (Command|Source|Precision): (.+)$")
 
 
 def diffusers_folder_kind(path: Path) -> str | None:
-    """"pipeline" for a pipeline folder, "model" for a model folder (config.json naming a class, and weights),
-    else None."""
+    """"pipeline" for a pipeline folder, "model" for a Diffusers model folder (config.json naming a class of a family,
+    and weights), else None."""
     if not path.is_dir():
         return None
     if (path / MODEL_INDEX).is_file():
         return "pipeline"
     if (path / CONFIG).is_file() and any(path.glob("*.safetensors")):
         try:
-            return "model" if isinstance(json.loads((path / CONFIG).read_text()).get("_class_name"), str) else None
-        except (OSError, ValueError):
+            class_name = json.loads((path / CONFIG).read_text()).get("_class_name")
+        except (OSError, ValueError, AttributeError):
             return None
+        # a Diffusers class of a family (an original release's config names its own class: WanModel)
+        return "model" if isinstance(class_name, str) and family_of_class(class_name) is not None else None
     return None
 
 

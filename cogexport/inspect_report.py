@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 
 from .checkpoint import LazyCheckpoint, open_checkpoint
 from .checkpoint.deepspeed_zero import DTYPE_NAMES
+from .checkpoint.fp8_scaled import FP8_DTYPES, fp8_dequantized, is_scaled_fp8
 from .errors import CogExportError
 from .inspect_folders import diffusers_folder_kind, inspect_diffusers_folder, render_folder_text
 from .lazy import LazyTensor
@@ -61,6 +62,12 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bo
         folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
         folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
         report["models"] = recognise_models(checkpoint, info.metadata, folders) if len(checkpoint) else {}
+        if is_scaled_fp8(checkpoint):  # ComfyUI's scaled fp8: say what it holds, and read the model in its weights
+            fp8 = [name for name, tensor in checkpoint.items() if tensor.dtype in FP8_DTYPES]
+            info.notes.append(f"scaled fp8: {len(fp8)} weights in {checkpoint[fp8[0]].dtype} with a per-tensor scale "
+                              "(each dequantizes as weight x scale: about 2 significant decimal digits per value)")
+            report["notes"] = info.notes
+            report["models"] = recognise_models(fp8_dequantized(checkpoint), info.metadata, folders)
         if "problem" in report["models"].get("lora", {}):
             report["usable"] = False  # an adapter nothing reads
     return report
@@ -138,6 +145,11 @@ def _format_row(report: dict) -> str:
     if report["format"] == "dcp":
         return (f"PyTorch distributed checkpoint (DCP), saved by {report['writer']}, world size "
                 f"{report['world_size'] or '?'}")
+    if report["format"] == "hf-storage":
+        ranks = f", {report['world_size']} ranks" if report["world_size"] else ""
+        return f"PyTorch distributed checkpoint in safetensors, saved by {report['writer']}{ranks}"
+    if report["format"] == "gguf":
+        return f"GGUF, architecture {report['metadata'].get('general.architecture', '?')}"
     if report["format"] != "deepspeed":
         return {"safetensors": "safetensors", "torch": "torch.save state dict",
                 "deepspeed-universal": f"DeepSpeed universal checkpoint (saved at world size {report['world_size']}; "

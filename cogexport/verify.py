@@ -37,6 +37,7 @@ from .models.base_folder import read_json
 from .models.family import family_of_class
 from .models.recognize import choose_table, expert_folders, lora_key
 from .models.target import build_target
+from .verify_quantized import check_file, original_names, quantized_files, source_of
 from .write.diffusers_folders import variant_of
 
 JUDGE_LIMIT = 8_000_000_000  # bytes of source tensors a second opinion may hold in memory
@@ -68,6 +69,8 @@ class VerifyReport:
     judged: int = 0  # tensors it agreed on
     judge_mismatches: list[str] = field(default_factory=list)
     judge_note: str = ""  # why there was no second opinion, when there was none
+    errors: list[dict] = field(default_factory=list)  # quantized files: each tensor's error against the source
+    reference: str = ""  # quantized files: whose quantizer the bytes were compared with
 
     @property
     def ok(self) -> bool:
@@ -80,6 +83,9 @@ class VerifyReport:
         if self.kind == "LoRA adapter":
             claims.append("every adapter tensor equals the run's lora_A/lora_B (under cogexport's key map), and the "
                           "recorded rank and alpha are the run's")
+        elif self.kind == "quantized file":
+            claims.append(f"every tensor is what the reference quantizer makes of the checkpoint's tensor in the "
+                          f"family's original names ({self.reference}); the error each costs is listed")
         elif self.kind == "fused model":
             claims.append("every tensor equals the run's weights with W + (alpha / r) B A merged in (computed again "
                           "from the run, cast as declared)")
@@ -107,25 +113,36 @@ def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, ta
     """Verify OUTPUT (a model folder, a pipeline's transformer, or a LoRA adapter folder) against ``against``, and a
     pipeline's exported VAE against ``vae_against`` (its own source)."""
     output = Path(output)
+    quantized = quantized_files(output)
+    if quantized:
+        if vae_against is not None:
+            raise CogExportError(f"--vae-against applies to a pipeline folder; {output} holds quantized files")
+        return [_verify_quantized(file, output, as_paths(against), SourceChoice(tag, ema)) for file in quantized]
     if not (output / "config.json").is_file() and not is_pipeline(output) and any(output.glob("*.safetensors")):
         if vae_against is not None:
             raise CogExportError(f"--vae-against applies to a pipeline folder; {output} is a LoRA adapter folder")
         return [_verify_adapter(output, as_paths(against), SourceChoice(tag, ema))]
+    options = SourceChoice(tag, ema)
+    return [_verify_folder(folder, sources, options, load, judge_limit)
+            for folder, sources in _model_checks(output, as_paths(against), vae_against)]
+
+
+def _model_checks(output: Path, against: list[Path], vae_against: str | Path | None) -> list[tuple[Path, list[Path]]]:
+    """Each model folder of the output and the checkpoint it was exported from."""
     if (output / "config.json").is_file():
-        checks = [(output, as_paths(against))]
+        checks = [(output, against)]
     elif is_pipeline(output):
-        experts = expert_folders(as_paths(against))  # a release holding one model per expert: each against its own
+        experts = expert_folders(against)  # a release holding one model per expert: each against its own
         checks = [(output / component, [folder]) for component, folder in experts.items()] if experts else \
-            [(output / "transformer", as_paths(against))]
+            [(output / "transformer", against)]
         if vae_against is not None:
             checks.append((output / "vae", as_paths(vae_against)))
     else:
-        raise CogExportError(f"{output} is not an exported folder (no config.json, model_index.json or adapter "
-                             "weights)")
+        raise CogExportError(f"{output} is not an exported folder (no config.json, model_index.json, adapter "
+                             "weights or quantized files)")
     if vae_against is not None and not is_pipeline(output):
         raise CogExportError(f"--vae-against applies to a pipeline folder; {output} is a model folder")
-    options = SourceChoice(tag, ema)
-    return [_verify_folder(folder, sources, options, load, judge_limit) for folder, sources in checks]
+    return checks
 
 
 def _verify_folder(folder: Path, sources: list[Path], options: SourceChoice, load: bool,
@@ -157,6 +174,25 @@ def _verify_folder(folder: Path, sources: list[Path], options: SourceChoice, loa
                 _ask_judge(table, source, written, report, judge_limit)
     if load:
         _load(folder, class_name, report)
+    return report
+
+
+def _verify_quantized(file: Path, output: Path, against: list[Path], options: SourceChoice) -> VerifyReport:
+    sources = source_of(file, output, against)
+    where = ", ".join(map(str, sources))
+    with options.open(sources) as source:
+        if lora_key(list(source)) is not None:
+            raise CogExportError(f"{where} is a LoRA run; verify its quantized file against the fused model (export it "
+                                 "with --lora fuse first)")
+        kind, checks, missing = check_file(file, original_names(source, where))
+    report = VerifyReport(str(file), kind, kind="quantized file", tensors=len(checks),
+                          exact=sum(check.exact for check in checks),
+                          reference=", ".join(sorted({check.judge for check in checks})) or "none")
+    report.mismatches = [f"{name} is in the file but not in {where}" for name in missing[:20]]
+    report.mismatches += [f"{check.name} ({check.type}) is not what {check.judge} makes of the source"
+                          for check in checks if not check.exact]
+    report.errors = [{"name": c.name, "type": c.type, "max_error": c.max_error, "rms_relative": c.rms_relative}
+                     for c in checks]
     return report
 
 

@@ -1,6 +1,6 @@
 """Benchmark ``cogexport consolidate`` on a PyTorch distributed checkpoint (DCP) against what users run today.
 
-    .venv/bin/python scripts/benchmark_dcp.py [--runs 3] [--model bench|bench-small]
+    .venv/bin/python scripts/benchmark_dcp.py [--runs 3] [--model bench|bench-small] [--save accelerate|hf-storage]
 
 Makes (once, cached in --work-dir) a real FSDP2 checkpoint of the ~1.9 GB (fp32) bench model, 28 x Linear(4096,
 4096) plus an odd-sized head, trained one AdamW step at world size 2 and saved by ``accelerate``'s ``save_state``
@@ -9,6 +9,14 @@ Makes (once, cached in --work-dir) a real FSDP2 checkpoint of the ~1.9 GB (fp32)
     cogexport consolidate   checkpoint-1 -> model.safetensors
     dcp_to_torch            python -m torch.distributed.checkpoint.format_utils dcp_to_torch pytorch_model_fsdp_0 model.pt
     accelerate merge-weights  pytorch_model_fsdp_0 -> model.safetensors
+
+``--save hf-storage`` makes the same model's save through PyTorch's Hugging Face writer instead (FSDP2, world size
+2, ``HuggingFaceStorageWriter(save_distributed=True)``: one ``shard-0000R-model-00001-of-00001.safetensors`` per rank,
+scripts/make_hf_checkpoint.py), and runs:
+
+    cogexport consolidate   the per-rank folder -> model.safetensors
+    torch consolidate       torch.distributed.checkpoint._consolidate_hf_safetensors.consolidate_safetensors_files
+                            (what the writer's enable_consolidation and torchtitan run) -> model-00001-of-00001...
 
 Each output is first checked equal to cogexport's, tensor by tensor (in a separate process: the harness holds no
 tensors), then every tool runs --runs times, alternating, each in a fresh process; the table gives median wall time
@@ -52,7 +60,52 @@ def dcp_bench_checkpoint(work: Path, model: str) -> Path:
     return folder / "run" / "checkpoint-1"
 
 
+def hf_bench_checkpoint(work: Path, model: str) -> Path:
+    """The bench model's per-rank Hugging Face writer save under FSDP2 at world size 2, made once per work dir."""
+    folder = work / f"hf-storage-{model}-ws2"
+    done = folder / "complete"
+    if not done.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        click.echo(f"making the Hugging Face writer save of {model} (a few minutes)...", err=True)
+        subprocess.run([sys.executable, str(SCRIPTS / "make_hf_checkpoint.py"), str(folder), "--model", model,
+                        "--world-size", "2", "--steps", "1", "--layout", "distributed", "--no-truth"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done.write_text("")
+    return folder / "distributed"
+
+
+# torch's own consolidator, as its writer calls it (every tensor into one output file)
+TORCH_CONSOLIDATE = r"""
+import sys
+from pathlib import Path
+from safetensors import safe_open
+from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files
+source, output = sys.argv[1], sys.argv[2]
+names = set()
+for file in Path(source).glob("*.safetensors"):
+    with safe_open(str(file), "pt") as handle:
+        names.update(handle.keys())
+consolidate_safetensors_files(input_dir=source, output_dir=output, fqn_to_index_mapping=dict.fromkeys(names, 1))
+"""
+
+
+def hf_tools(checkpoint: Path, output: Path) -> dict[str, list[str]]:
+    bin_dir = Path(sys.executable).parent
+    return {
+        "cogexport consolidate": [str(bin_dir / "cogexport"), "consolidate", str(checkpoint), str(output),
+                                  "--dtype", "fp32"],
+        "torch consolidate": [sys.executable, "-c", TORCH_CONSOLIDATE, str(checkpoint), str(output)],
+    }
+
+
+def output_file(name: str, output: Path) -> Path:
+    return output / {"dcp_to_torch": "model.pt", "torch consolidate": "model-00001-of-00001.safetensors"}.get(
+        name, "model.safetensors")
+
+
 def tools(checkpoint: Path, output: Path) -> dict[str, list[str]]:
+    if checkpoint.name == "distributed":
+        return hf_tools(checkpoint, output)
     bin_dir = Path(sys.executable).parent
     model = checkpoint / "pytorch_model_fsdp_0"
     return {
@@ -66,7 +119,7 @@ def tools(checkpoint: Path, output: Path) -> dict[str, list[str]]:
 
 def prepare(name: str, output: Path) -> None:
     shutil.rmtree(output, ignore_errors=True)
-    if name == "dcp_to_torch":  # it writes a file, into a folder that must exist
+    if name in ("dcp_to_torch", "torch consolidate"):  # they write files, into a folder that must exist
         output.mkdir(parents=True)
 
 
@@ -100,7 +153,7 @@ def check_outputs_equal(checkpoint: Path, work: Path) -> int:
         command = tools(checkpoint, output)[name]
         prepare(name, output)
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        outputs[name] = output / ("model.pt" if name == "dcp_to_torch" else "model.safetensors")
+        outputs[name] = output_file(name, output)
     done = subprocess.run([sys.executable, "-c", COMPARE, *map(str, outputs.values())], check=True,
                           capture_output=True, text=True)
     for output in outputs.values():
@@ -113,10 +166,12 @@ def check_outputs_equal(checkpoint: Path, work: Path) -> int:
               show_default=True, help="Where the benchmark checkpoint is made and kept.")
 @click.option("--runs", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--model", type=click.Choice(sorted(WIDTHS)), default="bench", show_default=True)
+@click.option("--save", type=click.Choice(["accelerate", "hf-storage"]), default="accelerate", show_default=True,
+              help="accelerate's FSDP2 DCP save, or PyTorch's Hugging Face writer's per-rank save.")
 @click.option("--json", "as_json", is_flag=True)
-def main(work_dir: Path, runs: int, model: str, as_json: bool) -> None:
+def main(work_dir: Path, runs: int, model: str, save: str, as_json: bool) -> None:
     env = dict(os.environ)
-    checkpoint = dcp_bench_checkpoint(work_dir, model)
+    checkpoint = dcp_bench_checkpoint(work_dir, model) if save == "accelerate" else hf_bench_checkpoint(work_dir, model)
     count = check_outputs_equal(checkpoint, work_dir)
     output = work_dir / "output"
     samples: dict[str, list] = {}
@@ -130,8 +185,10 @@ def main(work_dir: Path, runs: int, model: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"fp32_model_bytes": size, "tensors": count, "results": results}, indent=2))
         return
-    click.echo(f"{model}: fp32 model {size / 1e9:.2f} GB, FSDP2 through accelerate, world size 2, Adam states in "
-               f"optimizer_0/; outputs equal: {count} tensors; median of {runs} runs\n")
+    saved = "FSDP2 through accelerate, world size 2, Adam states in optimizer_0/" if save == "accelerate" else \
+        "FSDP2 through HuggingFaceStorageWriter(save_distributed=True), world size 2, one file per rank"
+    click.echo(f"{model}: fp32 model {size / 1e9:.2f} GB, {saved}; outputs equal: {count} tensors; median of {runs} "
+               "runs\n")
     print_table(results, "tool", 26, lambda row: row["tool"])
 
 

@@ -3,19 +3,30 @@
     .venv/bin/python scripts/fuzz_checkpoints.py --seed 1 --count 500 [--cogexport-only] [--json] [--verbose]
 
 Sources are the test suite's real fixtures: DeepSpeed ZeRO stages 0-3 made by real DeepSpeed runs, a SAT-style
-CogVideoX run, a safetensors file, and PyTorch distributed checkpoints (DCP) made by real ``dcp.save`` and
-accelerate FSDP2 runs on gloo ranks. Each case copies one source and damages it one way:
+CogVideoX run, a safetensors file, PyTorch distributed checkpoints (DCP) made by real ``dcp.save`` and accelerate
+FSDP2 runs on gloo ranks, and per-rank saves of PyTorch's Hugging Face writer (``HuggingFaceStorageWriter`` with
+``save_distributed``, FSDP2 on gloo ranks, with and without a mapping). Each case copies one source and damages it
+one way:
 
   truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
-  flip <region>            one byte changed in a torch.save archive's zip directory, a local header, the pickle or
-                           tensor data (for DCP: in the chunk archives inside ``.distcp`` files), in a DCP
-                           ``.metadata`` pickle, or in a safetensors header's structure (safetensors has no checksum:
-                           damage to its data or names cannot be detected by anyone, so it is left out)
+  flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of
+                           its end (the zip64 end record, the zip64 locator, the end-of-central-directory record), a
+                           local header, the pickle or tensor data (for DCP: in the chunk archives inside ``.distcp``
+                           files), in a DCP ``.metadata`` pickle, in a safetensors header's structure (safetensors has
+                           no checksum: damage to its data or names cannot be detected by anyone, so it is left out),
+                           or in the Hugging Face writer's DCP_SHARDING_INFO header entry (where each piece lies)
   delete / swap / duplicate rank file
                            a rank file (``*zero_pp_rank_*``, ``__R_0.distcp``) deleted, two swapped, or one copied
                            over another. DCP rank files carry no identity (no rank, no name inside them): two whose
                            chunks have the same sizes at the same places can be swapped without any reader being able
-                           to tell, so swaps are only made between rank files whose layouts differ
+                           to tell, so swaps are only made between rank files whose layouts differ. A Hugging Face
+                           writer rank file says where each of its pieces lies, so two swapped are still the same save
+                           (the output must be right); swaps are made between files whose pieces differ in size. Its
+                           per-rank save records no world size: the highest rank's files lost all together leave
+                           shorter tensors that tile exactly, which no reader can tell (cogexport names the ranks it
+                           read in a warning), so a deletion there takes one file of a mapped save, never the only
+                           file of the highest rank
+  move a piece             (Hugging Face writer) one piece's saved offset moved by a few rows or columns
   rewrite latest           DeepSpeed's ``latest`` replaced by garbage, a missing tag, a path, ...
   rewrite .metadata        a DCP ``.metadata`` replaced by garbage, nothing, another object's pickle, a pickle that
                            would run code, the ``.metadata`` of the next folder or step, or re-pickled with one chunk's
@@ -85,6 +96,7 @@ TIME_LIMIT = 60.0  # seconds per run; a toy checkpoint takes well under one
 MEMORY_HEADROOM = 3 << 30  # address space a run may add to the harness's: a damaged size must not take the machine
 FAILURES = ("silently wrong", "traceback", "multi-line error", "hang", "dirty", "inspect missed it")
 DISTCP = re.compile(r"^__\d+_\d+\.distcp$")
+HF_RANK_FILE = re.compile(r"^shard-(\d+)-model-(\d+)-of-(\d+)\.safetensors$")
 PWNED = "PWNED"  # the file a code-running .metadata pickle creates in the case's folder
 
 ZERO_VARIANTS = [
@@ -97,13 +109,17 @@ ZERO_VARIANTS = [
 # a shard on dim 1, model and optimizer in the same files); accelerate FSDP2 saves (model and optimizer folders,
 # two steps) of the toy and of a tiny CogVideoX transformer, which is exported too.
 DCP_SAVES = [("plain", "toy", 3), ("accelerate-fsdp2", "toy", 2), ("accelerate-fsdp2", "cogvideox-2b", 2)]
+# (model, world size, layout): Hugging Face writer saves of FSDP2 runs: the toy's per-rank files at 3 ranks (uneven and
+# empty pieces, a dim-1 shard, replicated buffers written by one rank), a tiny Wan's mapped files at 2 ranks (exported
+# too, with the config as --base).
+HF_SAVES = [("toy", 3, "distributed"), ("wan-t2v", 2, "mapping")]
 
 
 # -- sources: a pristine copy, what to run on it, and the ground truth ---------------------------------------
 @dataclass
 class Source:
     name: str
-    family: str  # "deepspeed", "dcp" or "cogvideox": the tables group by it
+    family: str  # "deepspeed", "dcp", "hf-storage" or "cogvideox": the tables group by it
     root: Path  # folder copied for each case; the checkpoint is root / checkpoint
     checkpoint: str  # relative path given to cogexport
     truth: dict[str, torch.Tensor]  # what consolidate must write
@@ -140,6 +156,20 @@ def dcp_source(writer: str, model: str, world_size: int) -> Source:
                   export_truth, damage=step, reference="dcp_to_torch_save", reference_input=model_folder)
 
 
+def hf_source(model: str, world_size: int, layout: str) -> Source:
+    from dcp_fixtures import hf_storage_checkpoint
+
+    fixture = hf_storage_checkpoint(model, world_size)
+    export = None
+    if model.startswith("wan"):
+        base = fixture.root.with_name(f"{fixture.root.name}-fuzz-base")
+        if not (base / "config.json").exists():
+            fixture.base(base)
+        export = ("--base", str(base), "--dtype", "fp32")
+    return Source(f"hf-storage-{model}-ws{world_size}-{layout}", "hf-storage", fixture.root, layout, fixture.weights,
+                  export, fixture.weights if export else {})
+
+
 def cogvideox_sources() -> list[Source]:
     """A SAT-style run (model states only, fp32 so the export is exact) and the same model as Diffusers-named
     safetensors, both written once into the fixture cache from one seeded tiny CogVideoX transformer."""
@@ -161,7 +191,8 @@ def cogvideox_sources() -> list[Source]:
 
 
 def sources() -> list[Source]:
-    return [zero_source(v) for v in ZERO_VARIANTS] + cogvideox_sources() + [dcp_source(*save) for save in DCP_SAVES]
+    return [zero_source(v) for v in ZERO_VARIANTS] + cogvideox_sources() + [dcp_source(*save) for save in DCP_SAVES] \
+        + [hf_source(*save) for save in HF_SAVES]
 
 
 # -- where the bytes are ------------------------------------------------------------------------------------
@@ -179,8 +210,20 @@ def zip_regions(data: bytes, base: int = 0) -> dict[str, list[tuple[int, int]]]:
                 else None
             if kind and info.file_size:
                 regions[kind].append((base + start, base + start + info.file_size))
-        regions["zip directory"].append((base + archive.start_dir, base + len(data)))
+        regions.update(end_regions(data, archive.start_dir, base))
     return regions
+
+
+def end_regions(data: bytes, start_dir: int, base: int) -> dict[str, list[tuple[int, int]]]:
+    """The central directory and the three records after it (torch.save writes them all, and no archive comment)."""
+    eocd = data.rindex(b"PK\x05\x06")
+    locator = data.rfind(b"PK\x06\x07", 0, eocd)
+    if locator < 0:  # an archive without zip64 records
+        return {"zip directory": [(base + start_dir, base + eocd)], "end of central directory": [(base + eocd,
+                                                                                                   base + eocd + 22)]}
+    record = int.from_bytes(data[locator + 8:locator + 16], "little")
+    return {"zip directory": [(base + start_dir, base + record)], "zip64 end record": [(base + record, base + locator)],
+            "zip64 locator": [(base + locator, base + eocd)], "end of central directory": [(base + eocd, base + eocd + 22)]}
 
 
 def dcp_storage(folder: Path) -> dict:
@@ -224,7 +267,14 @@ def safetensors_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
             allowed.append((position, start))
         position = max(position, stop)
     allowed.append((position, 8 + size))
-    return {"safetensors header": allowed}
+    regions = {"safetensors header": allowed}
+    info = (header.get("__metadata__") or {}).get("DCP_SHARDING_INFO")
+    if info is not None:  # the Hugging Face writer's record of where each piece lies: structure, not free text
+        encoded = json.dumps(info).encode()
+        start = data.find(encoded, 8)
+        if start > 0:
+            regions["sharding info"] = [(start + 1, start + len(encoded) - 1)]
+    return regions
 
 
 def regions_of(path: Path) -> dict[str, list[tuple[int, int]]]:
@@ -284,6 +334,8 @@ def mutations_for(source: Source, folder: Path) -> dict[str, Mutation]:
     found["truncate"] = truncate
     if source.family == "dcp":
         found.update(dcp_rank_mutations(folder))
+    elif source.family == "hf-storage":
+        found.update(hf_rank_mutations(folder))
     else:
         found.update(zero_rank_mutations(folder))
     return found
@@ -359,6 +411,56 @@ def dcp_rank_mutations(step: Path) -> dict[str, Mutation]:
     if swappable:
         found["swap rank files"] = swap
     found["rewrite .metadata"] = rewrite_metadata
+    return found
+
+
+def hf_header(path: Path) -> tuple[dict, int]:
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + size]), size
+
+
+def hf_rank_mutations(folder: Path) -> dict[str, Mutation]:
+    """A Hugging Face writer save's rank files (shard-R-model-K-of-N.safetensors): see the module docstring."""
+    files = sorted(p for p in folder.iterdir() if HF_RANK_FILE.match(p.name))
+    ranks = {p: int(HF_RANK_FILE.match(p.name).group(1)) for p in files}
+    highest = max(ranks.values())
+    deletable = [p for p in files if ranks[p] < highest or sum(r == highest for r in ranks.values()) > 1]
+    swappable = [(a, b) for i, a in enumerate(files) for b in files[i + 1:] if ranks[a] != ranks[b]
+                 and a.name[len("shard-00000"):] == b.name[len("shard-00000"):] and a.stat().st_size != b.stat().st_size]
+
+    def delete(root: Path, rng: random.Random) -> str:
+        path = rng.choice(deletable)
+        path.unlink()
+        return f"deleted {path.relative_to(root)}"
+
+    def swap(root: Path, rng: random.Random) -> str:
+        first, second = rng.choice(swappable)
+        swap_files(first, second)
+        return f"swapped {first.relative_to(root)} and {second.name}"
+
+    def duplicate(root: Path, rng: random.Random) -> str:
+        first, second = rng.sample(files, 2)
+        shutil.copyfile(first, second)
+        return f"copied {first.relative_to(root)} over {second.name}"
+
+    def move_piece(root: Path, rng: random.Random) -> str:
+        path = rng.choice(files)
+        header, size = hf_header(path)
+        info = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
+        name = rng.choice(sorted(name for name, entry in info.items() if entry["saved_offsets"]))
+        offsets = info[name]["saved_offsets"]
+        dim = rng.randrange(len(offsets))
+        offsets[dim] = max(0, offsets[dim] + rng.choice([-3, -1, 1, 2, 7]))
+        header["__metadata__"]["DCP_SHARDING_INFO"] = json.dumps(info)
+        encoded = json.dumps(header).encode()
+        data = path.read_bytes()
+        path.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[8 + size:])
+        return f"{path.relative_to(root)}: {name}'s piece placed at {offsets}"
+
+    found = {"delete rank file": delete, "duplicate rank file": duplicate, "move a piece": move_piece}
+    if swappable:
+        found["swap rank files"] = swap
     return found
 
 
@@ -763,7 +865,8 @@ def table(title: str, rows: dict[str, dict], columns: tuple[str, ...]) -> list[s
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--count", type=click.IntRange(1), default=100, show_default=True, help="Damaged copies to make.")
 @click.option("--cogexport-only", is_flag=True, help="Do not run zero_to_fp32 and dcp_to_torch_save side by side.")
-@click.option("--only", "families", multiple=True, type=click.Choice(["deepspeed", "cogvideox", "dcp"]),
+@click.option("--only", "families", multiple=True,
+              type=click.Choice(["deepspeed", "cogvideox", "dcp", "hf-storage"]),
               help="Only these sources (repeatable).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--verbose", is_flag=True, help="One line per case on stderr.")

@@ -49,3 +49,29 @@ def dcp_checkpoint(writer: str, model: str = "toy", world_size: int = 2, lora_ra
                str(world_size)] + (["--lora-rank", str(lora_rank)] if lora_rank else []) + \
         (["--compile"] if compile else [])
     return DcpFixture(cached_fixture(name, SCRIPTS_USED, command))
+
+
+HF_SCRIPTS_USED = ("make_hf_checkpoint.py", *SCRIPTS_USED)
+
+
+class HfStorageFixture(DcpFixture):
+    """Saves of PyTorch's Hugging Face storage writer in every layout (scripts/make_hf_checkpoint.py), one training
+    run, the weights gathered in it."""
+
+    def layout(self, name: str) -> Path:
+        """distributed, mapping, consolidated (with sharded/) or torchtitan (a run folder: checkpoint/step-1 a plain
+        DCP save, checkpoint/step-2 the consolidated Hugging Face save)."""
+        return self.root / name
+
+    def base(self, folder: Path) -> Path:
+        """A --base folder with the trained Wan transformer's config."""
+        from diffusers import WanTransformer3DModel
+
+        WanTransformer3DModel.from_config(self.truth["config"]).save_config(folder)
+        return folder
+
+
+def hf_storage_checkpoint(model: str = "wan-t2v", world_size: int = 2) -> HfStorageFixture:
+    name = f"hf-storage-{model}-ws{world_size}"
+    command = [str(SCRIPTS / "make_hf_checkpoint.py"), "--model", model, "--world-size", str(world_size)]
+    return HfStorageFixture(cached_fixture(name, HF_SCRIPTS_USED, command))

@@ -6,6 +6,8 @@ the source; fp8 weights times their scale equal the reference cast (computed her
 
 from __future__ import annotations
 
+import json
+
 import gguf
 import numpy as np
 import pytest
@@ -130,3 +132,27 @@ def test_quantized_options_are_checked(cli, tmp_path):
     assert_refused(cli, tmp_path, [model, tmp_path / "o", "--dtype", "fp8"], "give --to original", inputs=[model])
     assert_refused(cli, tmp_path, [model, tmp_path / "o", "--to", "gguf", "--quant", "Q8_0", "--component", "vae"],
                    "--to gguf writes the transformer", inputs=[model])
+
+
+def test_inspect_and_verify_read_quantized_files(cli, tmp_path):
+    """inspect says what a GGUF and a scaled-fp8 file hold; verify compares every tensor with the reference's bytes
+    of the source, reports what quantizing cost, and fails on one flipped byte."""
+    from wan_fixtures import real_wan
+
+    release = real_wan() / "original"
+    assert cli(release, tmp_path / "gguf", "--to", "gguf", "--quant", "Q8_0").exit_code == 0
+    assert cli(release, tmp_path / "fp8", "--to", "original", "--dtype", "fp8").exit_code == 0
+    text = cli("inspect", tmp_path / "gguf").stdout
+    assert "GGUF, architecture wan" in text and "Q8_0 4" in text and "Wan original layout" in text
+    assert "scaled fp8: 20 weights" in cli("inspect", tmp_path / "fp8").stdout
+    for folder in ("gguf", "fp8"):
+        result = cli("verify", tmp_path / folder, "--against", release, "--json")
+        (report,) = json.loads(result.stdout)
+        assert result.exit_code == 0 and report["ok"] and report["exact"] == report["tensors"] == 69
+        assert max(error["rms_relative"] for error in report["errors"]) < 0.05
+    path = gguf_file(tmp_path / "gguf")
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x40  # a byte of the last tensor's data
+    path.write_bytes(bytes(data))
+    result = cli("verify", tmp_path / "gguf", "--against", release)
+    assert result.exit_code == 1 and "is not what" in result.stdout

@@ -35,6 +35,11 @@ class CheckpointInfo:
     metadata: dict[str, str] = field(default_factory=dict)  # e.g. a safetensors file's __metadata__
     writer: str | None = None  # the program that saved it, when the format tells (DCP: accelerate, torchtitan, ...)
     contents: list[str] = field(default_factory=list)  # what the save holds beside the model (optimizer, ...)
+    # The checkpoint in one phrase, for lines such as "wrote OUT from <origin>": the reader's kind, the path, tag, step.
+    origin: str = ""
+    # Why this checkpoint was read when the path given held it among others or below it ("took the newest step
+    # step-2 of run/checkpoint ..."); empty when the path was the checkpoint itself.
+    picked: str = ""
 
 
 class LazyCheckpoint(Mapping[str, LazyTensor]):

@@ -24,6 +24,7 @@ from ..lazy import LazyTensor
 from .base import CheckpointInfo, LazyCheckpoint
 from .dcp_locate import ACCELERATE_MODEL, DcpLocation, STEP_NUMBER
 from .dcp_metadata import METADATA_FILE, BytesEntry, Chunk, DcpMetadata, TensorEntry, read_metadata
+from .tiling import overlapping_pair
 from .deepspeed_zero import DTYPE_NAMES
 from .torch_archive import StoredTensor, TorchArchive
 
@@ -199,15 +200,11 @@ class DcpFiles:
             if (key, chunk.offsets) not in self.metadata.storage:
                 raise CogExportError(f"{where}: the chunk at {list(chunk.offsets)} has no stored bytes; the "
                                      "checkpoint is corrupt")
-        ordered = sorted(chunks, key=lambda c: c.offsets)
-        for index, chunk in enumerate(ordered):  # sweep along dim 0: only chunks starting before this one ends
-            for other in ordered[index + 1:]:
-                if entry.size and other.offsets[0] >= chunk.offsets[0] + chunk.sizes[0]:
-                    break
-                if all(o1 < o2 + s2 and o2 < o1 + s1 for o1, s1, o2, s2 in
-                       zip(chunk.offsets, chunk.sizes, other.offsets, other.sizes)):
-                    raise CogExportError(f"{where}: chunks at {list(chunk.offsets)} and {list(other.offsets)} "
-                                         "overlap; the checkpoint is corrupt")
+        overlap = overlapping_pair([(c.offsets, c.sizes) for c in chunks])
+        if overlap:
+            first, second = sorted((chunks[i].offsets for i in overlap))
+            raise CogExportError(f"{where}: chunks at {list(first)} and {list(second)} overlap; the checkpoint is "
+                                 "corrupt")
         if sum(c.numel for c in chunks) != entry.size.numel():
             raise CogExportError(f"{where}: its chunks hold {sum(c.numel for c in chunks)} of its "
                                  f"{entry.size.numel()} elements; the checkpoint is incomplete or corrupt")

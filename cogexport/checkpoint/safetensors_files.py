@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -26,15 +27,19 @@ _MAX_HEADER = 100_000_000
 
 
 # The weights from_pretrained reads when no variant is asked for; a folder may hold variants beside them.
-_PLAIN_STEMS = ("diffusion_pytorch_model", "model")
+PLAIN_STEMS = ("diffusion_pytorch_model", "model")
+# PyTorch's Hugging Face storage writer (hf_storage.py): one rank's file of a distributed save, and the header entry
+# placing each of its pieces in the whole tensor.
+RANK_FILE = re.compile(r"^shard-(\d+)-model-(\d+)-of-(\d+)\.safetensors$")
+SHARDING_INFO = "DCP_SHARDING_INFO"
 
 
 def safetensors_files(folder: Path) -> list[Path]:
     """The weight files of a folder: the ones its index names, else its single *.safetensors file (the plain,
     non-variant weights when the folder also holds variants such as diffusion_pytorch_model.fp16.safetensors)."""
-    for stem in _PLAIN_STEMS:
+    for stem in PLAIN_STEMS:
         if (folder / f"{stem}.safetensors.index.json").is_file():
-            return _indexed_files(folder / f"{stem}.safetensors.index.json")
+            return indexed_files(folder / f"{stem}.safetensors.index.json")
         if (folder / f"{stem}.safetensors").is_file():
             return [folder / f"{stem}.safetensors"]
     indexes = sorted(folder.glob("*.safetensors.index*.json"))
@@ -42,14 +47,14 @@ def safetensors_files(folder: Path) -> list[Path]:
         raise CogExportError(f"{folder} holds several safetensors indexes ({', '.join(p.name for p in indexes)}); "
                              "point at one file")
     if indexes:
-        return _indexed_files(indexes[0])
+        return indexed_files(indexes[0])
     files = sorted(folder.glob("*.safetensors"))
     if len(files) != 1:
         raise CogExportError(f"{folder} holds {len(files)} safetensors files and no index; point at one file")
     return files
 
 
-def _indexed_files(index: Path) -> list[Path]:
+def indexed_files(index: Path) -> list[Path]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
         names = list(dict.fromkeys(weight_map.values()))
@@ -102,6 +107,7 @@ class SafetensorsCheckpoint(LazyCheckpoint):
         self._read[file] = 0
         self.info.files.append(str(file))
         entries, metadata = read_header(file, descriptor)
+        refuse_distributed_piece(file, metadata)
         self.info.metadata.update(metadata)
         for name, (dtype, shape, offset) in entries.items():
             name = name_prefix + name
@@ -129,6 +135,26 @@ class SafetensorsCheckpoint(LazyCheckpoint):
         for descriptor in self._descriptors.values():
             os.close(descriptor)
         self._descriptors.clear()
+
+
+def refuse_distributed_piece(file: Path, metadata: dict[str, str]) -> None:
+    """One rank's file of a distributed save holds that rank's pieces under the tensors' full names: read alone it
+    would pass for a model of partial tensors. Known by its name (shard-R-model-K-of-N) or by pieces placed away
+    from the start of their tensors (the writer's rank-0 mode records all-zero offsets for whole tensors)."""
+    named = RANK_FILE.match(file.name)
+    if named:
+        raise CogExportError(f"{file} is rank {int(named.group(1))}'s file of a distributed save (PyTorch's Hugging "
+                             "Face writer, save_distributed): it holds that rank's pieces of the tensors, not a "
+                             f"model; point at its folder {file.parent} to read the whole save")
+    try:
+        placed = json.loads(metadata.get(SHARDING_INFO) or "{}")
+        elsewhere = any(any(entry.get("saved_offsets") or ()) for entry in placed.values())
+    except (ValueError, AttributeError, TypeError):
+        return  # not the writer's entry: the header's own shapes are all there is
+    if elsewhere:
+        raise CogExportError(f"{file} holds pieces of tensors saved by several ranks ({SHARDING_INFO} places them "
+                             "away from the start of their tensors), not a model; point at the folder of the whole "
+                             "save")
 
 
 def read_header(file: Path, descriptor: int) -> tuple[dict[str, tuple[torch.dtype, torch.Size, int]], dict[str, str]]:

@@ -194,6 +194,15 @@ class StoredTensor(SizedTensor):
         self.archive.records.finish(self.archive.member(self.key))
 
 
+def _has_zip_directory(handle) -> bool:
+    """Whether the end of ``handle`` holds a zip directory. ``zipfile.is_zipfile`` answers no only for some damaged
+    ends: a damaged zip64 record (a multi-disk archive claimed, a size past the file) makes it raise instead."""
+    try:
+        return zipfile.is_zipfile(handle)
+    except Exception:  # noqa: BLE001 - whatever the damaged end makes zipfile raise, the answer is no
+        return False
+
+
 class TorchArchive:
     """One torch.save zip archive on disk: its pickle, and reads of storage bytes by position, each checked
     against its record's CRC-32 (see ``zip_records``).
@@ -217,9 +226,9 @@ class TorchArchive:
                         f"{self.path} uses torch's legacy (non-zip) format, which cannot be read lazily; re-save it "
                         "with torch.save's default format (DeepSpeed: drop \"checkpoint_serialization\": false)"
                     )
-                if not zipfile.is_zipfile(handle):
-                    what = "looks truncated (its zip directory is missing)" if head.startswith(b"PK") else \
-                        "is not a torch.save archive"
+                if not _has_zip_directory(handle):
+                    what = "looks truncated (its zip directory is missing or damaged)" if head.startswith(b"PK") \
+                        else "is not a torch.save archive"
                     raise CogExportError(f"{self.path} {what}; copy it again or point at another checkpoint")
         except OSError as error:
             raise CogExportError(f"cannot read {self.path}: {error.strerror}") from None

@@ -13,6 +13,7 @@ say so.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import threading
@@ -146,14 +147,23 @@ class ZipRecords:
                 with zipfile.ZipFile(handle) as archive:
                     for info in archive.infolist():
                         self.records[info.filename] = self._check_entry(handle, info, size)
-        except (zipfile.BadZipFile, struct.error, EOFError, UnicodeError, NotImplementedError, ValueError,
-                OverflowError) as error:
-            # zipfile reports a damaged directory in all of these ways (bad names, "versions", methods, offsets).
-            raise CogExportError(f"{self.path} is corrupt or truncated ({quoted(str(error), 120)}); copy it again") \
-                from None
+        except CogExportError:
+            raise
+        except OSError as error:
+            if error.errno not in (errno.EINVAL, None):  # the disk failed, not the archive
+                raise CogExportError(f"cannot read {self.path}: {error.strerror}") from None
+            raise self._damaged(error) from None
+        except Exception as error:  # noqa: BLE001
+            # zipfile reports a damaged directory in many ways (BadZipFile, struct.error, EOFError, UnicodeError,
+            # NotImplementedError, ValueError, OverflowError, a seek before the start): all mean the same here.
+            raise self._damaged(error) from None
         # torch.serialization.set_crc32_options(False) stores 0 for every record.
         self.has_crcs = any(r.crc for r in self.records.values() if r.size)
         self.checking = self.has_crcs and not os.environ.get(_SKIP_CRC_VARIABLE)
+
+    def _damaged(self, error: Exception) -> CogExportError:
+        return CogExportError(f"{self.path} is corrupt or truncated ({quoted(str(error) or type(error).__name__, 120)}); "
+                              "copy it again")
 
     def _check_entry(self, handle, info: zipfile.ZipInfo, file_size: int) -> Record:
         """The record of one central-directory entry, once its local header agrees with the directory."""

@@ -20,8 +20,11 @@ _FORMAT_WORDS = {"deepspeed": "DeepSpeed checkpoint", "safetensors": "safetensor
 
 
 def source_line(source: LazyCheckpoint) -> str:
-    """What was read, for the card: the format, the files, the tag and step, where the weights came from."""
+    """What was read, for the card: the checkpoint in one phrase (its kind, path, tag and step), where the weights
+    came from."""
     info = source.info
+    if info.origin:
+        return f"{info.origin} ({info.weights_source})"
     where = f"{_FORMAT_WORDS.get(info.format, info.format)} {', '.join(Path(p).name for p in info.paths)}"
     if info.tag:
         where += f", tag {info.tag}"

@@ -85,7 +85,8 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
         part = plan_fused_transformer(adapter, inputs, name, options)
     else:
         source, where = inputs.sources[name], inputs.where_of(name)
-        family, _ = choose_table(source, "transformer", "transformer", where, family_hint(inputs.base, options))
+        family, table = choose_table(source, "transformer", "transformer", where, family_hint(inputs.base, options))
+        _check_layouts(family.transformer, table.name, family, where, refuse_original)
         # the release's expert subfolders (high_noise_model/, ...) when writing several experts
         experts = tuple(release_folder_of(family, each, len(names)) for each in names) if len(names) > 1 else ()
         part = plan_transformer(source, options, where, inputs.base, name, experts,
@@ -128,7 +129,8 @@ def _check_layouts(spec: ModelSpec, table: str, family: ModelFamily, where: str,
 def _component_part(source: LazyCheckpoint, component: str, inputs: ExportInputs, options: ExportOptions,
                     where: str, folders: list[Path], refuse_original: bool = True) -> OriginalPart:
     title = component_title(component)
-    family, _ = choose_table(source, component, title, where, family_hint(inputs.base, options))
+    family, table = choose_table(source, component, title, where, family_hint(inputs.base, options))
+    _check_layouts(family.components[component], table.name, family, where, refuse_original)
     part = plan_component(source, component, family, None, inputs.base, options, where, folders)
     written = _written_back(part, where, refuse_original)
     written.label = part.label.removesuffix(f" {title}")
