@@ -107,13 +107,16 @@ def _check_layouts(spec: ModelSpec, table: KeyMapTable, family: ModelFamily, whe
 def _plan_part(inputs: ExportInputs, name: str, component: str, options: ExportOptions) -> OriginalPart:
     if component == "transformer":
         return _plan_transformer(inputs, name, options)
+    where = inputs.paths_of(name)
+    folder = where[0] if len(where) == 1 and where[0].is_dir() else None
     return _plan_component(inputs.sources[name], component, inputs, options, inputs.where_of(name),
-                           inputs.search_folders(name))
+                           inputs.search_folders(name), folder)
 
 
 def _plan_transformer(inputs: ExportInputs, name: str, options: ExportOptions) -> OriginalPart:
     source, where = inputs.sources[name], inputs.where_of(name)
-    family, table = choose_table(source, "transformer", "transformer", where, family_hint(inputs.base, options))
+    family, table = choose_table(source, "transformer", "transformer", where,
+                                 family_hint(inputs.base, options, inputs.paths_of(name)))
     spec = family.transformer
     _check_layouts(spec, table, family, where)
     # the release's expert subfolders (high_noise_model/, ...) when writing several experts
@@ -129,15 +132,43 @@ def _plan_transformer(inputs: ExportInputs, name: str, options: ExportOptions) -
 
 
 def _plan_component(source: LazyCheckpoint, component: str, inputs: ExportInputs, options: ExportOptions,
-                    where: str, folders: list[Path]) -> OriginalPart:
+                    where: str, folders: list[Path], folder: Path | None = None) -> OriginalPart:
+    """A model other than the transformer in its original names; ``folder`` is its own model folder, where an export
+    kept the tensors its Diffusers class has no place for."""
     title = component_title(component)
-    family, table = choose_table(source, component, title, where, family_hint(inputs.base, options))
+    family, table = choose_table(source, component, title, where, family_hint(inputs.base, options, folders))
     spec = family.components[component]
     _check_layouts(spec, table, family, where)
     part = plan_component(source, component, family, None, inputs.base, options, where, folders)
     layout, tensors = _original_tensors(spec, part.tensors, part.target.counts, where)
+    kept, notes = _kept_beside(layout, folder, inputs)
     return OriginalPart(component, family, layout, part.label.removesuffix(f" {title}"), part.target.config, None,
-                        tensors, part.policy)
+                        {**tensors, **kept}, part.policy, notes=notes)
+
+
+def _kept_beside(layout: OriginalLayout, folder: Path | None, inputs: ExportInputs
+                 ) -> tuple[dict[str, LazyTensor], list[str]]:
+    """The tensors an export kept beside the model folder (the table's drop rules with ``keep``), as they were: every
+    key must be one those rules name. Without the file, the original is written without them, and the user told."""
+    files: dict[str, list] = {}
+    for drop in load_table(layout.table).drops:
+        if drop.keep:
+            files.setdefault(drop.keep, []).append(drop)
+    kept: dict[str, LazyTensor] = {}
+    notes: list[str] = []
+    for name, drops in files.items():
+        path = folder / name if folder is not None else None
+        if path is None or not path.is_file():
+            names = ", ".join(name for drop in drops for name in drop.names())
+            notes.append(f"{folder or 'the input'} has no {name} (the tensors its Diffusers model has no place for, "
+                         f"which cogexport keeps there when it exports a release), so {names} are not written")
+            continue
+        for key, tensor in inputs.open_more([path]).items():
+            if not any(drop.matches(key) for drop in drops):
+                raise CogExportError(f"{path} holds {key}, which is none of the tensors kept beside the model "
+                                     f"({', '.join(name for drop in drops for name in drop.names())})")
+            kept[key] = tensor
+    return kept, notes
 
 
 def _add_components_beside(transformer: OriginalPart, paths: list[Path], options: ExportOptions,
@@ -152,10 +183,18 @@ def _add_components_beside(transformer: OriginalPart, paths: list[Path], options
         written_beside = spec.originals and not any(layout.writer for layout in spec.originals)
         if component == "transformer" or not written_beside or not (folder / "config.json").is_file():
             continue
+        found = read_json(folder / "config.json").get("_class_name")
+        if found != spec.class_name:  # a variant's other class (LTX-2.3's vocoder): no original layout known
+            transformer.notes.append(f"{folder} is a {found}, whose original layout cogexport does not know; the "
+                                     f"release file is written without the {component_title(component)}")
+            continue
         source = inputs.open_more([folder], options.tag)
-        part = _plan_component(source, component, inputs, options, str(folder), search_folders([folder], source))
+        part = _plan_component(source, component, inputs, options, str(folder), search_folders([folder], source),
+                               folder)
         transformer.beside.update(part.prefixed())
         transformer.beside_components += (component,)
+        transformer.beside_configs[component] = part.config
+        transformer.notes += part.notes
 
 
 def _result(parts: list[OriginalPart], folder: FolderPlan, component: str, inputs: ExportInputs,
@@ -166,4 +205,4 @@ def _result(parts: list[OriginalPart], folder: FolderPlan, component: str, input
     source = next(iter(inputs.sources.values()))
     return ExportResult(output, f"original {what}", first.label, folder.written_paths, folder.tensors,
                         folder.total_bytes, first.policy.describe(), family=first.family.name,
-                        source=asdict(source.info), notes=list(source.info.notes))
+                        source=asdict(source.info), notes=[*source.info.notes, *(n for p in parts for n in p.notes)])
