@@ -71,9 +71,9 @@ def connectors_config(layout: str) -> dict[str, Any]:
     if layout == "release":
         return dict(common, video_connector_num_attention_heads=2, video_connector_attention_head_dim=12,
                     audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=12)
-    return dict(common, video_connector_num_attention_heads=4, video_connector_attention_head_dim=8,
+    return dict(common, video_connector_num_attention_heads=2, video_connector_attention_head_dim=12,
                 video_connector_num_layers=1, video_connector_num_learnable_registers=None,
-                audio_connector_num_attention_heads=4, audio_connector_attention_head_dim=8,
+                audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=12,
                 audio_connector_num_layers=1, audio_connector_num_learnable_registers=None,
                 connector_rope_base_seq_len=32, rope_double_precision=False)
 

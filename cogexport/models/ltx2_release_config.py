@@ -107,16 +107,17 @@ def _listed(value: Any, count: int) -> list:
 
 
 def _encoder_blocks(config: Mapping[str, Any]) -> list:
-    """The encoder as the release lists it: residual blocks, each level's downsampler (its width multiplier), ..."""
+    """The encoder as the release lists it: each level's residual blocks and downsampler (its width multiplier), then
+    the mid block (Diffusers' last layers_per_block entry)."""
     layers, widths = list(config["layers_per_block"]), list(config["block_out_channels"])
     kinds = _listed(config["downsample_type"], len(widths))
-    blocks: list = [["res_x", {"num_layers": layers[0]}]]
+    blocks: list = []
     width = config["latent_channels"]
     for level, (out, kind) in enumerate(zip(widths, kinds)):
+        blocks.append(["res_x", {"num_layers": layers[level]}])
         blocks.append([_DOWNSAMPLE[kind], {"multiplier": out // width}])
-        blocks.append(["res_x", {"num_layers": layers[level + 1]}])
         width = out
-    return blocks
+    return blocks + [["res_x", {"num_layers": layers[-1]}]]
 
 
 def _decoder_blocks(config: Mapping[str, Any]) -> list:
