@@ -307,3 +307,64 @@ def test_the_tables_never_take_another_familys_model():
             for _, table_name in component_tables(component, family):
                 table = load_table(table_name)
                 assert not table.recognises(table.select(release_names)[0]), (table_name, "LTX-2 release")
+
+
+# -- LTX-2.3's layers: their release names, as DiffSynth-Studio's port of the LTX-2 code has them --------------------
+def _names(model: torch.nn.Module, prefix: str = "") -> dict[str, LazyTensor]:
+    return {prefix + name: LazyTensor(t.shape, torch.float32, lambda: None) for name, t in model.state_dict().items()}
+
+
+def test_the_2_3_transformers_release_names_translate_into_diffusers_2_3_model():
+    """Gated attention, the prompt modulation (prompt_adaln_single, prompt_scale_shift_table): DiffSynth-Studio's
+    LTXModel built with 2.3's flags has them under the release's names; the table makes every tensor of Diffusers'
+    LTX2VideoTransformer3DModel with 2.3's flags of them, each the right shape, and back."""
+    from diffsynth_ltx2 import diffsynth_module
+    from diffusers import LTX2VideoTransformer3DModel
+
+    sizes = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, num_layers=2,
+                 cross_attention_dim=16, caption_channels=24, audio_num_attention_heads=2, audio_attention_head_dim=4,
+                 audio_in_channels=4, audio_out_channels=4, audio_cross_attention_dim=8)
+    with torch.device("meta"):
+        theirs = diffsynth_module("ltx2_dit").LTXModel(**sizes, apply_gated_attention=True, cross_attention_adaln=True)
+        ours = LTX2VideoTransformer3DModel(**sizes, gated_attn=True, audio_gated_attn=True, cross_attn_mod=True,
+                                           audio_cross_attn_mod=True, rope_type="split")
+    release_names = _names(theirs, "model.diffusion_model.")
+    schema = {name: t.shape for name, t in ours.state_dict().items()}
+    table = load_table("ltx2/original_transformer")
+    assert any("prompt_adaln_single" in n for n in release_names) and any("to_gate_logits" in n for n in release_names)
+    assert plan_translation(table, release_names, schema, {}).tensors.keys() == schema.keys()
+    back = plan_translation(table.inverted(), _names(ours), None, {}).tensors
+    assert {f"model.diffusion_model.{name}" for name in back} == set(release_names)
+    facts = read_facts(FAMILY, table, {n: t.shape for n, t in release_names.items()}).facts
+    assert facts["version"] == "2.3"
+
+
+def test_the_2_3_connectors_release_names_translate_into_diffusers_2_3_connectors():
+    """Per-stream projections of the text encoder's layers and gated attention: DiffSynth-Studio's
+    LTX2TextEncoderPostModules (its own converter's prefixes: text_embedding_projection. <- feature_extractor_linear.,
+    model.diffusion_model.video_embeddings_connector. <- embeddings_connector.) translate into LTX2TextConnectors with
+    2.3's settings."""
+    from diffsynth_ltx2 import diffsynth_module
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+
+    with torch.device("meta"):
+        theirs = diffsynth_module("ltx2_text_encoder").LTX2TextEncoderPostModules(
+            separated_audio_video=True, embedding_dim_gemma=24, num_layers_gemma=3, video_attention_heads=2,
+            video_attention_head_dim=8, audio_attention_heads=2, audio_attention_head_dim=4, num_connector_layers=1,
+            apply_gated_attention=True)
+        ours = LTX2TextConnectors(caption_channels=24, text_proj_in_factor=3, video_connector_num_attention_heads=2,
+                                  video_connector_attention_head_dim=8, video_connector_num_layers=1,
+                                  audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=4,
+                                  audio_connector_num_layers=1, video_gated_attn=True, audio_gated_attn=True,
+                                  per_modality_projections=True, video_hidden_dim=16, audio_hidden_dim=8,
+                                  proj_bias=True, rope_type="split")
+    prefixes = {"feature_extractor_linear.": "text_embedding_projection.",
+                "embeddings_connector.": "model.diffusion_model.video_embeddings_connector.",
+                "audio_embeddings_connector.": "model.diffusion_model.audio_embeddings_connector."}
+    release_names = {}
+    for name, tensor in _names(theirs).items():
+        prefix = next(p for p in prefixes if name.startswith(p))
+        release_names[prefixes[prefix] + name[len(prefix):]] = tensor
+    schema = {name: t.shape for name, t in ours.state_dict().items()}
+    assert plan_translation(load_table("ltx2/original_connectors"), release_names, schema, {}).tensors.keys() == \
+        schema.keys()

@@ -121,18 +121,19 @@ def _encoder_blocks(config: Mapping[str, Any]) -> list:
 
 
 def _decoder_blocks(config: Mapping[str, Any]) -> list:
-    """The decoder as the release lists it, from its mid block out (Diffusers' per-block lists run the other way)."""
-    layers = list(reversed(config["decoder_layers_per_block"]))
+    """The decoder as the release lists it: from the output side in (the mid block last), which is the order of
+    Diffusers' per-block lists, except upsample_type, which Diffusers indexes from the mid block out."""
+    layers = list(config["decoder_layers_per_block"])
     levels = len(layers) - 1
-    noise = list(reversed(_listed(config["decoder_inject_noise"], levels + 1)))
-    residual = list(reversed(_listed(config["upsample_residual"], levels)))
-    factor = list(reversed(_listed(config["upsample_factor"], levels)))
-    kinds = _listed(config["upsample_type"], levels)
-    blocks: list = [["res_x", {"num_layers": layers[0], "inject_noise": noise[0]}]]
+    noise = _listed(config["decoder_inject_noise"], levels + 1)
+    residual = _listed(config["upsample_residual"], levels)
+    factor = _listed(config["upsample_factor"], levels)
+    kinds = list(reversed(_listed(config["upsample_type"], levels)))
+    blocks: list = []
     for level in range(levels):
+        blocks.append(["res_x", {"num_layers": layers[level], "inject_noise": noise[level]}])
         blocks.append([_UPSAMPLE[kinds[level]], {"residual": residual[level], "multiplier": factor[level]}])
-        blocks.append(["res_x", {"num_layers": layers[level + 1], "inject_noise": noise[level + 1]}])
-    return blocks
+    return blocks + [["res_x", {"num_layers": layers[levels], "inject_noise": noise[levels]}]]
 
 
 def _audio_vae_section(config: Mapping[str, Any]) -> dict:
