@@ -369,3 +369,27 @@ def test_the_2_3_connectors_release_names_translate_into_diffusers_2_3_connector
     schema = {name: t.shape for name, t in ours.state_dict().items()}
     assert plan_translation(load_table("ltx2/original_connectors"), release_names, schema, {}).tensors.keys() == \
         schema.keys()
+
+
+@pytest.mark.parametrize("version, variant", [("ltx-2", "LTX-2-19B-dev"), ("ltx-2.3", "LTX-2.3-22B-dev")])
+def test_the_full_size_vae_layouts_are_the_ltx2_codes_own(version, variant):
+    """DiffSynth-Studio's port of the LTX-2 video VAE, built at full size with each release's own block lists (2.0:
+    a three-level decoder; 2.3: four levels, a temporal and a spatial one among them): the table run backwards on
+    the variant's Diffusers VAE gives every one of its encoder's and decoder's names, each the same shape (it keeps the
+    latent statistics inside each coder; the release, once, beside them)."""
+    from diffsynth_ltx2 import diffsynth_module
+
+    from cogexport.models.target import build_target
+
+    module = diffsynth_module("ltx2_video_vae")
+    with torch.device("meta"):
+        coders = {"decoder": module.LTX2VideoDecoder(decoder_version=version),
+                  "encoder": module.LTX2VideoEncoder(encoder_version=version)}
+    theirs = {f"{coder}.{name}": t.shape for coder, model in coders.items() for name, t in model.state_dict().items()
+              if not name.startswith("per_channel_statistics.")}
+    target = build_target("AutoencoderKLLTX2Video", FAMILY.vae_config(FAMILY.variant_named(variant)))
+    lazy = {name: LazyTensor(shape, torch.float32, lambda: None) for name, shape in target.schema.items()}
+    ours = {name: t.shape for name, t in plan_translation(load_table("ltx2/original_vae").inverted(), lazy, None,
+                                                           target.counts).tensors.items()
+            if not name.startswith("per_channel_statistics.")}
+    assert ours == theirs
