@@ -5,7 +5,7 @@ weights) -> Diffusers bf16 transformer, against the reference path, in one run.
     .venv/bin/python scripts/benchmark_ltx2.py --reference-path RELEASE CONFIG_DIR OUT   # the reference alone
 
 Full width always (the 19B's 32 x 128 video and 32 x 64 audio streams); full depth by default: 48 layers, 18.9B
-parameters in the transformer (75.8 GB in fp32), beside it the text connectors, both VAEs and the vocoder of the
+parameters in the transformer (75.5 GB in fp32; the release file 43.3 GB in bf16), beside it the text connectors, both VAEs and the vocoder of the
 release at their full sizes, as ltx-2-19b-dev.safetensors holds them. ``--layers N`` makes the transformer N layers
 deep (the other models stay full size) for a quick check. cogexport:
 ``cogexport RELEASE OUT --base CONFIG_DIR --component transformer``. The reference path: Diffusers'
