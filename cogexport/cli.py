@@ -264,7 +264,8 @@ def verify(output, against, vae_against, tag, ema, no_load, judge_limit, as_json
                          judge_limit=parse_size(judge_limit))
     vae_files = list((output / "vae").glob("*.safetensors")) if is_pipeline(output) else []
     # Hard-linked files came from --base as they were; only an exported (or copied) VAE deserves the reminder.
-    if vae_against is None and any(path.stat().st_nlink == 1 for path in vae_files):
+    checked = {Path(report.folder) for report in reports}
+    if vae_against is None and output / "vae" not in checked and any(path.stat().st_nlink == 1 for path in vae_files):
         click.echo(f"cogexport: note: {output / 'vae'} not checked (pass --vae-against with the VAE checkpoint it was "
                    "exported from, if it was not taken from --base)", err=True)
     if as_json:

@@ -13,6 +13,7 @@ from .errors import CogExportError
 from .inspect_folders import diffusers_folder_kind, inspect_diffusers_folder, render_folder_text
 from .lazy import LazyTensor
 from .lora import read_adapter
+from .models.family import families
 from .models.recognize import component_tables, config_beside, expert_folders, fitting_tables, lora_key, read_facts
 from .progress import byte_progress
 
@@ -103,7 +104,7 @@ def recognise_models(source: Mapping[str, LazyTensor], metadata: Mapping[str, st
             found["lora"] = {**adapter.summary(), "alpha": adapter.alpha if adapter.alpha_recorded else None,
                              "assumed_alpha": None if adapter.alpha_recorded else adapter.alpha}
         return found
-    for component in ("transformer", "vae"):
+    for component in model_components():
         for family, table in fitting_tables(keys, component_tables(component)):
             selected, ignored = table.select(keys)
             entry = {"family": family.name, "layout": table.name, "description": table.source, "keys": len(selected),
@@ -161,9 +162,14 @@ def _format_row(report: dict) -> str:
             + (f", saved by DeepSpeed {report['ds_version']}" if report["ds_version"] else ""))
 
 
+def model_components() -> tuple[str, ...]:
+    """Every model any family exports (transformer, vae, audio_vae, ...), the transformer first."""
+    return tuple(dict.fromkeys(name for family in families() for name in family.components))
+
+
 def _model_rows(models: dict) -> list[tuple[str, str]]:
     rows = []
-    for component in ("transformer", "vae"):
+    for component in model_components():
         entry = models.get(component)
         if entry:
             what = entry.get("model", "") + (f" ({entry['model_type']}, {entry['layers']} layers, hidden "

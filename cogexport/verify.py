@@ -34,8 +34,8 @@ from .lazy import LazyTensor
 from .checkpoint import open_checkpoint, open_ema
 from .lora import base_weights, plan_fused, read_adapter
 from .models.base_folder import read_json
-from .models.family import family_of_class
-from .models.recognize import choose_table, expert_folders, lora_key
+from .models.family import family_of_class, model_class
+from .models.recognize import choose_table, component_tables, expert_folders, fitting_tables, lora_key
 from .models.target import build_target
 from .verify_quantized import check_file, original_names, quantized_files, source_of
 from .write.diffusers_folders import variant_of
@@ -124,17 +124,18 @@ def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, ta
         return [_verify_adapter(output, as_paths(against), SourceChoice(tag, ema))]
     options = SourceChoice(tag, ema)
     return [_verify_folder(folder, sources, options, load, judge_limit)
-            for folder, sources in _model_checks(output, as_paths(against), vae_against)]
+            for folder, sources in _model_checks(output, as_paths(against), vae_against, options)]
 
 
-def _model_checks(output: Path, against: list[Path], vae_against: str | Path | None) -> list[tuple[Path, list[Path]]]:
+def _model_checks(output: Path, against: list[Path], vae_against: str | Path | None,
+                  options: SourceChoice) -> list[tuple[Path, list[Path]]]:
     """Each model folder of the output and the checkpoint it was exported from."""
     if (output / "config.json").is_file():
         checks = [(output, against)]
     elif is_pipeline(output):
         experts = expert_folders(against)  # a release holding one model per expert: each against its own
         checks = [(output / component, [folder]) for component, folder in experts.items()] if experts else \
-            [(output / "transformer", against)]
+            [(output / "transformer", against), *_release_components(output, against, options)]
         if vae_against is not None:
             checks.append((output / "vae", as_paths(vae_against)))
     else:
@@ -194,6 +195,21 @@ def _verify_quantized(file: Path, output: Path, against: list[Path], options: So
     report.errors = [{"name": c.name, "type": c.type, "max_error": c.max_error, "rms_relative": c.rms_relative}
                      for c in checks]
     return report
+
+
+def _release_components(output: Path, sources: list[Path], options: SourceChoice) -> list[tuple[Path, list[Path]]]:
+    """The pipeline's other models that came from the same release file as its transformer (the family's
+    from_checkpoint components whose layout the file holds: LTX-2's VAEs, connectors and vocoder), each checked
+    against that file."""
+    config = output / "transformer" / "config.json"
+    found = family_of_class(read_json(config).get("_class_name")) if config.is_file() else None
+    if found is None or not found[0].from_checkpoint:
+        return []
+    family = found[0]
+    with options.open(sources) as source:
+        keys = list(source)
+    return [(output / name, sources) for name in family.from_checkpoint
+            if (output / name / "config.json").is_file() and fitting_tables(keys, component_tables(name, family))]
 
 
 def _folders(sources: list[Path]) -> list[Path]:
@@ -301,9 +317,15 @@ def _ask_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], written: Ma
 
 
 def _judge_assumption_unmet(table: KeyMapTable, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
-    """Why the judge's hard-coded sizes do not fit this checkpoint (its answer would be wrong, not ours), or None."""
+    """Why the judge's hard-coded sizes do not fit this checkpoint (its answer would be wrong, not ours), or None. A
+    key given as false must be absent: the judge's fixed renames know no such key (a later version's)."""
     for key, wanted in table.judge_when.items():
         shape = shapes.get(key)
+        if wanted is False:
+            if shape is not None:
+                return (f"its renames are fixed for the layout without {key} (a later version's key, which this "
+                        "checkpoint has), so it could not give a second opinion")
+            continue
         fits = shape is not None and len(shape) == len(wanted) and all(
             want == "*" or want == have for want, have in zip(wanted, shape))
         if not fits:
@@ -314,11 +336,9 @@ def _judge_assumption_unmet(table: KeyMapTable, shapes: Mapping[str, tuple[int, 
 
 
 def _load(folder: Path, class_name: str, report: VerifyReport) -> None:
-    import diffusers
-
     try:
-        model, info = getattr(diffusers, class_name).from_pretrained(folder, variant=variant_of(folder),
-                                                                      output_loading_info=True)
+        model, info = model_class(class_name).from_pretrained(folder, variant=variant_of(folder),
+                                                              output_loading_info=True)
         problems = [f"{k}: {v}" for k, v in info.items() if v]
         report.loads_with_diffusers = not problems
         report.load_error = "; ".join(problems) or None

@@ -11,6 +11,8 @@ the claims is the dispatcher's job (dispatch.py).
 
 from __future__ import annotations
 
+import json
+
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,9 +202,23 @@ def safetensors_claims(folder: Path, covered: set[Path]) -> list[Claim]:
         shown = weights[0] if len(weights) == 1 and weights[0].stem not in PLAIN_STEMS else folder
         claims.append(Claim("safetensors", shown, "safetensors weights", lambda options: SafetensorsCheckpoint(folder),
                             covers=set(weights)))
+    others = [file for file in files if file not in weights]
+    if weights and others and _is_model_folder(folder):
+        # a save_pretrained model folder is its plain weights (what from_pretrained reads); other files beside them
+        # are side files (cogexport keeps a release's tensors the Diffusers class has no place for there)
+        claims[0].covers |= set(others)
+        return claims
     claims += [Claim("safetensors", file, "safetensors weights", lambda options, file=file: SafetensorsCheckpoint(file),
-                     covers={file}) for file in files if file not in weights]
+                     covers={file}) for file in others]
     return claims
+
+
+def _is_model_folder(folder: Path) -> bool:
+    """A Diffusers model folder: its config.json names the model's class."""
+    try:
+        return isinstance(json.loads((folder / "config.json").read_text()).get("_class_name"), str)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _index_names(index: Path) -> set[str]:

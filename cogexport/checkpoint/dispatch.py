@@ -18,7 +18,8 @@ Never candidates of their own: a DeepSpeed checkpoint-N's adapter copy (``pytorc
 finetune/); a consolidated Hugging Face writer save's ``sharded/`` (the same save in pieces); a checkpoint folder's
 safetensors copy inside it holding the same tensors (``accelerate merge-weights`` into checkpoint-N: the original is
 read); a folder's weights in other forms (``stem.fp16.safetensors`` variants, ``pytorch_model.bin`` beside
-safetensors weights); training state (optimizer, scheduler, RNG, trainer files); hidden folders. One rank's file of a
+safetensors weights); other safetensors files of a save_pretrained model folder (its config.json names its class: it
+is its plain weights, and cogexport keeps there a release's tensors the class has no place for); training state (optimizer, scheduler, RNG, trainer files); hidden folders. One rank's file of a
 distributed save (PyTorch's Hugging Face writer) is never read as a model: pointing at it is refused.
 """
 

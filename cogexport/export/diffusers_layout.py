@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from ..lora import LoraAdapter
 from ..models.base_folder import BaseFolder
-from ..models.family import Variant
+from ..models.family import Variant, model_index_entry
 from ..write.diffusers_folders import model_folder_files, model_index_file, scheduler_file
-from ..write.folder_plan import FolderPlan, LinkedFolder, TextFile
+from ..write.folder_plan import SAFETENSORS_METADATA, FolderPlan, LinkedFolder, TensorFile, TextFile
 from .cards import model_folder_card
 from .inputs import ExportInputs
 from .options import ExportOptions
@@ -20,10 +20,17 @@ def model_folders(parts: list[ModelExport]) -> FolderPlan:
     its pipeline component."""
     folder = FolderPlan()
     for part in parts:
-        folder.add(*model_folder_files(part.component if len(parts) > 1 else "", part.target.model, part.tensors,
-                                       part.shards))
+        folder.add(*part_files(part, part.component if len(parts) > 1 else ""))
     folder.check()
     return folder
+
+
+def part_files(part: ModelExport, folder: str) -> list:
+    """A model folder: config.json and the weights as save_pretrained writes them, and the tensors the table keeps
+    beside them because the Diffusers class has no place for them (each kept file as it was, uncast)."""
+    kept = [TensorFile(f"{folder}/{file}" if folder else file, tensors, metadata=SAFETENSORS_METADATA)
+            for file, tensors in part.plan.kept.items()]
+    return [*model_folder_files(folder, part.target.model, part.tensors, part.shards), *kept]
 
 
 def linked_from_base(parts: list[ModelExport], variant: Variant) -> tuple[str, ...]:
@@ -39,15 +46,16 @@ def pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant
     task = family.task(variant.task)
     folder = FolderPlan()
     for part in parts:
-        folder.add(*model_folder_files(part.component, part.target.model, part.tensors, part.shards))
+        folder.add(*part_files(part, part.component))
     linked = linked_from_base(parts, variant)
     folder.add(*(LinkedFolder(name, base.component_dir(name)) for name in linked))
     folder.add(scheduler_file("scheduler", family.scheduler_class, family.scheduler_for(variant)))
     components = {name: base.components[name] for name in family.from_base(variant) if name in base.components}
-    components.update({name: ["diffusers", family.components[name].class_name] for name in linked
-                       if name in family.components})
+    # a model taken from --base keeps the base's own entry (its class may be a variant's other class)
+    components.update({name: base.components.get(name) or model_index_entry(family.components[name].class_name)
+                       for name in linked if name in family.components})
     components.update(scheduler=["diffusers", family.scheduler_class])
-    components.update({part.component: ["diffusers", part.target.class_name] for part in parts})
+    components.update({part.component: model_index_entry(part.target.class_name) for part in parts})
     folder.add(model_index_file(task.pipeline, components, variant.pipeline),
                TextFile("README.md", model_folder_card(parts, variant, options, inputs.source, adapter)))
     folder.check()

@@ -70,7 +70,8 @@ def plan_way_back(inputs: ExportInputs, component: str, options: ExportOptions,
     ``component``. ``refuse_original``: an input already in the original layout is refused (--to original)."""
     if component != "transformer":
         return [_component_part(inputs.sources[name], component, inputs, options, inputs.where_of(name),
-                                inputs.search_folders(name), refuse_original) for name in inputs.sources]
+                                inputs.search_folders(name), _own_folder(inputs, name), refuse_original)
+                for name in inputs.sources]
     # the original layout holds a full model: a LoRA run is fused into it (--lora adapter was refused with the options)
     mode = lora_mode(replace(options, lora=options.lora or ("fuse" if inputs.lora_marker else None), component=None),
                      inputs.lora_marker, inputs.where)
@@ -85,7 +86,8 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
         part = plan_fused_transformer(adapter, inputs, name, options)
     else:
         source, where = inputs.sources[name], inputs.where_of(name)
-        family, table = choose_table(source, "transformer", "transformer", where, family_hint(inputs.base, options))
+        family, table = choose_table(source, "transformer", "transformer", where,
+                                     family_hint(inputs.base, options, inputs.paths_of(name)))
         _check_layouts(family.transformer, table.name, family, where, refuse_original)
         # the release's expert subfolders (high_noise_model/, ...) when writing several experts
         experts = tuple(release_folder_of(family, each, len(names)) for each in names) if len(names) > 1 else ()
@@ -126,21 +128,57 @@ def _check_layouts(spec: ModelSpec, table: str, family: ModelFamily, where: str,
                              "without --to original to get Diffusers weights")
 
 
+def _own_folder(inputs: ExportInputs, name: str) -> Path | None:
+    """The model's own folder, when it was given as one (where an export kept the tensors its class has no place
+    for)."""
+    where = inputs.paths_of(name)
+    return where[0] if len(where) == 1 and where[0].is_dir() else None
+
+
 def _component_part(source: LazyCheckpoint, component: str, inputs: ExportInputs, options: ExportOptions,
-                    where: str, folders: list[Path], refuse_original: bool = True) -> OriginalPart:
+                    where: str, folders: list[Path], folder: Path | None = None,
+                    refuse_original: bool = True) -> OriginalPart:
+    """A model other than the transformer in its original names, with the tensors an export kept in ``folder``."""
     title = component_title(component)
-    family, table = choose_table(source, component, title, where, family_hint(inputs.base, options))
+    family, table = choose_table(source, component, title, where, family_hint(inputs.base, options, folders))
     _check_layouts(family.components[component], table.name, family, where, refuse_original)
     part = plan_component(source, component, family, None, inputs.base, options, where, folders)
     written = _written_back(part, where, refuse_original)
     written.label = part.label.removesuffix(f" {title}")
+    kept, written.notes = kept_beside(written.layout, folder, inputs)
+    written.tensors = {**written.tensors, **kept}
     return written
+
+
+def kept_beside(layout: OriginalLayout, folder: Path | None, inputs: ExportInputs
+                ) -> tuple[dict[str, LazyTensor], list[str]]:
+    """The tensors an export kept beside the model folder (the table's drop rules with ``keep``), as they were: every
+    key must be one those rules name. Without the file, the original is written without them, and the user told."""
+    files: dict[str, list] = {}
+    for drop in load_table(layout.table).drops:
+        if drop.keep:
+            files.setdefault(drop.keep, []).append(drop)
+    kept: dict[str, LazyTensor] = {}
+    notes: list[str] = []
+    for name, drops in files.items():
+        path = folder / name if folder is not None else None
+        if path is None or not path.is_file():
+            names = ", ".join(name for drop in drops for name in drop.names())
+            notes.append(f"{folder or 'the input'} has no {name} (the tensors its Diffusers model has no place for, "
+                         f"which cogexport keeps there when it exports a release), so {names} are not written")
+            continue
+        for key, tensor in inputs.open_more([path]).items():
+            if not any(drop.matches(key) for drop in drops):
+                raise CogExportError(f"{path} holds {key}, which is none of the tensors kept beside the model "
+                                     f"({', '.join(name for drop in drops for name in drop.names())})")
+            kept[key] = tensor
+    return kept, notes
 
 
 def add_components_beside(transformer: OriginalPart, options: ExportOptions, inputs: ExportInputs) -> None:
     """From a pipeline folder: its other models in the family's original names, each under its prefix, in the
-    transformer's file, for a layout that keeps them there (LTX-Video's VAE). Each model's version is the layout
-    under which every name translates."""
+    transformer's file, for a layout that keeps them there (LTX-Video's VAE, LTX-2's four other models). Each model's
+    version is the layout under which every name translates."""
     paths = inputs.paths
     if len(paths) != 1 or not (paths[0] / "model_index.json").is_file():
         return
@@ -149,7 +187,15 @@ def add_components_beside(transformer: OriginalPart, options: ExportOptions, inp
         written_beside = spec.originals and not any(layout.writer for layout in spec.originals)
         if component == "transformer" or not written_beside or not (folder / "config.json").is_file():
             continue
+        found = read_json(folder / "config.json").get("_class_name")
+        if found != spec.class_name:  # a variant's other class (LTX-2.3's vocoder): no original layout known
+            transformer.notes.append(f"{folder} is a {found}, whose original layout cogexport does not know; the "
+                                     f"release file is written without the {component_title(component)}")
+            continue
         source = inputs.open_more([folder], options.tag)
-        part = _component_part(source, component, inputs, options, str(folder), search_folders([folder], source))
+        part = _component_part(source, component, inputs, options, str(folder), search_folders([folder], source),
+                               folder)
         transformer.beside.update(part.prefixed())
         transformer.beside_components += (component,)
+        transformer.beside_configs[component] = part.config
+        transformer.notes += part.notes

@@ -31,6 +31,8 @@ class OriginalPart:
     policy: PrecisionPolicy
     beside: dict[str, LazyTensor] = field(default_factory=dict)  # other models' tensors in the same file, prefixed
     beside_components: tuple[str, ...] = ()  # which models those are
+    beside_configs: dict[str, dict] = field(default_factory=dict)  # their Diffusers configs, by component
+    notes: list[str] = field(default_factory=list)  # what the user should know about what was written
     read_as: dict[str, LazyTensor] = field(default_factory=dict)  # the tensors as read, not cast (original names)
     variant: Variant | None = None  # the published variant it is built like
 
@@ -67,11 +69,18 @@ def _torch(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[P
 def _single_file(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:
     """One safetensors file: the model under its prefix, the other components the release keeps in the same file
     under theirs, and the release's header metadata."""
-    metadata = part.family.shapes.original_metadata(part.config, part.task)
+    metadata = part.family.shapes.original_metadata(part.config, part.task, part.beside_configs)
     return [TensorFile(_join(folder, part.layout.file), {**part.prefixed(), **part.beside}, metadata=metadata)]
 
 
+def _alone(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:
+    """A model the release keeps in the transformer's file, asked for alone: one safetensors file of its tensors under
+    their release names (prefix included), named after the component."""
+    return [TensorFile(_join(folder, f"{part.component}.safetensors"), part.prefixed())]
+
+
 ORIGINAL_WRITERS: dict[str, Callable[[str, OriginalPart, str | int], list[PlannedFile]]] = {
+    "": _alone,
     "safetensors": _safetensors,
     "sat": _sat,
     "model_states": _model_states,

@@ -15,7 +15,7 @@ from ..keymap.plan import Plan, plan_translation
 from ..keymap.table import KeyMapTable
 from ..lazy import LazyTensor
 from ..lora import LoraAdapter, base_weights, check_fits, plan_fused
-from ..models.base_folder import BaseFolder
+from ..models.base_folder import BaseFolder, read_json
 from ..models.family import ModelFamily, Variant, component_title
 from ..models.recognize import (Recognised, choose_table, component_tables, diffusers_config_beside, fitting_tables,
                                 recognise)
@@ -54,13 +54,21 @@ def target_request(options: ExportOptions, base: BaseFolder | None, component: s
     return TargetRequest(options.model_type, options.model_name, base, component, experts)
 
 
-def family_hint(base: BaseFolder | None, options: ExportOptions) -> ModelFamily | None:
-    """The family --base or --model-name names, if either is given."""
-    from ..models.family import family_of_variant
+def family_hint(base: BaseFolder | None, options: ExportOptions, folders: Sequence[Path] = ()) -> ModelFamily | None:
+    """The family --base or --model-name names, else the one whose class a Diffusers config.json in ``folders``
+    names (models of two families can have the same tensor names: LTX-Video's and LTX-2's VAEs)."""
+    from ..models.family import family_of_class, family_of_variant
 
     if base is not None:
         return base.family
-    return family_of_variant(options.model_name)[0] if options.model_name else None
+    if options.model_name:
+        return family_of_variant(options.model_name)[0]
+    for folder in folders:
+        path = Path(folder) / "config.json"
+        found = family_of_class(read_json(path).get("_class_name")) if path.is_file() else None
+        if found:
+            return found[0]
+    return None
 
 
 def plan_transformer(source: Mapping[str, LazyTensor], options: ExportOptions, where: str,
@@ -68,7 +76,7 @@ def plan_transformer(source: Mapping[str, LazyTensor], options: ExportOptions, w
                      folders: Sequence[Path] = ()) -> ModelExport:
     """The transformer (or the expert ``component`` of a model with ``experts``) of the checkpoint ``source``,
     translated into its Diffusers model; ``folders`` are where the run may keep its config."""
-    family, table = choose_table(source, "transformer", "transformer", where, family_hint(base, options))
+    family, table = choose_table(source, "transformer", "transformer", where, family_hint(base, options, folders))
     metadata = source.info.metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
     recognised = recognise(source, table, family, experts, metadata)
     chosen = choose_transformer(recognised, family, target_request(options, base, component, experts), where, folders)
@@ -178,7 +186,13 @@ def components_inside(source: Mapping[str, LazyTensor], family: ModelFamily) -> 
 
 
 def count_shared_keys_once(parts: list[ModelExport], keys: list[str]) -> None:
-    """Models that share one file: a key one of them reads is not 'ignored' by the others."""
-    used = {key for part in parts for key in part.table.select(keys)[0].values()}
+    """Models that share one file: a key one of them reads is not 'ignored' by the others, nor 'dropped' by one whose
+    table drops it because it is the other's (LTX-2's text connectors under the transformer's prefix)."""
+    selected = {id(part): set(part.table.select(keys)[0].values()) for part in parts}
+    read = {id(part): selected[id(part)] - set(part.plan.dropped) for part in parts}
+    used = set().union(*read.values())
+    seen = set().union(*selected.values())
     for part in parts:
-        part.plan.ignored = [key for key in part.plan.ignored if key not in used]
+        elsewhere = used - read[id(part)]
+        part.plan.ignored = [key for key in part.plan.ignored if key not in seen]
+        part.plan.dropped = {key: why for key, why in part.plan.dropped.items() if key not in elsewhere}

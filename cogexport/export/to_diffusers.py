@@ -23,8 +23,8 @@ from .experts import assign_experts
 from .diffusers_layout import linked_from_base, model_folders, pipeline_folder
 from .inputs import ExportInputs, open_inputs
 from .options import PIPELINE, ExportOptions, check_options, default_component, lora_mode
-from .parts import (ModelExport, components_inside, count_shared_keys_once, plan_component, plan_fused_transformer,
-                    plan_transformer)
+from .parts import (ModelExport, components_inside, count_shared_keys_once, family_hint, plan_component,
+                    plan_fused_transformer, plan_transformer)
 from .publish import publish
 from .result import ExportResult
 
@@ -61,7 +61,7 @@ def _plan_model_export(inputs: ExportInputs, options: ExportOptions, adapters: d
 def _named_family(inputs: ExportInputs, options: ExportOptions) -> tuple[ModelFamily | None, Variant | None]:
     if options.model_name:
         return family_of_variant(options.model_name)
-    return (inputs.base.family if inputs.base else None), None
+    return family_hint(inputs.base, options, inputs.search_folders()), None
 
 
 def _plan_transformers(inputs: ExportInputs, adapters: dict[str, LoraAdapter],

@@ -52,7 +52,7 @@ def way_back_result(parts: list[OriginalPart], folder: FolderPlan, what: str, in
     source = next(iter(inputs.sources.values()))
     return ExportResult(output, what, parts[0].label, folder.written_paths, folder.tensors, folder.total_bytes,
                         precision, family=parts[0].family.name, source=asdict(source.info),
-                        notes=list(source.info.notes))
+                        notes=[*source.info.notes, *(note for part in parts for note in part.notes)])
 
 
 def _result(parts: list[OriginalPart], folder: FolderPlan, component: str, inputs: ExportInputs,

@@ -26,6 +26,8 @@ class Plan:
     tensors: dict[str, LazyTensor]
     dropped: dict[str, str] = field(default_factory=dict)  # source key -> reason
     ignored: list[str] = field(default_factory=list)  # source keys outside the table's prefix
+    # dropped tensors a drop rule keeps beside the model: file -> {name in the table's source naming: tensor}
+    kept: dict[str, dict[str, LazyTensor]] = field(default_factory=dict)
 
 
 def _listing(names: list[str], limit: int = 5) -> str:
@@ -90,6 +92,9 @@ def plan_translation(table: KeyMapTable, source: Mapping[str, LazyTensor],
     selected, ignored = table.select(source)
     plan = Plan(tensors={}, ignored=ignored)
     groups = _group_keys(table, selected, schema, counts, plan, strict, what)
+    # every file the table keeps is made, empty when the source had none of its tensors (which then says so)
+    plan.kept = {drop.keep: {name: source[selected[name]] for name in plan.kept.get(drop.keep, {})}
+                 for drop in table.drops if drop.keep}
     produced = _GroupBuilder(table, source, selected, schema, counts, plan, strict, what).build(groups)
     if schema is None:
         plan.tensors = produced
@@ -123,6 +128,8 @@ def _group_keys(table: KeyMapTable, selected: Mapping[str, str], schema: Mapping
         for rule, index, values in matches:  # several only for alternatives without a target model: each is named
             if isinstance(rule, Drop):
                 plan.dropped[selected[name]] = rule.reason
+                if rule.keep:
+                    plan.kept.setdefault(rule.keep, {})[name] = name
                 continue
             groups.setdefault((id(rule), tuple(sorted(values.items()))), {})[index] = name
     if ambiguous:

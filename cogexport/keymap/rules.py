@@ -11,6 +11,7 @@ source key for a stated reason.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Mapping
@@ -134,11 +135,14 @@ class _SharedChunks:
 
 @dataclass(frozen=True)
 class Drop:
-    """Source keys that are deliberately not exported, with the reason shown to the user."""
+    """Source keys that are deliberately not exported, with the reason shown to the user. With ``keep``, tensors the
+    target class has no place for are kept as they are in that file beside the model (so the way back writes them
+    again)."""
 
     reason: str
     pattern: KeyPattern | None = None
     glob: str | None = None
+    keep: str | None = None
 
     def matches(self, key: str) -> bool:
         if self.pattern is not None:
@@ -147,3 +151,12 @@ class Drop:
 
     def describe(self) -> str:
         return f"drop {(self.pattern.text if self.pattern else self.glob)!r}"
+
+    def names(self) -> list[str]:
+        """The keys it names, for messages: each alternative spelled out where its placeholders are lists."""
+        if self.pattern is None:
+            return [self.glob]
+        kinds = [self.pattern.kinds[name] for name in self.pattern.names]
+        if not all(isinstance(kind, list) for kind in kinds):
+            return [self.pattern.text]
+        return [self.pattern.format(dict(zip(self.pattern.names, values))) for values in itertools.product(*kinds)]

@@ -23,8 +23,8 @@ from .pattern import KeyPattern, PatternError
 from .roots import find_key_map_file
 from .rules import Drop, Regroup
 
-_TABLE_FIELDS = {"name", "description", "source", "target", "select_prefix", "strip_prefixes", "signature", "requires",
-                 "include", "fallback", "judge", "judge_when", "no_judge"}
+_TABLE_FIELDS = {"name", "description", "source", "target", "select_keys", "select_prefix", "strip_prefixes", "signature",
+                 "requires", "excludes", "include", "fallback", "judge", "judge_when", "no_judge"}
 # A LoRA table's [lora] section (read by cogexport/lora/tables.py).
 _LORA_FIELDS = {"format", "modules", "writes", "default_alpha", "default_alpha_reason", "alpha_recorded",
                 "network_module", "write_lora_ab"}
@@ -33,7 +33,7 @@ _RULE_FIELDS = {
     "chunk": {"from", "to", "dim", "optional"},
     "regroup": {"from", "chunks", "dim", "to", "optional"},
     "reindex": {"from", "to", "reverse", "optional"},
-    "drop": {"from", "glob", "reason"},
+    "drop": {"from", "glob", "reason", "keep"},
 }
 
 
@@ -47,10 +47,14 @@ class KeyMapTable:
     description: str = ""
     source: str = ""
     target: str = ""
+    # globs of the keys this table reads, by their full names (a model whose keys sit under several prefixes of a
+    # release file, LTX-2's text connectors); the other keys are another model's, ignored
+    select_keys: tuple[str, ...] = ()
     select_prefix: str | None = None
     strip_prefixes: tuple[str, ...] = ()
     signature: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()  # globs that must each match some key (what tells look-alike layouts apart)
+    excludes: tuple[str, ...] = ()  # globs that no key may match (a look-alike layout's own keys)
     judge: str | None = None  # Diffusers' own converter for this layout (in diffusers.loaders.single_file_utils)
     # source keys and the shapes ("*" for any size) the judge's hard-coded constants assume: it is asked only then
     judge_when: dict = field(default_factory=dict, compare=False)
@@ -65,7 +69,8 @@ class KeyMapTable:
         """Whether these (selected) keys look like this table's source format."""
         keys = list(keys)
         return any(fnmatch.fnmatchcase(key, glob) for key in keys for glob in self.signature) and all(
-            any(fnmatch.fnmatchcase(key, glob) for key in keys) for glob in self.requires)
+            any(fnmatch.fnmatchcase(key, glob) for key in keys) for glob in self.requires) and not any(
+            fnmatch.fnmatchcase(key, glob) for key in keys for glob in self.excludes)
 
     @property
     def renames_nothing(self) -> bool:
@@ -77,16 +82,21 @@ class KeyMapTable:
     def select(self, keys: Iterable[str]) -> tuple[dict[str, str], list[str]]:
         """Keys this table applies to, as {name without prefixes: original name}, and the keys it ignores.
 
-        With ``select_prefix``, keys outside it (a SAT engine's T5 and VAE) are ignored, never renamed; a file
-        with no key under the prefix is taken as already unprefixed. ``strip_prefixes`` go when every key has them.
+        With ``select_keys``, only the keys those globs match are read (under their full names). With ``select_prefix``,
+        keys outside it (a SAT engine's T5 and VAE) are ignored, never renamed; a file with no key under the prefix is
+        taken as already unprefixed. ``strip_prefixes`` go when every key has them.
         """
         keys = list(keys)
         ignored: list[str] = []
+        if self.select_keys:
+            chosen = [any(fnmatch.fnmatchcase(key, glob) for glob in self.select_keys) for key in keys]
+            ignored = [key for key, taken in zip(keys, chosen) if not taken]
+            keys = [key for key, taken in zip(keys, chosen) if taken]
         selected = {key: key for key in keys}
         prefix = self.select_prefix
         if prefix and any(key.startswith(prefix) for key in keys):
             selected = {key[len(prefix):]: key for key in keys if key.startswith(prefix)}
-            ignored = [key for key in keys if not key.startswith(prefix)]
+            ignored += [key for key in keys if not key.startswith(prefix)]
         for strip in self.strip_prefixes:
             if selected and all(name.startswith(strip) for name in selected):
                 selected = {name[len(strip):]: original for name, original in selected.items()}
@@ -94,8 +104,8 @@ class KeyMapTable:
 
     def inverted(self) -> "KeyMapTable":
         """The same table run backwards (e.g. Diffusers to SAT); drops produce nothing in this direction."""
-        return replace(self, name=f"{self.name} (inverted)", select_prefix=None, strip_prefixes=(), signature=(),
-                       requires=(), judge=None, rules=tuple(rule.inverse() for rule in self.rules), drops=(),
+        return replace(self, name=f"{self.name} (inverted)", select_keys=(), select_prefix=None, strip_prefixes=(),
+                       signature=(), requires=(), excludes=(), judge=None, rules=tuple(rule.inverse() for rule in self.rules), drops=(),
                        fallback=self.fallback.inverted() if self.fallback else None)
 
 
@@ -145,7 +155,10 @@ def _rule(kind: str, spec: dict, all_kinds: dict, table: str) -> Regroup | Drop:
         _require(bool(spec.get("reason")), table, f"drop rule {spec} needs a reason")
         _require(("from" in spec) != ("glob" in spec), table, f"drop rule {spec} needs exactly one of from / glob")
         pattern = _patterns(spec["from"], kinds, table, "from")[0] if "from" in spec else None
-        return Drop(spec["reason"], pattern, spec.get("glob"))
+        keep = spec.get("keep")
+        _require(keep is None or (isinstance(keep, str) and keep.endswith(".safetensors") and "/" not in keep), table,
+                 f"drop rule {spec}: keep names a safetensors file beside the model (no folder)")
+        return Drop(spec["reason"], pattern, spec.get("glob"), keep)
     _require("from" in spec and "to" in spec, table, f"{kind} rule {spec} needs from and to")
     source = _patterns(spec["from"], kinds, table, "from")
     _require(len(source) == 1, table, f"{kind} rule {spec['from']} must have one source pattern")
@@ -201,10 +214,12 @@ def parse_table(text: str, name: str) -> KeyMapTable:
     table = KeyMapTable(
         name=header.get("name", name), description=header.get("description", included.description),
         source=header.get("source", included.source), target=header.get("target", included.target),
+        select_keys=tuple(header.get("select_keys", included.select_keys)),
         select_prefix=header.get("select_prefix", included.select_prefix),
         strip_prefixes=tuple(header.get("strip_prefixes", included.strip_prefixes)),
         signature=tuple(header.get("signature", included.signature)),
-        requires=tuple(header.get("requires", included.requires)), judge=header.get("judge", included.judge),
+        requires=tuple(header.get("requires", included.requires)),
+        excludes=tuple(header.get("excludes", included.excludes)), judge=header.get("judge", included.judge),
         judge_when=dict(header.get("judge_when", included.judge_when)), no_judge=header.get("no_judge", included.no_judge),
         rules=tuple(rules), drops=tuple(drops),
         placeholders=kinds, fallback=load_table(header["fallback"]) if "fallback" in header else None, lora=lora,

@@ -71,8 +71,10 @@ def _open_pipeline(path: Path) -> BaseFolder:
     if not isinstance(index.get("_class_name"), str):
         raise CogExportError(f"--base {path}/model_index.json names no pipeline class (_class_name)")
     # every Diffusers model component's config (transformer, transformer_2, vae, ...): what cogexport exports into
+    # (Diffusers' own models, and a pipeline's own models a family exports: LTX-2's ["ltx2", "LTX2TextConnectors"])
     configs = {component: read_json(path / component / "config.json") for component, entry in index.items()
-               if isinstance(entry, list) and entry[:1] == ["diffusers"] and (path / component / "config.json").is_file()}
+               if isinstance(entry, list) and len(entry) == 2 and (entry[0] == "diffusers" or family_of_class(entry[1]))
+               and (path / component / "config.json").is_file()}
     found = [family_of_class(config.get("_class_name")) for config in configs.values()]
     family = next((f[0] for f in found if f), None) or _family_of_pipeline(index["_class_name"])
     if family is None:

@@ -75,6 +75,9 @@ class ModelSpec:
     component: str  # the pipeline component it is: transformer, vae, audio_vae, ...
     class_name: str
     tables: tuple[str, ...]
+    # where the class lives when Diffusers does not export it at the top level (a pipeline's own model, such as
+    # LTX-2's text connectors: "pipelines.ltx2")
+    module: str = ""
     keep_fp32: tuple[str, ...] = ()
     # the original layouts, in the order tried: the first whose inverted table takes every tensor is written (a family
     # may have several, e.g. Wan's 2.1 and 2.2 VAEs)
@@ -191,11 +194,36 @@ class ModelFamily:
 
 def class_defaults(class_name: str) -> dict:
     """A Diffusers class's constructor defaults (what its config holds for arguments a variant leaves alone)."""
+    return {name: p.default for name, p in inspect.signature(model_class(class_name).__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def model_class(class_name: str) -> type:
+    """The Diffusers model class of this name: a top-level export of diffusers, or a pipeline's own model that a
+    family's component names with its module (``module = "pipelines.ltx2"``)."""
     import diffusers
 
-    model_class = getattr(diffusers, class_name)
-    return {name: p.default for name, p in inspect.signature(model_class.__init__).parameters.items()
-            if p.default is not inspect.Parameter.empty}
+    found = getattr(diffusers, class_name, None)
+    if found is not None:
+        return found
+    modules = {spec.module for family in families() for spec in family.components.values()
+               if spec.class_name == class_name and spec.module}
+    for module in modules:
+        found = getattr(importlib.import_module(f"diffusers.{module}"), class_name, None)
+        if found is not None:
+            return found
+    raise CogExportError(f"Diffusers has no model class {class_name!r}")
+
+
+def model_index_entry(class_name: str) -> list[str]:
+    """[library, class] as a pipeline's save_pretrained writes a model component into model_index.json: "diffusers"
+    for Diffusers' own models, the pipeline module's name for a pipeline's own model (["ltx2", "LTX2Vocoder"])."""
+    import diffusers
+
+    if getattr(diffusers, class_name, None) is not None:
+        return ["diffusers", class_name]
+    parts = model_class(class_name).__module__.split(".")
+    return [parts[2] if len(parts) > 2 and parts[1] == "pipelines" else parts[0], class_name]
 
 
 # -- loading ----------------------------------------------------------------------------------------------------
@@ -230,6 +258,7 @@ def _model_spec(data: dict, key: str, component: str) -> ModelSpec:
         component=component,
         class_name=data["class"],
         tables=tuple(table_name(key, name) for name in data.get("tables", ())),
+        module=data.get("module", ""),
         keep_fp32=tuple(data.get("keep_fp32", ())),
         originals=tuple(OriginalLayout(table_name(key, o["table"]), o.get("writer", ""), o.get("prefix", ""),
                                        o.get("file", ""))

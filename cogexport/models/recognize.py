@@ -66,6 +66,10 @@ def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, wh
                                  f"{others[0][0].name} --base (or none)")
         raise CogExportError(f"{where} holds no {what} weights cogexport recognises (tried "
                              f"{', '.join(name for _, name in candidates)}); its first keys are {sample}")
+    owners = sorted({found_family.name for found_family, _ in fitting})
+    if len(owners) > 1:  # the same names in two families' models (LTX-Video's and LTX-2's Diffusers VAEs)
+        raise CogExportError(f"{where} has the tensor names of a {' and a '.join(owners)} {what} alike; pass --base "
+                             "(or --model-name) to say which model it is")
     raise CogExportError(f"{where} matches several layouts ({', '.join(sorted(layouts))}); its keys are mixed")
 
 

@@ -23,11 +23,14 @@ It may define (the defaults in brackets):
 - ``config_beside(folders, facts)``: the Diffusers config built from an original-layout config file kept beside
   the weights [None].
 - ``original_config(config, task)``: the original layout's config file for a Diffusers config [None: none].
-- ``original_metadata(config, task)``: header metadata of an original single-file release [{}].
+- ``original_metadata(config, task[, components])``: header metadata of an original single-file release; a hook
+  that takes a third argument gets the Diffusers configs of the other models written into the same file
+  ({"vae": ..., ...}) [{}].
 """
 
 from __future__ import annotations
 
+import inspect
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
@@ -87,6 +90,11 @@ class FamilyShapes:
         hook = self._optional("original_config")
         return hook(config, task) if hook else None
 
-    def original_metadata(self, config: Mapping[str, Any], task: str | None) -> dict[str, str]:
+    def original_metadata(self, config: Mapping[str, Any], task: str | None,
+                          components: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
         hook = self._optional("original_metadata")
-        return hook(config, task) if hook else {}
+        if hook is None:
+            return {}
+        if len(inspect.signature(hook).parameters) >= 3:
+            return hook(config, task, dict(components or {}))
+        return hook(config, task)

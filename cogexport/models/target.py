@@ -30,9 +30,9 @@ class TargetModel:
 
 
 def build_target(class_name: str, config: Mapping[str, object]) -> TargetModel:
-    import diffusers
+    from .family import model_class as class_named
 
-    model_class = getattr(diffusers, class_name)
+    model_class = class_named(class_name)
     try:
         with torch.device("meta"):
             model = model_class.from_config(dict(config))

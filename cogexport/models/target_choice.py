@@ -104,7 +104,24 @@ def _variant_of_config(family: ModelFamily, config: Mapping[str, Any], published
                                     base.configs if base else None)
     if base is None and published is not None and family.has_config(published, config):
         return published  # a release whose own config is its published variant's config is that release
-    return variant
+    # a --base pipeline's class says its task; --model-type, given with it, must agree (checked later)
+    return _of_task(family, variant, _task_of_pipeline(family, base) or request.model_type)
+
+
+def _task_of_pipeline(family: ModelFamily, base: BaseFolder | None) -> str | None:
+    """The task whose pipeline class a --base pipeline folder is (LTX2ImageToVideoPipeline: i2v)."""
+    if base is None or not base.pipeline_class:
+        return None
+    return next((name for name, task in family.tasks.items() if task.pipeline == base.pipeline_class), None)
+
+
+def _of_task(family: ModelFamily, variant: Variant, task: str | None) -> Variant:
+    """The variant of ``task`` built like ``variant`` (same shapes and transformer config), where tasks share one model
+    (LTX-2's LTX2Pipeline and LTX2ImageToVideoPipeline); else ``variant``."""
+    if task is None or variant.task == task:
+        return variant
+    return next((other for other in family.variants if other.task == task and other.shapes == variant.shapes
+                 and family.transformer_config(other) == family.transformer_config(variant)), variant)
 
 
 def _named_or_published(family: ModelFamily, request: TargetRequest, published: Variant | None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .legacy import divided, half_bytes
+from .legacy import divided
 
 QK_K = 256
 _EPS = 1e-15  # the reference's GROUP_MAX_EPS: a group whose largest magnitude is below it counts as all zero

@@ -1,0 +1,101 @@
+"""The LTX-2 facts that need code: what a Diffusers-named LTX2VideoTransformer3DModel's shapes say about it (its size
+and which version's layers it has), and the config JSON a release file keeps in its header metadata, read into
+Diffusers configs and written back from them. Everything else about the family is data in
+key_maps/ltx2/family.toml.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from ..errors import CogExportError
+from .ltx2_release_config import release_config, transformer_config
+
+_NEEDED = ("proj_in.weight", "audio_proj_in.weight", "proj_out.weight", "audio_proj_out.weight")
+LAYOUTS = {"2.0": "LTX-2-19B-dev", "2.3": "LTX-2.3-22B-dev"}  # the published variant each version's layout is
+
+
+def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
+    absent = [name for name in _NEEDED if name not in shapes]
+    if absent:
+        raise CogExportError(f"the checkpoint has no {', '.join(absent)}: it is not an LTX-2 transformer")
+    layers = {int(name.split(".")[1]) for name in shapes if name.startswith("transformer_blocks.")}
+    caption = shapes.get("caption_projection.linear_1.weight")
+    return {
+        "hidden": shapes["proj_in.weight"][0],
+        "in_channels": shapes["proj_in.weight"][1],
+        "out_channels": shapes["proj_out.weight"][0],
+        "audio_hidden": shapes["audio_proj_in.weight"][0],
+        "audio_in_channels": shapes["audio_proj_in.weight"][1],
+        "layers": max(layers) + 1 if layers else 0,
+        "caption_channels": caption[1] if caption is not None else None,
+        "version": version_of_names(shapes),
+    }
+
+
+def version_of_names(names: Sequence[str] | Mapping[str, Any]) -> str:
+    """Which release's layers a Diffusers-named transformer has: 2.5 (a keyframe embedding, no video feed-forward
+    biases), 2.3 (gated attention and the prompt modulation), else 2.0."""
+    if "keyframes_abs_pos_embedding" in names:
+        return "2.5"
+    if any(name.endswith(".to_gate_logits.weight") or name.startswith("prompt_adaln.") for name in names):
+        return "2.3"
+    return "2.0"
+
+
+def release_facts(shapes: Mapping[str, torch.Size], metadata: Mapping[str, str]) -> dict[str, Any]:
+    """What a release file says beside the transformer: the config JSON in its header metadata."""
+    if "config" not in metadata:
+        return {}
+    try:
+        config = json.loads(metadata["config"])
+    except ValueError:
+        raise CogExportError("the checkpoint's safetensors metadata 'config' is not valid JSON; the file is corrupt or "
+                             "not an LTX-2 release") from None
+    return {"release_config": config} if isinstance(config, dict) else {}
+
+
+def task_of(facts: Mapping[str, Any]) -> str:
+    return "t2v"
+
+
+def tasks_of(facts: Mapping[str, Any]) -> tuple[str, ...]:
+    """LTX2Pipeline and LTX2ImageToVideoPipeline drive the same models: a --base pipeline or --model-type says which."""
+    return ("t2v", "i2v")
+
+
+def describe(facts: Mapping[str, Any]) -> str:
+    return (f"LTX-{facts['version']} transformer, hidden size {facts['hidden']} (audio {facts['audio_hidden']}), "
+            f"{facts['layers']} layers")
+
+
+def layout_variant(config: Mapping[str, Any], experts: Sequence[str] = (),
+                   pipeline: Mapping[str, Any] | None = None) -> str:
+    """The published variant a custom config is built like: 2.3's (and 2.5's) gated, prompt-modulated layers, else
+    2.0's."""
+    later = config.get("gated_attn") or config.get("cross_attn_mod") or not config.get("ff_bias", True)
+    return LAYOUTS["2.3" if later else "2.0"]
+
+
+def check_target(facts: Mapping[str, Any], config: Mapping[str, Any], where: str) -> None:
+    """Nothing beyond the shape plan: every LTX-2 tensor is checked by name and shape."""
+
+
+def config_beside(folders: Sequence[Path], facts: Mapping[str, Any]) -> dict | None:
+    """The Diffusers config of a release file's transformer, from the config in its metadata (a custom-size release
+    exports without --base)."""
+    original = (facts.get("release_config") or {}).get("transformer")
+    if not isinstance(original, dict):
+        return None
+    return transformer_config(original, "the checkpoint's metadata config")
+
+
+def original_metadata(config: Mapping[str, Any], task: str | None,
+                      components: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """The header metadata of a release file: {"config": the JSON of every model written into it, as the LTX-2
+    repository writes it}."""
+    return {"config": json.dumps(release_config(config, components))}
