@@ -17,8 +17,8 @@ from ..lazy import LazyTensor
 from ..lora import LoraAdapter, base_weights, check_fits, plan_fused
 from ..models.base_folder import BaseFolder
 from ..models.family import ModelFamily, Variant, component_title
-from ..models.recognize import (Recognised, choose_table, component_tables, diffusers_config_beside, fitting_tables,
-                                recognise)
+from ..models.recognize import (Recognised, choose_table, component_tables, diffusers_config_beside, family_beside,
+                                fitting_tables, recognise)
 from ..models.target import TargetModel, build_target
 from ..models.target_choice import TargetRequest, TransformerChoice, choose_transformer
 from ..precision import PrecisionPolicy
@@ -68,7 +68,8 @@ def plan_transformer(source: Mapping[str, LazyTensor], options: ExportOptions, w
                      folders: Sequence[Path] = ()) -> ModelExport:
     """The transformer (or the expert ``component`` of a model with ``experts``) of the checkpoint ``source``,
     translated into its Diffusers model; ``folders`` are where the run may keep its config."""
-    family, table = choose_table(source, "transformer", "transformer", where, family_hint(base, options))
+    hint = family_hint(base, options) or family_beside(folders)
+    family, table = choose_table(source, "transformer", "transformer", where, hint)
     metadata = source.info.metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
     recognised = recognise(source, table, family, experts, metadata)
     chosen = choose_transformer(recognised, family, target_request(options, base, component, experts), where, folders)

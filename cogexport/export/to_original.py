@@ -21,7 +21,7 @@ from ..keymap.table import KeyMapTable, load_table
 from ..lazy import LazyTensor
 from ..models.base_folder import open_base, read_json
 from ..models.family import ModelFamily, ModelSpec, OriginalLayout, component_title
-from ..models.recognize import choose_table, recognise
+from ..models.recognize import choose_table, family_beside, recognise
 from ..models.target_choice import choose_transformer
 from ..write.folder_plan import FolderPlan
 from .inputs import ExportInputs, open_weights, search_folders
@@ -113,14 +113,15 @@ def _plan_part(inputs: ExportInputs, name: str, component: str, options: ExportO
 
 def _plan_transformer(inputs: ExportInputs, name: str, options: ExportOptions) -> OriginalPart:
     source, where = inputs.sources[name], inputs.where_of(name)
-    family, table = choose_table(source, "transformer", "transformer", where, family_hint(inputs.base, options))
+    search = [*inputs.paths_of(name), *inputs.search_folders(name)]
+    hint = family_hint(inputs.base, options) or family_beside(search)
+    family, table = choose_table(source, "transformer", "transformer", where, hint)
     spec = family.transformer
     _check_layouts(spec, table, family, where)
     # the release's expert subfolders (high_noise_model/, ...) when writing several experts
     experts = tuple(_release_folder_of(family, each, len(inputs.sources)) for each in inputs.sources) \
         if len(inputs.sources) > 1 else ()
     recognised = recognise(source, table, family, experts, source.info.metadata)
-    search = [*inputs.paths_of(name), *inputs.search_folders(name)]
     chosen = choose_transformer(recognised, family, target_request(options, inputs.base, name, experts), where, search)
     diffusers = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where)
     policy = precision(spec.keep_fp32, options)

@@ -309,12 +309,13 @@ def family_named(name: str) -> ModelFamily:
 
 
 def family_of_class(class_name: str) -> tuple[ModelFamily, str] | None:
-    """The family and pipeline component (transformer, vae, ...) a Diffusers class belongs to."""
-    for family in families():
-        for component, spec in family.components.items():
-            if spec.class_name == class_name:
-                return family, component
-    return None
+    """The family and pipeline component (transformer, vae, ...) a Diffusers class belongs to; of families that
+    share a model (Wan's VAE, which its variants list with Wan's tables), the one whose own tables translate it."""
+    found = [(family, component) for family in families() for component, spec in family.components.items()
+             if spec.class_name == class_name]
+    owners = [(family, component) for family, component in found
+              if any(table.split("/", 1)[0] == family.key for table in family.components[component].tables)]
+    return (owners or found or [None])[0]
 
 
 def family_of_variant(name: str) -> tuple[ModelFamily, Variant]:

@@ -24,6 +24,9 @@ It may define (the defaults in brackets):
   the weights [None].
 - ``original_config(config, task)``: the original layout's config file for a Diffusers config [None: none].
 - ``original_metadata(config, task)``: header metadata of an original single-file release [{}].
+- ``claims_config(config)``: whether an original-layout config.json kept beside the weights is this family's
+  model, when its weights' names are another family's too (SkyReels-V2 writes Wan's WanModel config, with
+  inject_sample_info) [False].
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any, Mapping, Sequence
 
 REQUIRED_HOOKS = ("read_facts", "task_of", "describe", "layout_variant", "check_target")
 OPTIONAL_HOOKS = ("tasks_of", "variant_of_components", "release_facts", "config_beside", "original_config",
-                  "original_metadata")
+                  "original_metadata", "claims_config")
 
 
 class FamilyShapes:
@@ -90,3 +93,7 @@ class FamilyShapes:
     def original_metadata(self, config: Mapping[str, Any], task: str | None) -> dict[str, str]:
         hook = self._optional("original_metadata")
         return hook(config, task) if hook else {}
+
+    def claims_config(self, config: Mapping[str, Any]) -> bool:
+        hook = self._optional("claims_config")
+        return bool(hook(config)) if hook else False
