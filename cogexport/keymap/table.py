@@ -215,7 +215,9 @@ def parse_table(text: str, name: str) -> KeyMapTable:
         select_prefix=header.get("select_prefix", included.select_prefix),
         strip_prefixes=tuple(header.get("strip_prefixes", included.strip_prefixes)),
         signature=tuple(header.get("signature", included.signature)),
-        requires=tuple(header.get("requires", included.requires)), judge=header.get("judge", included.judge),
+        requires=tuple(header.get("requires", included.requires)),
+        # a table that says why it has no judge does not inherit the judge of the table it includes
+        judge=header.get("judge", None if "no_judge" in header else included.judge),
         judge_when=dict(header.get("judge_when", included.judge_when)), no_judge=header.get("no_judge", included.no_judge),
         rules=tuple(rules), drops=tuple(drops),
         placeholders=kinds, fallback=load_table(header["fallback"]) if "fallback" in header else None, lora=lora,

@@ -15,7 +15,7 @@ from . import wan
 from .original_config import original_config_beside
 
 _FPS = "fps_embedding.weight"
-_DIFFUSION_FORCING = "SkyReelsV2DiffusionForcingPipeline"
+_DIFFUSION_FORCING = "SkyReelsV2DiffusionForcingPipeline"  # tasks that share shapes differ in their pipeline
 SAMPLE_INFO = "inject_sample_info"  # the original WanModel's config key (the fps embedding), which Wan's lacks
 
 
@@ -46,9 +46,11 @@ def layout_variant(config: Mapping[str, Any], experts: Sequence[str] = (),
     size = "14B" if config.get("num_attention_heads", 16) * config.get("attention_head_dim", 128) >= 5120 else "1.3B"
     if config.get("image_dim") or config.get("in_channels", 16) > config.get("out_channels", 16):
         return f"SkyReels-V2-I2V-{size}-540P"
-    if size == "1.3B" or config.get(SAMPLE_INFO) or (pipeline or {}).get("_class_name") == _DIFFUSION_FORCING:
+    pipeline_class = (pipeline or {}).get("_class_name")
+    if config.get(SAMPLE_INFO) or pipeline_class == _DIFFUSION_FORCING:
         return f"SkyReels-V2-DF-{size}-540P"
-    return "SkyReels-V2-T2V-14B-540P"
+    # the T2V pipeline's, or with none named, the published model of this size (no T2V 1.3B was released)
+    return "SkyReels-V2-T2V-14B-540P" if size == "14B" or pipeline_class else "SkyReels-V2-DF-1.3B-540P"
 
 
 def check_target(facts: Mapping[str, Any], config: Mapping[str, Any], where: str) -> None:
