@@ -85,11 +85,14 @@ def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, wh
     candidates = component_tables(component, family)
     fitting = preferred_tables(list(source), candidates)
     layouts = {table.name for _, table in fitting}
-    if len(layouts) == 1:
+    # the named family's layout fits, but the names carry more: another family's layout that extends it (a SkyReels-V2
+    # fps embedding, a VACE branch beside Wan's names)
+    others = preferred_tables(list(source), component_tables(component)) if family else []
+    wider = others and others[0][0] is not family and all(is_specialisation(others[0][1], t) for _, t in fitting)
+    if len(layouts) == 1 and not wider:
         return fitting[0]
-    if not fitting:
+    if not fitting or wider:
         sample = ", ".join(list(source)[:3]) or "no tensors at all"
-        others = preferred_tables(list(source), component_tables(component)) if family else []
         if others:
             raise CogExportError(f"{where} holds a {others[0][0].name} {component}, not a {family.name} one; give a "
                                  f"{others[0][0].name} --base (or none)")
