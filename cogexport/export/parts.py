@@ -84,6 +84,14 @@ def _transformer_part(component: str, chosen: TransformerChoice, plan: Plan, tab
                        chosen.label + label_suffix, chosen.published, notes=list(chosen.notes), variant=chosen.variant)
 
 
+def model_family(adapter: LoraAdapter, base: BaseFolder | None) -> ModelFamily:
+    """The family of the model an adapter goes on: --base's, when that family extends the adapter's (a Wan LoRA on a
+    Wan VACE model's Wan blocks), else the adapter's own."""
+    if base is not None and adapter.family.key in base.family.extends:
+        return base.family
+    return adapter.family
+
+
 def adapter_recognised(adapter: LoraAdapter) -> Recognised | None:
     """The facts of the model a LoRA run saved beside its adapter (None for an adapter alone)."""
     if not adapter.has_base_weights:
@@ -98,12 +106,13 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     them, else from --base."""
     where = inputs.where_of(component)
     request = target_request(options, inputs.base, component, inputs.expert_names)
-    chosen = choose_transformer(adapter_recognised(adapter), adapter.family, request, where)
+    family = model_family(adapter, inputs.base)
+    chosen = choose_transformer(adapter_recognised(adapter), family, request, where)
     check_fits(adapter, chosen.target.schema, where)
     if adapter.has_base_weights:
         weights = base_weights(adapter, chosen.target.schema, chosen.target.counts, where)
     else:
-        weights = _base_transformer_weights(inputs, adapter.family, chosen.target, component)
+        weights = _base_transformer_weights(inputs, family, chosen.target, component)
     fused = plan_fused(adapter, weights, where)
     return _transformer_part(component, chosen, Plan(fused), adapter.base_table, options, " + LoRA")
 
