@@ -16,10 +16,10 @@ timed.
 |--------------------|------------------------------------------------------|--------------|-------------------------|
 | vace-1.3b          | Wan2.1-VACE-1.3B: 30 blocks + 15 VACE blocks, 1536   | ~8.7 GB      | full                    |
 | skyreels-i2v-1.3b  | SkyReels-V2-I2V-1.3B-540P: 30 blocks, CLIP branch    | ~6.0 GB      | full                    |
-| animate-14b        | Wan2.2-Animate-14B: 40 blocks, 5120, 8 face adapters | ~69 GB       | full; --layers 5 to fit |
+| animate-14b        | Wan2.2-Animate-14B: 40 blocks, 5120, 8 face adapters | ~69 GB       | full; --layers 5: fits  |
 
-SkyReels-V2's diffusion-forcing 1.3B model (the one with the fps embedding) cannot be the benchmark's subject: Diffusers'
-from_single_file fails on it (its converter has no rule for fps_projection), so there is no reference path to time.
+SkyReels-V2's diffusion-forcing 1.3B model (the one with the fps embedding) cannot be the benchmark's subject:
+Diffusers' from_single_file fails on it (its converter has no rule for fps_projection): no reference path to time.
 ``--layers`` keeps the full width and cuts the depth (Animate keeps one face adapter per 5 blocks): say so with the
 figures.
 """

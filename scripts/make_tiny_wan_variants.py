@@ -7,14 +7,14 @@ transformers classes at toy sizes (wan_variants_tiny.py's transformers, make_tin
 2.1 VAE and CLIP image encoder), so the pipeline class loads it and renders a few frames on a CPU. Every model is
 randomly initialised from ``--seed``; nothing is downloaded.
 
-| variant      | pipeline                            | transformer(s)                         | image encoder | flow shift |
-|--------------|-------------------------------------|----------------------------------------|---------------|------------|
-| vace         | WanVACEPipeline                     | Wan2.1-VACE                            | -             | 3.0        |
-| vace-a14b    | WanVACEPipeline                     | two VACE experts, boundary_ratio 0.875 | -             | 3.0        |
-| animate      | WanAnimatePipeline                  | Wan2.2-Animate                         | CLIP          | 5.0        |
-| skyreels-df  | SkyReelsV2DiffusionForcingPipeline  | diffusion forcing (fps embedding)      | -             | default    |
-| skyreels-t2v | SkyReelsV2Pipeline                  | T2V                                    | -             | default    |
-| skyreels-i2v | SkyReelsV2ImageToVideoPipeline      | I2V (CLIP image branch)                | CLIP          | default    |
+| variant      | pipeline                           | transformer(s)                     | CLIP | flow shift |
+|--------------|------------------------------------|------------------------------------|------|------------|
+| vace         | WanVACEPipeline                    | Wan2.1-VACE                        | -    | 3.0        |
+| vace-a14b    | WanVACEPipeline                    | two VACE experts, boundary 0.875   | -    | 3.0        |
+| animate      | WanAnimatePipeline                 | Wan2.2-Animate                     | yes  | 5.0        |
+| skyreels-df  | SkyReelsV2DiffusionForcingPipeline | diffusion forcing (fps embedding)  | -    | default    |
+| skyreels-t2v | SkyReelsV2Pipeline                 | T2V                                | -    | default    |
+| skyreels-i2v | SkyReelsV2ImageToVideoPipeline     | I2V (CLIP image branch)            | yes  | default    |
 """
 
 from __future__ import annotations
@@ -67,7 +67,16 @@ def build_tiny_pipeline(variant: str = "vace", seed: int = 0):
         components["transformer_2"] = build_tiny_variant(shape_class, seed + 1)
     if clip:
         components["image_encoder"], components["image_processor"] = build_image_encoder()
+        if pipeline_class == "SkyReelsV2ImageToVideoPipeline":  # its signature (and its conversion script's) class
+            components["image_encoder"] = with_projection(components["image_encoder"])
     return getattr(diffusers, pipeline_class)(**components, **settings)
+
+
+def with_projection(encoder):
+    """A CLIPVisionModelWithProjection of the same (tiny) config, randomly initialised."""
+    from transformers import CLIPVisionModelWithProjection
+
+    return CLIPVisionModelWithProjection(encoder.config).eval()
 
 
 @click.command()

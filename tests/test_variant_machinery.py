@@ -62,7 +62,8 @@ def test_reshape_mistakes_are_caught_when_the_table_loads(views, message):
 
 
 def test_a_table_that_says_why_it_has_no_judge_inherits_none():
-    assert load_table("wan_vace/original_transformer").judge == "convert_wan_transformer_to_diffusers"  # Wan's, included
+    # Wan's judge, through the included table
+    assert load_table("wan_vace/original_transformer").judge == "convert_wan_transformer_to_diffusers"
     skyreels = load_table("skyreels_v2/original_transformer")
     assert skyreels.judge is None and "fps_projection" in skyreels.no_judge
 

@@ -34,7 +34,8 @@ EXPECTED = {"vace": ("Wan VACE", "VaceWanModel", "vace"), "animate": ("Wan Anima
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """shape class -> (model, folder with its fp32 save_pretrained and the bf16 one from_pretrained(torch_dtype) keeps)."""
+    """shape class -> (model, folder with its fp32 save_pretrained and the bf16 one from_pretrained(torch_dtype)
+    keeps)."""
     made = {}
 
     def make(shape_class: str):
@@ -212,7 +213,8 @@ def test_skyreels_original_config_names_the_family(inject, family, saved, tmp_pa
 
 
 @pytest.mark.parametrize("shape_class, family, layout", [
-    ("vace", "Wan VACE", "wan_vace/original_transformer"), ("animate", "Wan Animate", "wan_animate/original_transformer"),
+    ("vace", "Wan VACE", "wan_vace/original_transformer"),
+    ("animate", "Wan Animate", "wan_animate/original_transformer"),
     ("skyreels-df", "SkyReels-V2", "skyreels_v2/original_transformer"),
     ("skyreels-i2v", "SkyReels-V2", "wan/original_transformer")])
 def test_inspect_names_family_and_layout(shape_class, family, layout, saved, tmp_path, cli):

@@ -1,7 +1,8 @@
 """Full fine-tunes of Wan's variants, two steps on CPU ranks, exported exactly: the export is the weights taken inside
 training (DeepSpeed's fp32 masters, or the FSDP2 model's full state dict), for Wan VACE trained in the original names
 as DiffSynth-Studio and musubi-tuner train it (judged by Diffusers' converter reading the masters), for Wan Animate in
-Diffusers' names under ZeRO-3, and for SkyReels-V2 and Wan Animate under FSDP2 saved with torch.distributed.checkpoint."""
+Diffusers' names under ZeRO-3, and for SkyReels-V2 and Wan Animate under FSDP2 saved with
+torch.distributed.checkpoint."""
 
 from __future__ import annotations
 

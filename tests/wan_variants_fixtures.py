@@ -22,7 +22,8 @@ FINETUNE_SCRIPTS = ("finetune_tiny_wan_variants.py", "finetune_tiny_wan.py", "ac
 # Diffusers 0.42.1's convert_wan_transformer_to_diffusers has no rule for SkyReels-V2's fps projection (an nn.Sequential
 # of Linear, SiLU, Linear): it passes the original names through. huggingface/diffusers'
 # scripts/convert_skyreelsv2_to_diffusers.py renames them (its TRANSFORMER_KEYS_RENAME_DICT): these are its renames.
-SKYREELS_SCRIPT_RENAMES = {"fps_projection.0.": "fps_projection.net.0.proj.", "fps_projection.2.": "fps_projection.net.2."}
+SKYREELS_SCRIPT_RENAMES = {"fps_projection.0.": "fps_projection.net.0.proj.",
+                           "fps_projection.2.": "fps_projection.net.2."}
 
 
 def judged(original: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -102,6 +102,7 @@ def original_config(config: Mapping[str, Any], task: str) -> dict:
     original = wan.original_config(config, task)
     del original["model_type"]  # WanAnimateModel takes none
     original.update(_class_name=ORIGINAL_CLASS, text_dim=config["text_dim"], patch_size=list(config["patch_size"]),
-                    window_size=[-1, -1], qk_norm=config["qk_norm"] is not None, cross_attn_norm=config["cross_attn_norm"],
+                    window_size=[-1, -1], qk_norm=config["qk_norm"] is not None,
+                    cross_attn_norm=config["cross_attn_norm"],
                     motion_encoder_dim=config["motion_encoder_dim"], use_context_parallel=False, use_img_emb=True)
     return dict(sorted(original.items()))
