@@ -14,7 +14,8 @@ from .inspect_folders import diffusers_folder_kind, inspect_diffusers_folder, re
 from .lazy import LazyTensor
 from .lora import read_adapter
 from .models.family import families
-from .models.recognize import component_tables, config_beside, expert_folders, fitting_tables, lora_key, read_facts
+from .models.recognize import (component_tables, config_beside, expert_folders, family_beside, lora_key,
+                               preferred_tables, read_facts)
 from .progress import byte_progress
 
 
@@ -105,7 +106,10 @@ def recognise_models(source: Mapping[str, LazyTensor], metadata: Mapping[str, st
                              "assumed_alpha": None if adapter.alpha_recorded else adapter.alpha}
         return found
     for component in model_components():
-        for family, table in fitting_tables(keys, component_tables(component)):
+        # the layout export would take (the most specific one; a shared layout under its owner family)
+        named = family_beside(folders) if component == "transformer" else None
+        preferred = preferred_tables(keys, component_tables(component, named)) if named else []
+        for family, table in (preferred or preferred_tables(keys, component_tables(component)))[:1]:
             selected, ignored = table.select(keys)
             entry = {"family": family.name, "layout": table.name, "description": table.source, "keys": len(selected),
                      "other_keys": len(ignored)}

@@ -258,11 +258,12 @@ def test_tables_never_match_another_familys_keys():
     assert all(len(sets) >= 3 for sets in key_sets.values())  # Diffusers and original names of each
     for family, sets in key_sets.items():
         for component in ("transformer", "vae"):
-            for owner, name in component_tables(component):
+            for _, name in component_tables(component):
                 table = load_table(name)
                 for keys in sets:
                     matches = table.recognises(table.select(sorted(keys))[0])
-                    if owner.key != family:
+                    # a table several families list (Wan's, which its variants list too) is its owner's layout
+                    if name.split("/", 1)[0] != family:
                         assert not matches, f"{name} recognises {family} keys"
         mine = [load_table(n) for _, n in component_tables("transformer", family_named(family))]
         assert any(t.recognises(t.select(sorted(s))[0]) for t in mine for s in sets)

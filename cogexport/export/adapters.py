@@ -15,7 +15,7 @@ from ..write.folder_plan import FolderPlan, TensorFile, TextFile
 from .cards import AdapterCardFacts, adapter_card
 from .inputs import ExportInputs
 from .options import ExportOptions
-from .parts import adapter_recognised, family_hint, precision, target_request
+from .parts import adapter_recognised, family_hint, model_family, precision, target_request
 from .result import ExportResult
 
 DEFAULT_LORA_FORMAT = "diffusers"
@@ -33,7 +33,7 @@ def read_adapters(inputs: ExportInputs, options: ExportOptions) -> dict[str, Lor
         raise CogExportError(f"{inputs.where}: the experts' adapters are of different families "
                              f"({', '.join(sorted(families))})")
     family = next(iter(adapters.values())).family
-    if hint is not None and hint.key != family.key:
+    if hint is not None and hint.key != family.key and family.key not in hint.extends:
         given = f"--base {inputs.base.path}" if inputs.base else f"--model-name {options.model_name}"
         raise CogExportError(f"{inputs.where} is a {family.name} LoRA, but {given} is a {hint.name} model; give the "
                              f"{family.name} model it was trained on")
@@ -68,7 +68,7 @@ def _adapter_target(adapter: LoraAdapter, inputs: ExportInputs, options: ExportO
         return None, schema
     if (base is not None and base.config(component)) or recognised is not None or options.model_name:
         request = target_request(options, base, component, inputs.expert_names)
-        chosen = choose_transformer(recognised, adapter.family, request, where)
+        chosen = choose_transformer(recognised, model_family(adapter, base), request, where)
         check_fits(adapter, chosen.target.schema, where)
         return chosen, chosen.target.schema
     return None, adapter.names
@@ -96,7 +96,7 @@ def _card_facts(adapters: dict[str, LoraAdapter], planned: dict[str, _PlannedAda
     family."""
     first, chosen = next(iter(adapters.values())), next(iter(planned.values())).chosen
     published = chosen is not None and chosen.published
-    return AdapterCardFacts(first.family, chosen.label if chosen else first.family.name,
+    return AdapterCardFacts(chosen.family if chosen else first.family, chosen.label if chosen else first.family.name,
                             chosen.variant if chosen else None,
                             options.base_model or (chosen.variant.hub_id if published else None),
                             {each.subfolder: adapters[component] for component, each in planned.items()}, files)

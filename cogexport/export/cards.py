@@ -66,7 +66,7 @@ def model_folder_card(parts: list[ModelExport], variant: Variant, options: Expor
 
 @dataclass
 class AdapterCardFacts:
-    family: ModelFamily
+    family: ModelFamily  # of the model it goes on (a variant's, for a Wan LoRA on a Wan VACE --base)
     label: str  # the model the adapter is for, as the user should read it
     variant: Variant | None  # its published variant, when known
     base_model: str | None
@@ -90,7 +90,7 @@ def adapter_card(facts: AdapterCardFacts, lora_format: LoraFormat, options: Expo
         tags=family.tags,
         command=_command(options),
         source=source_line(source),
-        precision=f"{options.dtype} ({', '.join(family.lora_keep_fp32)} kept in fp32)",
+        precision=f"{options.dtype} ({', '.join(first.family.lora_keep_fp32)} kept in fp32)",
         details=[*(f"Adapter{' (' + sub + ')' if sub else ''}: {each.describe()}" for sub, each in facts.adapters.items()),
                  f"Layout: {lora_format.title}; {lora_format.strength_where}, so its loader applies the trained "
                  "strength with no scale passed by hand",

@@ -86,13 +86,13 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
         part = plan_fused_transformer(adapter, inputs, name, options)
     else:
         source, where = inputs.sources[name], inputs.where_of(name)
+        search = [*inputs.paths_of(name), *inputs.search_folders(name)]
         family, table = choose_table(source, "transformer", "transformer", where,
-                                     family_hint(inputs.base, options, inputs.paths_of(name)))
+                                     family_hint(inputs.base, options, search))
         _check_layouts(family.transformer, table.name, family, where, refuse_original)
         # the release's expert subfolders (high_noise_model/, ...) when writing several experts
         experts = tuple(release_folder_of(family, each, len(names)) for each in names) if len(names) > 1 else ()
-        part = plan_transformer(source, options, where, inputs.base, name, experts,
-                                [*inputs.paths_of(name), *inputs.search_folders(name)])
+        part = plan_transformer(source, options, where, inputs.base, name, experts, search)
     return _written_back(part, inputs.where_of(name), refuse_original and adapter is None)
 
 

@@ -15,10 +15,10 @@ from ..keymap.plan import Plan, plan_translation
 from ..keymap.table import KeyMapTable
 from ..lazy import LazyTensor
 from ..lora import LoraAdapter, base_weights, check_fits, plan_fused
-from ..models.base_folder import BaseFolder, read_json
+from ..models.base_folder import BaseFolder
 from ..models.family import ModelFamily, Variant, component_title
-from ..models.recognize import (Recognised, choose_table, component_tables, diffusers_config_beside, fitting_tables,
-                                recognise)
+from ..models.recognize import (Recognised, choose_table, component_tables, diffusers_config_beside, family_beside,
+                                fitting_tables, recognise)
 from ..models.target import TargetModel, build_target
 from ..models.target_choice import TargetRequest, TransformerChoice, choose_transformer
 from ..precision import PrecisionPolicy
@@ -55,20 +55,15 @@ def target_request(options: ExportOptions, base: BaseFolder | None, component: s
 
 
 def family_hint(base: BaseFolder | None, options: ExportOptions, folders: Sequence[Path] = ()) -> ModelFamily | None:
-    """The family --base or --model-name names, else the one whose class a Diffusers config.json in ``folders``
-    names (models of two families can have the same tensor names: LTX-Video's and LTX-2's VAEs)."""
-    from ..models.family import family_of_class, family_of_variant
+    """The family --base or --model-name names, else the one a config.json in ``folders`` names (models of two
+    families can have the same tensor names: LTX-Video's and LTX-2's VAEs, Wan's and SkyReels-V2's transformers)."""
+    from ..models.family import family_of_variant
 
     if base is not None:
         return base.family
     if options.model_name:
         return family_of_variant(options.model_name)[0]
-    for folder in folders:
-        path = Path(folder) / "config.json"
-        found = family_of_class(read_json(path).get("_class_name")) if path.is_file() else None
-        if found:
-            return found[0]
-    return None
+    return family_beside(folders)
 
 
 def plan_transformer(source: Mapping[str, LazyTensor], options: ExportOptions, where: str,
@@ -91,6 +86,14 @@ def _transformer_part(component: str, chosen: TransformerChoice, plan: Plan, tab
                        chosen.label + label_suffix, chosen.published, notes=list(chosen.notes), variant=chosen.variant)
 
 
+def model_family(adapter: LoraAdapter, base: BaseFolder | None) -> ModelFamily:
+    """The family of the model an adapter goes on: --base's, when that family extends the adapter's (a Wan LoRA on a
+    Wan VACE model's Wan blocks), else the adapter's own."""
+    if base is not None and adapter.family.key in base.family.extends:
+        return base.family
+    return adapter.family
+
+
 def adapter_recognised(adapter: LoraAdapter) -> Recognised | None:
     """The facts of the model a LoRA run saved beside its adapter (None for an adapter alone)."""
     if not adapter.has_base_weights:
@@ -105,12 +108,13 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     them, else from --base."""
     where = inputs.where_of(component)
     request = target_request(options, inputs.base, component, inputs.expert_names)
-    chosen = choose_transformer(adapter_recognised(adapter), adapter.family, request, where)
+    family = model_family(adapter, inputs.base)
+    chosen = choose_transformer(adapter_recognised(adapter), family, request, where)
     check_fits(adapter, chosen.target.schema, where)
     if adapter.has_base_weights:
         weights = base_weights(adapter, chosen.target.schema, chosen.target.counts, where)
     else:
-        weights = _base_transformer_weights(inputs, adapter.family, chosen.target, component)
+        weights = _base_transformer_weights(inputs, family, chosen.target, component)
     fused = plan_fused(adapter, weights, where)
     return _transformer_part(component, chosen, Plan(fused), adapter.base_table, options, " + LoRA")
 

@@ -4,8 +4,9 @@ One general operation covers every renaming: split each source tensor into equal
 build each target by concatenating chosen chunks. A rename is one source in one chunk to one target; a chunk
 (qkv into q, k, v) is one source in k chunks to k targets; its inverse concatenates; a regroup (the 12-chunk
 adaLN into norm1/norm2) is any arrangement in between. Every chunk is used exactly once, so the inverse is
-always defined. A re-index maps a placeholder value v to count-1-v (its own inverse); a drop discards a
-source key for a stated reason.
+always defined. A re-index maps a placeholder value v to count-1-v (its own inverse); a reshape renames one
+tensor into another view of the same elements (Wan Animate's leaky-ReLU biases [1, C, 1, 1] <-> [C]); a drop
+discards a source key for a stated reason.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class Regroup:
     reverse_index: tuple[tuple[str, str], ...] = ()  # (placeholder, count name): value -> count - 1 - value
     optional_reason: str | None = None  # produce only if the target model has the key, else drop for this reason
     value_maps: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # (placeholder, (source, target) pairs)
+    # a reshape: (the source's view, the target's view), -1 standing for the one size the element count decides
+    views: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     def __post_init__(self) -> None:
         total = sum(self.source_chunks)
@@ -49,6 +52,9 @@ class Regroup:
         for placeholder, _ in self.reverse_index:
             if placeholder not in self.sources[0].names:
                 raise ValueError(f"{self.describe()}: re-indexed placeholder {{{placeholder}}} is not in its keys")
+        if self.views is not None and (len(self.sources) != 1 or len(self.targets) != 1 or
+                                       any(list(view).count(-1) > 1 for view in self.views)):
+            raise ValueError(f"{self.describe()}: a reshape has one source, one target and at most one -1 per view")
 
     def describe(self) -> str:
         return f"{self.kind} {self.sources[0].text!r}"
@@ -60,8 +66,9 @@ class Regroup:
         offsets = [sum(self.source_chunks[:j]) for j in range(len(self.sources))]
         back = tuple(tuple(position[offsets[j] + m] for m in range(count)) for j, count in enumerate(self.source_chunks))
         flipped = tuple((name, tuple((b, a) for a, b in pairs)) for name, pairs in self.value_maps)
+        views = None if self.views is None else (self.views[1], self.views[0])
         return Regroup(self.kind, self.targets, tuple(len(c) for c in self.target_chunks), self.sources, back, self.dim,
-                       self.reverse_index, self.optional_reason, flipped)
+                       self.reverse_index, self.optional_reason, flipped, views)
 
     # -- application ----------------------------------------------------------------------------------------
     def target_values(self, values: Mapping[str, str], counts: Mapping[str, int]) -> dict[str, str]:
@@ -78,7 +85,21 @@ class Regroup:
             mapped[placeholder] = str(count - 1 - index)
         return mapped
 
+    def reshaped(self, shape: torch.Size, key: str) -> torch.Size:
+        """The target view of a source of this shape (a reshape rule); the source must fit the source view."""
+        source, target = self.views
+        if len(shape) != len(source) or any(want not in (-1, have) for want, have in zip(source, shape)):
+            raise RuleError(f"{key} {tuple(shape)} is not of the shape {list(source)} that {self.describe()} reads")
+        known = 1
+        for size in target:
+            known *= size if size != -1 else 1
+        if shape.numel() % known:
+            raise RuleError(f"{key} {tuple(shape)} cannot be viewed as {list(target)}")
+        return torch.Size(size if size != -1 else shape.numel() // known for size in target)
+
     def output_shapes(self, shapes: list[torch.Size], keys: list[str]) -> list[torch.Size]:
+        if self.views is not None:
+            return [self.reshaped(shapes[0], keys[0])]
         if self.source_chunks == (1,) and self.target_chunks == ((0,),):
             return list(shapes)  # a plain rename takes any shape, 0-dim scalars too (LTX's timestep_scale_multiplier)
         pieces: list[torch.Size] = []
@@ -102,6 +123,10 @@ class Regroup:
         if len(dtypes) != 1:
             raise RuleError(f"{', '.join(keys)} have different dtypes; they cannot be combined")
         shapes = self.output_shapes([t.shape for t in inputs], keys)
+        if self.views is not None:  # another view of the same elements, bit for bit
+            source = inputs[0]
+            return {index: LazyTensor(shapes[0], source.dtype, lambda: source.load().reshape(shapes[0]),
+                                      f"{self.kind} of {keys[0]}") for index in wanted}
         if len(inputs) == 1 and self.source_chunks == (1,):  # a plain rename: hand the input through untouched
             return {index: inputs[0] for index in wanted}
         shared = _SharedChunks(inputs, self.source_chunks, self.dim, len(wanted))

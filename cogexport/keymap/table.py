@@ -33,6 +33,7 @@ _RULE_FIELDS = {
     "chunk": {"from", "to", "dim", "optional"},
     "regroup": {"from", "chunks", "dim", "to", "optional"},
     "reindex": {"from", "to", "reverse", "optional"},
+    "reshape": {"from", "to", "from_shape", "to_shape"},
     "drop": {"from", "glob", "reason", "keep"},
 }
 
@@ -163,7 +164,7 @@ def _rule(kind: str, spec: dict, all_kinds: dict, table: str) -> Regroup | Drop:
     source = _patterns(spec["from"], kinds, table, "from")
     _require(len(source) == 1, table, f"{kind} rule {spec['from']} must have one source pattern")
     dim = spec.get("dim", 0)
-    if kind in ("rename", "reindex"):
+    if kind in ("rename", "reindex", "reshape"):
         targets, chunks, groups = _patterns(spec["to"], target_kinds, table, "to"), (1,), ((0,),)
         _require(len(targets) == 1, table, f"{kind} rule {spec['from']} must have one target")
     elif kind == "chunk":
@@ -179,11 +180,21 @@ def _rule(kind: str, spec: dict, all_kinds: dict, table: str) -> Regroup | Drop:
     _require(kind == "reindex" or not reverse, table, f"only reindex rules can reverse an index ({spec['from']})")
     _require(kind != "reindex" or (isinstance(reverse, dict) and reverse), table,
              f"reindex {spec['from']} needs reverse = {{placeholder = \"count name\"}}")
+    views = _views(spec, table) if kind == "reshape" else None
     try:
         return Regroup(kind, tuple(source), chunks, tuple(targets), groups, dim, tuple(reverse.items()),
-                       spec.get("optional"), _value_maps(all_kinds, source))
+                       spec.get("optional"), _value_maps(all_kinds, source), views)
     except ValueError as error:
         raise TableError(f"key map {table}: {error}") from None
+
+
+def _views(spec: dict, table: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    views = spec.get("from_shape"), spec.get("to_shape")
+    _require(all(isinstance(view, list) and view and all(isinstance(size, int) and (size > 0 or size == -1)
+                                                         for size in view) for view in views), table,
+             f"reshape {spec['from']} needs from_shape and to_shape, lists of sizes (-1 for the one the element "
+             "count decides)")
+    return tuple(views[0]), tuple(views[1])
 
 
 def parse_table(text: str, name: str) -> KeyMapTable:
@@ -219,7 +230,9 @@ def parse_table(text: str, name: str) -> KeyMapTable:
         strip_prefixes=tuple(header.get("strip_prefixes", included.strip_prefixes)),
         signature=tuple(header.get("signature", included.signature)),
         requires=tuple(header.get("requires", included.requires)),
-        excludes=tuple(header.get("excludes", included.excludes)), judge=header.get("judge", included.judge),
+        excludes=tuple(header.get("excludes", included.excludes)),
+        # a table that says why it has no judge does not inherit the judge of the table it includes
+        judge=header.get("judge", None if "no_judge" in header else included.judge),
         judge_when=dict(header.get("judge_when", included.judge_when)), no_judge=header.get("no_judge", included.no_judge),
         rules=tuple(rules), drops=tuple(drops),
         placeholders=kinds, fallback=load_table(header["fallback"]) if "fallback" in header else None, lora=lora,

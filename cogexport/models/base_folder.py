@@ -63,7 +63,7 @@ def _family_of_pipeline(pipeline_class: str) -> ModelFamily | None:
 
 
 def _known_classes() -> str:
-    return ", ".join(spec.class_name for f in families() for spec in f.components.values())
+    return ", ".join(dict.fromkeys(spec.class_name for f in families() for spec in f.components.values()))
 
 
 def _open_pipeline(path: Path) -> BaseFolder:

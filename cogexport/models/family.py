@@ -113,6 +113,9 @@ class ModelFamily:
     # the components a release file holds beside the transformer (LTX-Video's single file: the VAE); a pipeline
     # exported from such a file takes them from it
     from_checkpoint: tuple[str, ...] = ()
+    # the families whose model this one's extends with layers of its own (Wan VACE: Wan's blocks and a VACE branch):
+    # the extended family's LoRA adapters, on layers this model has too, apply to it
+    extends: tuple[str, ...] = ()
 
     @property
     def transformer(self) -> ModelSpec:
@@ -308,7 +311,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
         components=components, lora_tables=tuple(table_name(key, name) for name in lora.get("tables", ())),
         lora_keep_fp32=tuple(lora.get("keep_fp32", ())), lora_names_from=lora.get("names_from"),
         scheduler_class=pipeline.get("scheduler", ""), scheduler_config=pipeline.get("scheduler_config", {}),
-        tasks=tasks, variants=variants, from_checkpoint=from_checkpoint,
+        tasks=tasks, variants=variants, from_checkpoint=from_checkpoint, extends=tuple(header.get("extends", ())),
     )
 
 
@@ -326,6 +329,8 @@ def _families(roots: tuple[str, ...]) -> tuple[ModelFamily, ...]:
             continue
         _require(key not in found, key, "two key-map roots hold a family of this name")
         found[key] = parse_family(spec.read_text(encoding="utf-8"), key)
+    for key, family in found.items():
+        _require(set(family.extends) <= set(found) - {key}, key, "[family] extends names no other family")
     return tuple(found.values())
 
 
@@ -342,12 +347,13 @@ def family_named(name: str) -> ModelFamily:
 
 
 def family_of_class(class_name: str) -> tuple[ModelFamily, str] | None:
-    """The family and pipeline component (transformer, vae, ...) a Diffusers class belongs to."""
-    for family in families():
-        for component, spec in family.components.items():
-            if spec.class_name == class_name:
-                return family, component
-    return None
+    """The family and pipeline component (transformer, vae, ...) a Diffusers class belongs to; of families that
+    share a model (Wan's VAE, which its variants list with Wan's tables), the one whose own tables translate it."""
+    found = [(family, component) for family in families() for component, spec in family.components.items()
+             if spec.class_name == class_name]
+    owners = [(family, component) for family, component in found
+              if any(table.split("/", 1)[0] == family.key for table in family.components[component].tables)]
+    return (owners or found or [None])[0]
 
 
 def family_of_variant(name: str) -> tuple[ModelFamily, Variant]:

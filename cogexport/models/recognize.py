@@ -14,7 +14,7 @@ from ..keymap.plan import translate_shapes
 from ..keymap.table import KeyMapTable, load_table
 from ..lazy import LazyTensor
 from .base_folder import read_json
-from .family import ModelFamily, Variant, families
+from .family import ModelFamily, Variant, families, family_of_class
 
 # Name fragments only LoRA checkpoints have (SAT's LoRA mixin, PEFT, kohya / musubi-tuner, ComfyUI files).
 LORA_MARKERS = (".original.", ".matrix_A.", ".matrix_B.", ".lora_A.", ".lora_B.", ".base_layer.", ".lora_down.",
@@ -49,18 +49,51 @@ def fitting_tables(keys: Sequence[str], candidates: Sequence[tuple[ModelFamily, 
     return fitting
 
 
+def is_specialisation(table: KeyMapTable, other: KeyMapTable) -> bool:
+    """Whether ``table`` is ``other``'s layout with more in it (Wan VACE's original layout is Wan's plus its VACE
+    blocks): the same signature at least, and strictly more required names."""
+    return set(table.signature) >= set(other.signature) and set(table.requires) > set(other.requires)
+
+
+def most_specific(fitting: list[tuple[ModelFamily, KeyMapTable]]) -> list[tuple[ModelFamily, KeyMapTable]]:
+    """Of several fitting layouts, the one that specialises every other (a checkpoint carrying its extra required
+    names is that layout, not the plainer one it extends); all of them when there is no such one."""
+    for family, table in fitting:
+        others = [other for _, other in fitting if other.name != table.name]
+        if others and all(is_specialisation(table, other) for other in others):
+            return [(f, t) for f, t in fitting if t.name == table.name]
+    return fitting
+
+
+def owner_first(fitting: list[tuple[ModelFamily, KeyMapTable]]) -> list[tuple[ModelFamily, KeyMapTable]]:
+    """One layout read by several families (a table named ``wan/...`` that Wan's variants list too): the family
+    whose own table it is comes first."""
+    owned = [(family, table) for family, table in fitting if table.name.split("/", 1)[0] == family.key]
+    return owned + [pair for pair in fitting if pair not in owned]
+
+
+def preferred_tables(keys: Sequence[str], candidates: Sequence[tuple[ModelFamily, str]]
+                     ) -> list[tuple[ModelFamily, KeyMapTable]]:
+    """The fitting tables, the one ``choose_table`` takes first."""
+    return owner_first(most_specific(fitting_tables(keys, candidates)))
+
+
 def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, where: str,
                  family: ModelFamily | None = None) -> tuple[ModelFamily, KeyMapTable]:
     """The one table (and its family) whose signature the checkpoint's names carry. A table that several families
-    share (a VAE of the Wan variants) is one layout: the first family that has it, or the one named."""
+    share (a VAE of the Wan variants) is one layout: its owner's, or the named family's. Of layouts that extend one
+    another, the most specific one the names fit is the checkpoint's."""
     candidates = component_tables(component, family)
-    fitting = fitting_tables(list(source), candidates)
+    fitting = preferred_tables(list(source), candidates)
     layouts = {table.name for _, table in fitting}
-    if len(layouts) == 1:
+    # the named family's layout fits, but the names carry more: another family's layout that extends it (a SkyReels-V2
+    # fps embedding, a VACE branch beside Wan's names)
+    others = preferred_tables(list(source), component_tables(component)) if family else []
+    wider = others and others[0][0] is not family and all(is_specialisation(others[0][1], t) for _, t in fitting)
+    if len(layouts) == 1 and not wider:
         return fitting[0]
-    if not fitting:
+    if not fitting or wider:
         sample = ", ".join(list(source)[:3]) or "no tensors at all"
-        others = [found for found in fitting_tables(list(source), component_tables(component))] if family else []
         if others:
             raise CogExportError(f"{where} holds a {others[0][0].name} {component}, not a {family.name} one; give a "
                                  f"{others[0][0].name} --base (or none)")
@@ -120,6 +153,23 @@ def config_beside(family: ModelFamily, folders: Sequence, facts: Mapping[str, An
     (a save_pretrained folder), else the original layout's own config, read by the family."""
     return diffusers_config_beside(family.transformer.class_name, folders) or \
         family.shapes.config_beside(folders, facts)
+
+
+def family_beside(folders: Sequence) -> ModelFamily | None:
+    """The family the config.json beside the weights names, if any: a Diffusers config of one of a family's model
+    classes, or an original-layout config a family claims (when its weights' names would read as another family's)."""
+    for folder in folders:
+        path = Path(folder) / "config.json"
+        if not path.is_file():
+            continue
+        config = read_json(path)
+        found = family_of_class(config.get("_class_name"))
+        if found is not None:
+            return found[0]
+        claimed = [family for family in families() if family.shapes.claims_config(config)]
+        if claimed:
+            return claimed[0]
+    return None
 
 
 def diffusers_config_beside(class_name: str, folders: Sequence) -> dict | None:

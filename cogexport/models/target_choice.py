@@ -100,8 +100,10 @@ def _published_variant(recognised: Recognised | None, family: ModelFamily, reque
 def _variant_of_config(family: ModelFamily, config: Mapping[str, Any], published: Variant | None,
                        request: TargetRequest) -> Variant:
     base = request.base
-    variant = family.layout_variant(config, request.experts, base.settings if base else None,
-                                    base.configs if base else None)
+    # the pipeline's settings, and its class (tasks that share shapes, such as SkyReels-V2's T2V and diffusion-forcing
+    # models, differ in the pipeline alone)
+    settings = {**base.settings, "_class_name": base.pipeline_class} if base else None
+    variant = family.layout_variant(config, request.experts, settings, base.configs if base else None)
     if base is None and published is not None and family.has_config(published, config):
         return published  # a release whose own config is its published variant's config is that release
     # a --base pipeline's class says its task; --model-type, given with it, must agree (checked later)
