@@ -41,6 +41,7 @@ _REQUIRED_ORIGINAL = {
     "vision_projection": ("linear", "no image projection"),
     "use_cond_type_embedding": (True, "no condition-type embedding"),
     "concat_condition": (True, "no condition channels in its patch embedding"),
+    "qk_norm_type": ("rms", "another query / key norm"),
 }
 
 
@@ -142,6 +143,7 @@ def diffusers_config(original: Mapping[str, Any], facts: Mapping[str, Any], wher
             "in_channels": 2 * latent + 1, "out_channels": int(original.get("out_channels") or latent),
             "num_attention_heads": heads, "attention_head_dim": hidden // heads,
             "num_layers": int(original["mm_double_blocks_depth"]), "num_refiner_layers": int(facts["refiner_layers"]),
+            "qk_norm": "rms_norm",
             "mlp_ratio": float(original.get("mlp_width_ratio", 4.0)), "patch_size": patch[1], "patch_size_t": patch[0],
             "text_embed_dim": int(original["text_states_dim"]), "text_embed_2_dim": int(facts["text_embed_2_dim"]),
             "image_embed_dim": int(original["vision_states_dim"]), "rope_theta": float(original.get("rope_theta", 256)),

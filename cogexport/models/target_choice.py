@@ -60,10 +60,19 @@ def choose_transformer(recognised: Recognised | None, family: ModelFamily, reque
         told = f"--model-name {request.model_name}"
         notes = _other_task_notes(recognised, family, request, variant, where)
     _check_agreement(recognised, family, request, variant, config, told, base_config is not None, where)
-    is_published = published == variant if recognised else base_config is None
+    is_published = (published == variant or _is_release(family, recognised, variant, config, request)) \
+        if recognised else base_config is None
     label = variant.name if is_published else f"custom-size {family.name} ({variant.name} layout)"
     return TransformerChoice(family, build_target(family.transformer.class_name, config), variant, label,
                              is_published, notes)
+
+
+def _is_release(family: ModelFamily, recognised: Recognised, variant: Variant, config: Mapping[str, Any],
+                request: TargetRequest) -> bool:
+    """A variant whose shapes are another's (HunyuanVideo 1.5's T2V and I2V, 480p and 720p), named by --model-name or
+    by the config the release keeps beside its weights: it is that release when the shapes and the config are its."""
+    return tuple(variant.experts.values()) == tuple(request.experts) and family.has_config(variant, config) and all(
+        recognised.facts.get(key) == value for key, value in variant.shapes.items())
 
 
 def _base_config(base: BaseFolder | None, component: str) -> dict | None:
