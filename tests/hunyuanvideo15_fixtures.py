@@ -6,6 +6,7 @@ fixtures), and the conversion script's facts (hunyuanvideo15_tiny) as the judge 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,14 +21,24 @@ from hunyuanvideo15_tiny import (MODEL_TYPE, SHAPE_CLASSES, build_tiny_transform
                                  reference_to_diffusers, reference_vae_to_diffusers, tiny_config)
 from make_tiny_hunyuanvideo15 import build_vae, tiny_text_settings  # noqa: E402,F401
 
-# ../shared beside the main checkout; a worktree (wt/<name>) is one level deeper
-ORIGINAL_CODE = next((root / "shared" / "fixtures" / "hunyuanvideo15" for root in (ROOT.parent, ROOT.parent.parent)
-                      if (root / "shared" / "fixtures" / "hunyuanvideo15").is_dir()),
-                     ROOT.parent / "shared" / "fixtures" / "hunyuanvideo15")
+# COGEXPORT_SHARED, else ../shared beside the main checkout (a worktree, wt/<name>, is one level deeper)
+SHARED = Path(os.environ.get("COGEXPORT_SHARED") or next(
+    (root / "shared" for root in (ROOT.parent, ROOT.parent.parent) if (root / "shared" / "fixtures").is_dir()),
+    ROOT.parent / "shared"))
+ORIGINAL_CODE = SHARED / "fixtures" / "hunyuanvideo15"
 FIXTURE_RELEASE = ORIGINAL_CODE / "original" / "transformer" / "480p_t2v"
 FIXTURE_TRUTH = ORIGINAL_CODE / "base" / "transformer"
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 SCRIPTS_USED = ("make_tiny_hunyuanvideo15.py", "hunyuanvideo15_tiny.py", "tiny_models.py")
+
+
+def original_code() -> Path:
+    """The original-code fixture's folder (skips the test when the shared fixtures are not there)."""
+    if not (ORIGINAL_CODE / "original").is_dir():
+        import pytest
+
+        pytest.skip(f"the HunyuanVideo 1.5 original-code fixture is not at {ORIGINAL_CODE} (set COGEXPORT_SHARED)")
+    return ORIGINAL_CODE
 
 
 def release_folder(folder: Path, weights: dict[str, torch.Tensor], config: dict | None = None) -> Path:

@@ -13,6 +13,7 @@ import torch
 from conftest import assert_refused, assert_same_tensors, snapshot
 from diffusers import AutoencoderKLHunyuanVideo15, HunyuanVideo15Transformer3DModel
 from hunyuanvideo15_fixtures import (FIXTURE_RELEASE, FIXTURE_TRUTH, MODEL_TYPE, ORIGINAL_CODE, SHAPE_CLASSES,
+                                     original_code,
                                      WEIGHTS, build_tiny_transformer, build_vae, config_folder, dcp_finetune,
                                      deepspeed_finetune, original_shapes, original_vae_state_dict,
                                      random_original_state_dict, reference_to_diffusers, reference_vae_to_diffusers,
@@ -49,6 +50,7 @@ def written_back(cli, tmp_path, model, *extra) -> dict[str, torch.Tensor]:
 def test_the_judges_helpers_agree_with_the_original_code():
     """The original names and the script's conversion written out in hunyuanvideo15_tiny are exactly what Tencent's
     class saved and what Diffusers' script made of it."""
+    original_code()
     original = load_file(FIXTURE_RELEASE / WEIGHTS)
     config = {k: v for k, v in config_of(FIXTURE_TRUTH / "config.json").items() if not k.startswith("_")}
     assert {n: t.shape for n, t in original.items()} == original_shapes(config)
@@ -59,7 +61,7 @@ def test_the_judges_helpers_agree_with_the_original_code():
 def test_the_release_folder_exports_to_the_scripts_ground_truth(with_base, cli, tmp_path):
     """The release's transformer/480p_t2v/ folder (weights and config.json): without --base its config.json gives the
     config the script's save_pretrained wrote, with --base the same; the tensors are the script's, to the bit."""
-    before = snapshot(ORIGINAL_CODE)
+    before = snapshot(original_code())
     extra = ["--base", FIXTURE_TRUTH] if with_base else []
     result = cli(FIXTURE_RELEASE, tmp_path / "out", "--dtype", "fp32", *extra)
     assert result.exit_code == 0, result.stderr
@@ -70,7 +72,7 @@ def test_the_release_folder_exports_to_the_scripts_ground_truth(with_base, cli, 
 
 def test_the_exported_model_reproduces_the_original_models_outputs(cli, tmp_path):
     """The exported folder, loaded by Diffusers, computes what the original class computed (T2V and I2V inputs)."""
-    result = cli(FIXTURE_RELEASE, tmp_path / "out", "--dtype", "fp32")
+    result = cli(original_code() / "original" / "transformer" / "480p_t2v", tmp_path / "out", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
     model = HunyuanVideo15Transformer3DModel.from_pretrained(tmp_path / "out").eval()
     io = load_file(ORIGINAL_CODE / "reference_io.safetensors")
@@ -88,6 +90,7 @@ def test_the_exported_model_reproduces_the_original_models_outputs(cli, tmp_path
 def test_the_way_back_is_the_original_codes_own_save_byte_for_byte(cli, tmp_path):
     """Diffusers' weights written back in the original layout are the file Tencent's class saved, byte for byte, and
     the config.json its save_pretrained wrote (the Diffusers version aside)."""
+    original_code()
     model = HunyuanVideo15Transformer3DModel.from_config(json.loads((FIXTURE_TRUTH / "config.json").read_text()))
     model.load_state_dict(load_file(FIXTURE_TRUTH / "ground_truth.safetensors"))
     written_back(cli, tmp_path, model, "--dtype", "fp32")
