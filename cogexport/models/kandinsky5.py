@@ -68,7 +68,7 @@ def describe(facts: Mapping[str, Any]) -> str:
 def layout_variant(config: Mapping[str, Any], experts: Sequence[str] = (),
                    pipeline: Mapping[str, Any] | None = None) -> str:
     """The published variant a custom config is built like: Pro by its width, else Lite; 10 s by sparse (NABLA)
-    attention; I2V only for Pro (the Diffusers releases have no Lite I2V)."""
+    attention. T2V and I2V configs are alike: --model-type or a --base pipeline's class picks the I2V twin."""
     if config.get("model_dim", 2048) >= PRO_WIDTH:
         return "Kandinsky-5.0-T2V-Pro-sft-5s"
     return "Kandinsky-5.0-T2V-Lite-sft-10s" if config.get("attention_type") == "nabla" else \

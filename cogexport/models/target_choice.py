@@ -113,7 +113,29 @@ def _variant_of_config(family: ModelFamily, config: Mapping[str, Any], published
                                     base.configs if base else None)
     if base is None and published is not None and family.has_config(published, config):
         return published  # a release whose own config is its published variant's config is that release
+    # T2V and I2V models whose configs are alike (Kandinsky 5): a --base pipeline's class says which, else
+    # --model-type (a --base pipeline of the other task is a contradiction, reported by _check_agreement)
+    wanted = _task_of_pipeline(family, base, variant) if base is not None and base.is_pipeline else \
+        request.model_type
+    if wanted and wanted != variant.task:
+        return _sibling(family, variant, wanted) or variant
     return variant
+
+
+def _task_of_pipeline(family: ModelFamily, base: BaseFolder | None, variant: Variant) -> str | None:
+    """The task a --base pipeline's class names, when it is the only task of that class and not the variant's."""
+    if base is None or not base.is_pipeline:
+        return None
+    tasks = [task.name for task in family.tasks.values() if task.pipeline == base.pipeline_class]
+    return tasks[0] if len(tasks) == 1 and variant.task not in tasks else None
+
+
+def _sibling(family: ModelFamily, variant: Variant, task: str) -> Variant | None:
+    """The variant of ``task`` with exactly ``variant``'s shapes, experts and transformer config (its image-to-video
+    twin, when nothing in the config tells the two apart)."""
+    config = family.transformer_config(variant)
+    return next((other for other in family.variants if other.task == task and other.shapes == variant.shapes
+                 and other.experts == variant.experts and family.transformer_config(other) == config), None)
 
 
 def _named_or_published(family: ModelFamily, request: TargetRequest, published: Variant | None,
