@@ -157,7 +157,8 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 @click.option("--steps", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True)
 def main(out: Path, **spec) -> None:
-    """Train a tiny HunyuanVideo 1.5 transformer on CPU; write OUT/checkpoint (DeepSpeed) or OUT/run/checkpoint (DCP)."""
+    """Train a tiny HunyuanVideo 1.5 transformer on CPU; write OUT/checkpoint (DeepSpeed) or OUT/run/checkpoint
+    (DCP)."""
     out.mkdir(parents=True, exist_ok=True)
     folder = out / "checkpoint" if spec["writer"] == "deepspeed" else out / "run" / "checkpoint"
     spec.update(out=str(out), save_dir=str(folder), model="hunyuanvideo15-original")

@@ -181,7 +181,8 @@ def reference_to_diffusers(original: dict[str, torch.Tensor]) -> dict[str, torch
         move(source, target)
     out["cond_type_embed.weight"] = left.pop("cond_type_embedding.weight")
     for r in range(_blocks(original, "txt_in.individual_token_refiner.blocks.")):
-        source, target = f"txt_in.individual_token_refiner.blocks.{r}", f"context_embedder.token_refiner.refiner_blocks.{r}"
+        source = f"txt_in.individual_token_refiner.blocks.{r}"
+        target = f"context_embedder.token_refiner.refiner_blocks.{r}"
         for p in ("weight", "bias"):
             q, k, v = torch.chunk(left.pop(f"{source}.self_attn_qkv.{p}"), 3, dim=0)
             out.update({f"{target}.attn.to_q.{p}": q, f"{target}.attn.to_k.{p}": k, f"{target}.attn.to_v.{p}": v})
@@ -218,8 +219,8 @@ def _vae_pairs(config: dict) -> list[tuple[str, str]]:
     for i in range(len(config["block_out_channels"])):
         pairs += [(f"encoder.down.{i}.block.{j}.{part}", f"encoder.down_blocks.{i}.resnets.{j}.{part}")
                   for j in range(config["layers_per_block"]) for part in _VAE_RESNET]
-        pairs += [(f"encoder.down.{i}.downsample.conv.conv.{p}", f"encoder.down_blocks.{i}.downsamplers.0.conv.conv.{p}")
-                  for p in ("weight", "bias")]
+        pairs += [(f"encoder.down.{i}.downsample.conv.conv.{p}",
+                   f"encoder.down_blocks.{i}.downsamplers.0.conv.conv.{p}") for p in ("weight", "bias")]
         pairs += [(f"decoder.up.{i}.block.{j}.{part}", f"decoder.up_blocks.{i}.resnets.{j}.{part}")
                   for j in range(config["layers_per_block"] + 1) for part in _VAE_RESNET]
         pairs += [(f"decoder.up.{i}.upsample.conv.conv.{p}", f"decoder.up_blocks.{i}.upsamplers.0.conv.conv.{p}")

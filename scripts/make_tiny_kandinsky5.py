@@ -27,7 +27,8 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kandinsky5_tiny import MODEL_TYPE, SHAPE_CLASSES, TINY_POOLED_DIM, TINY_TEXT_DIM, build_tiny_transformer  # noqa: E402
+from kandinsky5_tiny import (MODEL_TYPE, SHAPE_CLASSES, TINY_POOLED_DIM, TINY_TEXT_DIM,  # noqa: E402
+                             build_tiny_transformer)
 from make_tiny_hunyuanvideo import build_clip_tokenizer, build_vae  # noqa: E402
 from make_tiny_hunyuanvideo15 import build_qwen_tokenizer  # noqa: E402
 

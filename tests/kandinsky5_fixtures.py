@@ -14,7 +14,8 @@ from fixtures import SCRIPTS, DeepSpeedFixture, GroundTruth, cached_fixture
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(SCRIPTS))
-from kandinsky5_tiny import MODEL_TYPE, SHAPE_CLASSES, build_tiny_transformer, original_shapes, tiny_config  # noqa: E402,F401
+from kandinsky5_tiny import (MODEL_TYPE, SHAPE_CLASSES, build_tiny_transformer, original_shapes,  # noqa: E402,F401
+                             tiny_config)
 from make_tiny_kandinsky5 import tiny_text_settings  # noqa: E402,F401
 
 RELEASE_FILE = "kandinsky5lite_t2v_sft_5s.safetensors"

@@ -11,8 +11,8 @@ Two kinds of adapter, as the trainers make them:
 The truth W + (alpha / r) B A is computed here in PEFT's operation order. The judges: Diffusers 0.42 has no
 HunyuanVideo 1.5 LoRA loader, so a Diffusers-layout file is applied with PEFT on the Diffusers model
 (inject_adapter_in_model + set_peft_model_state_dict with the LoraConfig its lora_adapter_metadata records, then
-merged); a PEFT folder by PEFT's own PeftModel.from_pretrained merge. Our musubi and ComfyUI files must equal, tensor for
-tensor, the files the test writes from the trainers' documented layouts: musubi-tuner's own names, and for ComfyUI
+merged); a PEFT folder by PEFT's own PeftModel.from_pretrained merge. Our musubi and ComfyUI files must equal, tensor
+for tensor, the files the test writes from the trainers' documented layouts: musubi-tuner's own names, and for ComfyUI
 what musubi-tuner's convert_hunyuan_video_1_5_lora_to_comfy does to a musubi file (q, k, v concatenated into one
 qkv adapter: lora_down stacked, lora_up block-diagonal, alpha three times), written out here from that script.
 """

@@ -83,7 +83,8 @@ def _names_fit(fitting: list[tuple[ModelFamily, KeyMapTable]], source: Mapping[s
     tables (their Diffusers names) can both claim a state dict; only one class has those names."""
     shapes = {name: tensor.shape for name, tensor in source.items()}
     return [(family, table) for family, table in fitting
-            if {_INDEX.sub("#", name) for name in translate_shapes(table, shapes)} <= _class_names(family.key, component)]
+            if {_INDEX.sub("#", name) for name in translate_shapes(table, shapes)}
+            <= _class_names(family.key, component)]
 
 
 @cache
