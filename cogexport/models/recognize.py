@@ -5,7 +5,9 @@ key map and by ``inspect``. Readers never decide this: they hand out names, the 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -15,6 +17,7 @@ from ..keymap.table import KeyMapTable, load_table
 from ..lazy import LazyTensor
 from .base_folder import read_json
 from .family import ModelFamily, Variant, families, family_of_class
+from .target import build_target
 
 # Name fragments only LoRA checkpoints have (SAT's LoRA mixin, PEFT, kohya / musubi-tuner, ComfyUI files).
 LORA_MARKERS = (".original.", ".matrix_A.", ".matrix_B.", ".lora_A.", ".lora_B.", ".base_layer.", ".lora_down.",
@@ -85,6 +88,8 @@ def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, wh
     another, the most specific one the names fit is the checkpoint's."""
     candidates = component_tables(component, family)
     fitting = preferred_tables(list(source), candidates)
+    if len({table.name for _, table in fitting}) > 1:
+        fitting = _names_fit(fitting, source, component) or fitting
     layouts = {table.name for _, table in fitting}
     # the named family's layout fits, but the names carry more: another family's layout that extends it (a SkyReels-V2
     # fps embedding, a VACE branch beside Wan's names)
@@ -104,6 +109,29 @@ def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, wh
         raise CogExportError(f"{where} has the tensor names of a {' and a '.join(owners)} {what} alike; pass --base "
                              "(or --model-name) to say which model it is")
     raise CogExportError(f"{where} matches several layouts ({', '.join(sorted(layouts))}); its keys are mixed")
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def _names_fit(fitting: list[tuple[ModelFamily, KeyMapTable]], source: Mapping[str, LazyTensor],
+               component: str) -> list[tuple[ModelFamily, KeyMapTable]]:
+    """Of several layouts whose signatures the names carry, those under which every name becomes a tensor name of
+    the table's own Diffusers class (block indices aside: the size is not known yet). Two families' prefix-only
+    tables (their Diffusers names) can both claim a state dict; only one class has those names."""
+    shapes = {name: tensor.shape for name, tensor in source.items()}
+    return [(family, table) for family, table in fitting
+            if {_INDEX.sub("#", name) for name in translate_shapes(table, shapes)}
+            <= _class_names(family.key, component)]
+
+
+@cache
+def _class_names(family_key: str, component: str) -> frozenset[str]:
+    """The tensor names (block indices as #) of the family's component class at its first variant's config."""
+    family = next(each for each in families() if each.key == family_key)
+    spec = family.components[component]
+    schema = build_target(spec.class_name, family.component_config(component, family.variants[0])).schema
+    return frozenset(_INDEX.sub("#", name) for name in schema)
 
 
 @dataclass

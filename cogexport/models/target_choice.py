@@ -60,10 +60,19 @@ def choose_transformer(recognised: Recognised | None, family: ModelFamily, reque
         told = f"--model-name {request.model_name}"
         notes = _other_task_notes(recognised, family, request, variant, where)
     _check_agreement(recognised, family, request, variant, config, told, base_config is not None, where)
-    is_published = published == variant if recognised else base_config is None
+    is_published = (published == variant or _is_release(family, recognised, variant, config, request)) \
+        if recognised else base_config is None
     label = variant.name if is_published else f"custom-size {family.name} ({variant.name} layout)"
     return TransformerChoice(family, build_target(family.transformer.class_name, config), variant, label,
                              is_published, notes)
+
+
+def _is_release(family: ModelFamily, recognised: Recognised, variant: Variant, config: Mapping[str, Any],
+                request: TargetRequest) -> bool:
+    """A variant whose shapes are another's (HunyuanVideo 1.5's T2V and I2V, 480p and 720p), named by --model-name or
+    by the config the release keeps beside its weights: it is that release when the shapes and the config are its."""
+    return tuple(variant.experts.values()) == tuple(request.experts) and family.has_config(variant, config) and all(
+        recognised.facts.get(key) == value for key, value in variant.shapes.items())
 
 
 def _base_config(base: BaseFolder | None, component: str) -> dict | None:
@@ -106,24 +115,29 @@ def _variant_of_config(family: ModelFamily, config: Mapping[str, Any], published
     variant = family.layout_variant(config, request.experts, settings, base.configs if base else None)
     if base is None and published is not None and family.has_config(published, config):
         return published  # a release whose own config is its published variant's config is that release
-    # a --base pipeline's class says its task; --model-type, given with it, must agree (checked later)
-    return _of_task(family, variant, _task_of_pipeline(family, base) or request.model_type)
+    # T2V and I2V models whose configs are alike (Kandinsky 5): a --base pipeline's class says which, else
+    # --model-type (a --base pipeline of the other task is a contradiction, reported by _check_agreement)
+    wanted = _task_of_pipeline(family, base, variant) if base is not None and base.is_pipeline else \
+        request.model_type
+    if wanted and wanted != variant.task:
+        return _sibling(family, variant, wanted) or variant
+    return variant
 
 
-def _task_of_pipeline(family: ModelFamily, base: BaseFolder | None) -> str | None:
-    """The task whose pipeline class a --base pipeline folder is (LTX2ImageToVideoPipeline: i2v)."""
-    if base is None or not base.pipeline_class:
+def _task_of_pipeline(family: ModelFamily, base: BaseFolder | None, variant: Variant) -> str | None:
+    """The task a --base pipeline's class names, when it is the only task of that class and not the variant's."""
+    if base is None or not base.is_pipeline:
         return None
-    return next((name for name, task in family.tasks.items() if task.pipeline == base.pipeline_class), None)
+    tasks = [task.name for task in family.tasks.values() if task.pipeline == base.pipeline_class]
+    return tasks[0] if len(tasks) == 1 and variant.task not in tasks else None
 
 
-def _of_task(family: ModelFamily, variant: Variant, task: str | None) -> Variant:
-    """The variant of ``task`` built like ``variant`` (same shapes and transformer config), where tasks share one model
-    (LTX-2's LTX2Pipeline and LTX2ImageToVideoPipeline); else ``variant``."""
-    if task is None or variant.task == task:
-        return variant
+def _sibling(family: ModelFamily, variant: Variant, task: str) -> Variant | None:
+    """The variant of ``task`` with exactly ``variant``'s shapes, experts and transformer config (its image-to-video
+    twin, when nothing in the config tells the two apart)."""
+    config = family.transformer_config(variant)
     return next((other for other in family.variants if other.task == task and other.shapes == variant.shapes
-                 and family.transformer_config(other) == family.transformer_config(variant)), variant)
+                 and other.experts == variant.experts and family.transformer_config(other) == config), None)
 
 
 def _named_or_published(family: ModelFamily, request: TargetRequest, published: Variant | None,
