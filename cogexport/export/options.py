@@ -66,6 +66,7 @@ class ExportOptions:
     private: bool = False
     progress: bool | None = None
     command: str = ""
+    workers: int | None = None  # threads loading tensors ahead of the writer (None: from the cores; 1: none)
 
 
 def command_line() -> str:
@@ -79,6 +80,8 @@ def check_options(options: ExportOptions, direction: str) -> None:
     if direction not in DIRECTIONS:
         raise CogExportError(f"--to {direction!r} is not one of {', '.join(DIRECTIONS)}")
     parse_size(options.max_shard_size)
+    if options.workers is not None and options.workers < 1:
+        raise CogExportError(f"--workers {options.workers} must be at least 1")
     if options.variant is not None:
         check_variant_name(options.variant)
     if options.component is not None and options.component not in component_choices():

@@ -5,17 +5,20 @@ storage by a persistent id, then one stored, 64-byte-aligned record per storage)
 from __future__ import annotations
 
 import collections
+import hashlib
 import pickle
 import struct
-import uuid
 import zipfile
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from ..lazy import LazyTensor
+from ..lazy import ByteRange, LazyTensor
 from ..tensor_bytes import tensor_buffer
+from .byte_copy import stream_range
+from .io_engine import Payload, TensorFeed
 
 _ALIGNMENT = 64
 _ZIP64_EXTRA = 20  # what zipfile adds to a local header whose record is over 4 GiB
@@ -85,21 +88,39 @@ def _stored(tree: Any, records: list[_StoredTensor]) -> Any:
     return tree
 
 
-def write_torch_archive(path: Path, tree: Any, on_tensor: Callable[[str, int], None] | None = None) -> None:
-    """torch.save ``tree`` (plain containers and values, LazyTensor leaves) to ``path``, loading one tensor at a time."""
+def write_torch_archive(path: Path, tree: Any, on_tensor: Callable[[str, int], None] | None = None,
+                        payloads: Iterator[Payload] | None = None) -> None:
+    """torch.save ``tree`` (plain containers and values, LazyTensor leaves) to ``path``, loading one tensor at a time.
+    ``payloads``: the leaves' data in order (``lazy_leaves``), from a ``TensorFeed`` that may load them ahead."""
     records: list[_StoredTensor] = []
     stored = _stored(tree, records)
     pickled = _pickle(stored)
     root = path.stem
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+    with ExitStack() as stack:
+        if payloads is None:
+            payloads = iter(stack.enter_context(TensorFeed([record.tensor for record in records])))
+        archive = stack.enter_context(zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True))
         archive.writestr(f"{root}/data.pkl", pickled)
         archive.writestr(f"{root}/.format_version", "1")
         archive.writestr(f"{root}/.storage_alignment", str(_ALIGNMENT))
         archive.writestr(f"{root}/byteorder", "little")
         for record in records:
-            _write_record(archive, f"{root}/data/{record.key}", record.tensor, on_tensor)
+            _write_record(archive, f"{root}/data/{record.key}", record.tensor, next(payloads), on_tensor)
         archive.writestr(f"{root}/version", "3\n")
-        archive.writestr(f"{root}/.data/serialization_id", uuid.uuid4().hex[:40].ljust(40, "0"))
+        archive.writestr(f"{root}/.data/serialization_id", _serialization_id(path.name, pickled))
+
+
+def lazy_leaves(tree: Any) -> list[LazyTensor]:
+    """The LazyTensors of ``tree`` in the order ``write_torch_archive`` writes their records."""
+    records: list[_StoredTensor] = []
+    _stored(tree, records)
+    return [record.tensor for record in records]
+
+
+def _serialization_id(name: str, pickled: bytes) -> str:
+    """torch.save's 40-character id of a save, here made from what is saved rather than drawn at random, so that a
+    file is the same bytes whichever process (or torchrun rank) writes it."""
+    return hashlib.sha1(name.encode() + b"\0" + pickled).hexdigest()
 
 
 def _pickle(tree: Any) -> bytes:
@@ -110,7 +131,7 @@ def _pickle(tree: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _write_record(archive: zipfile.ZipFile, name: str, tensor: LazyTensor,
+def _write_record(archive: zipfile.ZipFile, name: str, tensor: LazyTensor, payload: Payload,
                   on_tensor: Callable[[str, int], None] | None) -> None:
     info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
     info.compress_type, info.file_size = zipfile.ZIP_STORED, tensor.nbytes
@@ -118,8 +139,10 @@ def _write_record(archive: zipfile.ZipFile, name: str, tensor: LazyTensor,
         + (_ZIP64_EXTRA if tensor.nbytes > zipfile.ZIP64_LIMIT else 0)
     padding = -data_start % _ALIGNMENT
     info.extra = struct.pack("<HH", 0x4246, padding) + b"Z" * padding  # "FB": the id torch's own padding uses
-    loaded = tensor.load().contiguous()
     with archive.open(info, "w", force_zip64=tensor.nbytes > zipfile.ZIP64_LIMIT) as out:
-        out.write(tensor_buffer(loaded))
+        if isinstance(payload, ByteRange):  # the record's CRC-32 is computed from the bytes: they pass through here
+            stream_range(payload, out.write)
+        else:
+            out.write(tensor_buffer(payload.contiguous()))
     if on_tensor is not None:
         on_tensor(name, tensor.nbytes)
