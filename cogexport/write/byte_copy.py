@@ -54,15 +54,16 @@ class _Unsupported(Exception):
 
 
 def copy_range(source: ByteRange, destination: int, destination_offset: int,
-               methods: tuple[str, ...] = METHODS) -> str:
+               methods: tuple[str, ...] | None = None) -> str:
     """Copy ``source``'s bytes into the open file ``destination`` at ``destination_offset``; leaves the destination's
-    file position after them. Returns the method that copied the (first) bytes. ``methods``: which to try, in order."""
+    file position after them. Returns the method that copied the (first) bytes. ``methods``: which to try, in order
+    (default: ``METHODS``)."""
     try:
         descriptor = os.open(source.path, os.O_RDONLY)
     except OSError as error:
         raise CogExportError(f"cannot read {source.path}: {error.strerror}") from None
     try:
-        return _RangeCopy(source, descriptor, destination, destination_offset).run(list(methods))
+        return _RangeCopy(source, descriptor, destination, destination_offset).run(list(methods or METHODS))
     finally:
         os.close(descriptor)
         os.lseek(destination, destination_offset + source.length, os.SEEK_SET)
