@@ -102,9 +102,17 @@ class Ranks:
     def _collective(self, call: Callable[[], None]) -> None:
         try:
             call()
-        except RuntimeError as error:  # gloo: a peer closed its connections (it failed or was killed)
+        except RuntimeError as error:  # gloo: a peer closed its connections (it failed or was killed), or timed out
             raise CogExportError(f"rank {self.rank} of {self.world}: another process of the job stopped before it "
-                                 f"finished ({str(error).splitlines()[0][:160]}); nothing was published") from None
+                                 f"finished ({_gloo_reason(error)}); nothing was published") from None
+
+
+def _gloo_reason(error: RuntimeError) -> str:
+    """gloo's first sentence, without its source position: "[.../pair.cc:537] Read error [...]: Connection reset by
+    peer. This is typically..." -> "Read error [...]: Connection reset by peer"."""
+    text = str(error).splitlines()[0] if str(error) else "no reason given"
+    text = text.split("] ", 1)[1] if text.startswith("[") and "] " in text else text
+    return text.split(". ", 1)[0][:160]
 
 
 def describe(error: BaseException) -> str:
