@@ -29,15 +29,16 @@ class ByteRange:
     transform): ``length`` bytes at ``offset`` of ``path``. A writer may then copy them file to file, in the kernel,
     instead of loading the tensor.
 
-    ``read_checked(start, buffer)`` fills ``buffer`` with the range's bytes from ``start`` and checks them, for
-    formats that store a checksum (a torch.save record's CRC-32): a copy must pass the bytes it copied through it,
-    so that a damaged input is refused as a load would refuse it. None where the format stores no checksum.
+    ``check(start, data)`` checks ``data``, the range's bytes from ``start`` as read from the file, for formats that
+    store a checksum (a torch.save record's CRC-32; it raises on a mismatch once the bytes it covers are all seen):
+    a copy must pass every byte it copies through it, so that a damaged input is refused as a load would refuse it.
+    None where the format stores no checksum.
     """
 
     path: str
     offset: int
     length: int
-    read_checked: Callable[[int, memoryview], None] | None = None
+    check: Callable[[int, memoryview], None] | None = None
 
 
 @dataclass(frozen=True)

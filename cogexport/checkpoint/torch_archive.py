@@ -281,15 +281,16 @@ class TorchArchive:
         return out
 
     def byte_range(self, key: str, start: int, length: int) -> ByteRange:
-        """``length`` bytes of storage ``key`` from byte ``start``, where they lie in the file; copied bytes are read
-        back through ``ZipRecords.read_into`` (the record's CRC-32) unless the archive stores no CRC-32s."""
+        """``length`` bytes of storage ``key`` from byte ``start``, where they lie in the file; the bytes a copy
+        reads back go through the record's CRC-32 check (``ZipRecords.check_bytes``) unless the archive stores
+        no CRC-32s."""
         member = self.member(key)
 
-        def read_checked(position: int, buffer: memoryview) -> None:
-            self.records.read_into(member, start + position, buffer)
+        def check(position: int, data: memoryview) -> None:
+            self.records.check_bytes(member, start + position, data)
 
         return ByteRange(str(self.path), self.records.records[member].offset + start, length,
-                         read_checked if self.records.checking else None)
+                         check if self.records.checking else None)
 
     def close(self) -> None:
         self.records.close()

@@ -6,12 +6,14 @@ systems that share blocks); where it is refused (another file system on older ke
 ``os.sendfile`` still copies in the kernel; last, a read/write loop through one small reused buffer.
 
 A range whose format stores a checksum (a torch.save record's CRC-32) is copied a chunk at a time, and each chunk,
-still in the page cache, is read back through the reader's check: an output is never made of bytes that fail it.
+still in the page cache, is passed to the reader's check through a read-only memory map of the input (no copy into
+this process; a plain read where the file cannot be mapped): an output is never made of bytes that fail it.
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import threading
 from collections import Counter
@@ -85,7 +87,7 @@ class _RangeCopy:
         return self._buffer
 
     def run(self, methods: list[str]) -> str:
-        chunk = CHECKED_CHUNK if self.source.read_checked else _UNCHECKED_CHUNK
+        chunk = CHECKED_CHUNK if self.source.check else _UNCHECKED_CHUNK
         done, used = 0, ""
         while done < self.source.length:
             count = min(chunk, self.source.length - done)
@@ -122,25 +124,40 @@ class _RangeCopy:
             copied += got
         if copied == 0 and count:
             raise _Unsupported()
-        self._check(start, copied)
+        if self.source.check is not None:
+            self._check_copied(start, copied)
         if copied < count:
             self._read_write(start + copied, count - copied)
 
-    def _check(self, start: int, count: int) -> None:
-        """Read the bytes just copied back through the format's check (they are still in the page cache)."""
-        if self.source.read_checked is None:
+    def _check_copied(self, start: int, count: int) -> None:
+        """Pass the bytes just copied (still in the page cache) to the format's check, mapped, not copied."""
+        offset = self.source.offset + start
+        aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
+        try:
+            mapped = mmap.mmap(self.descriptor, offset - aligned + count, prot=mmap.PROT_READ,
+                               flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), offset=aligned)
+        except (OSError, ValueError):  # a file system that cannot map: read the bytes back instead
+            for position in range(start, start + count, len(self.buffer)):
+                piece = self.buffer[:min(len(self.buffer), start + count - position)]
+                _pread_exactly(self.source, self.descriptor, self.source.offset + position, piece)
+                self.source.check(position, piece)
             return
-        for position in range(start, start + count, len(self.buffer)):
-            self.source.read_checked(position, self.buffer[:min(len(self.buffer), start + count - position)])
+        view = memoryview(mapped)
+        window = view[offset - aligned:]
+        try:
+            self.source.check(start, window)
+        finally:  # released before unmapping even when the check raised (its traceback still names the window)
+            window.release()
+            view.release()
+            mapped.close()
 
     def _read_write(self, start: int, count: int) -> None:
         """Through user space: each piece read (and checked, where the format has a checksum), then written."""
         for position in range(start, start + count, len(self.buffer)):
             piece = self.buffer[:min(len(self.buffer), start + count - position)]
-            if self.source.read_checked is not None:
-                self.source.read_checked(position, piece)
-            else:
-                _pread_exactly(self.source, self.descriptor, self.source.offset + position, piece)
+            _pread_exactly(self.source, self.descriptor, self.source.offset + position, piece)
+            if self.source.check is not None:
+                self.source.check(position, piece)
             written = 0
             while written < len(piece):
                 written += os.pwrite(self.destination, piece[written:],
@@ -158,10 +175,9 @@ def stream_range(source: ByteRange, write: Callable[[memoryview], object]) -> No
         buffer = memoryview(bytearray(min(CHECKED_CHUNK, source.length)))
         for position in range(0, source.length, len(buffer)):
             piece = buffer[:min(len(buffer), source.length - position)]
-            if source.read_checked is not None:
-                source.read_checked(position, piece)
-            else:
-                _pread_exactly(source, descriptor, source.offset + position, piece)
+            _pread_exactly(source, descriptor, source.offset + position, piece)
+            if source.check is not None:
+                source.check(position, piece)
             write(piece)
             COUNTS.add("streamed", len(piece), first_chunk=not position)
     finally:
