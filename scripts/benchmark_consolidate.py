@@ -96,27 +96,9 @@ def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json
     results, checks, costs, scaled, floors = [], {}, {}, [], {}
     for stage in stages:
         checkpoint = bench_checkpoint(work_dir, stage, model)
-        output = work_dir / "output"
-        commands = tools(checkpoint, output, env)
-        checks[stage], variants = {}, {}
-        for name, (command, tool_env) in commands.items():  # untimed: each output checked before anything is timed
-            shutil.rmtree(output, ignore_errors=True)
-            measure_tree(command, tool_env)
-            checks[stage][name] = check_against_truth(output, bench_truth(checkpoint))
-            if name == OURS:  # the scaling runs must write the same bytes
-                floors[stage] = {"read_bytes": model_bytes, "written_bytes": tree_bytes(output)}
-                variants = scaling_tools(command, output, work_dir / "output-scaling") if scaling else {}
-                check_variants_identical(variants, output, tool_env)
-        # the fp32 masters, read from the ranks' optimizer files, and the output's bytes written
-        floor, _ = floor_tool(floor_reads(optimizer_files(checkpoint), model_bytes), floors[stage]["written_bytes"],
-                              output)
-        commands[FLOOR] = (floor, env)
-        samples: dict[str, list] = {name: [] for name in commands}
-        for _ in range(runs):
-            for name, (command, tool_env) in commands.items():
-                shutil.rmtree(output, ignore_errors=True)
-                samples[name].append(measure_tree(command, tool_env))
-        shutil.rmtree(output, ignore_errors=True)
+        commands, checks[stage], variants, floors[stage] = checked_tools(checkpoint, work_dir, env, model_bytes,
+                                                                         scaling)
+        samples = time_stage(commands, work_dir / "output", runs)
         results += summarize(samples, model_bytes, stage=stage)
         costs[stage] = crc_cost(samples)
         if variants:
@@ -132,6 +114,44 @@ def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json
         click.echo(f"ZeRO-{stage}, every tool's output: {next(iter(checked.values()))['summary']}")
     click.echo()
     print_table(results, "stage tool", 46, lambda row: f"ZeRO-{row['stage']} {row['tool']}")
+    report_costs_and_goals(costs, goals, floors)
+    if scaled:
+        print_scaling([dict(row, tool=f"ZeRO-{row['stage']} {row['tool']}") for row in scaled])
+
+
+def checked_tools(checkpoint: Path, work_dir: Path, env: dict, model_bytes: int,
+                  scaling: bool) -> tuple[dict, dict, dict, dict]:
+    """Each tool run once, untimed, and its output checked against the ground truth; the scaling runs checked to
+    write cogexport's bytes; then the I/O floor (the fp32 masters read from the ranks' optimizer files, the output's
+    bytes written) added to the tools. Returns the tools, the checks, the scaling runs and the floor's sizes."""
+    output = work_dir / "output"
+    commands = tools(checkpoint, output, env)
+    checks, variants, floor = {}, {}, {}
+    for name, (command, tool_env) in commands.items():
+        shutil.rmtree(output, ignore_errors=True)
+        measure_tree(command, tool_env)
+        checks[name] = check_against_truth(output, bench_truth(checkpoint))
+        if name == OURS:
+            floor = {"read_bytes": model_bytes, "written_bytes": tree_bytes(output)}
+            variants = scaling_tools(command, output, work_dir / "output-scaling") if scaling else {}
+            check_variants_identical(variants, output, tool_env)
+    dd, _ = floor_tool(floor_reads(optimizer_files(checkpoint), model_bytes), floor["written_bytes"], output)
+    commands[FLOOR] = (dd, env)
+    return commands, checks, variants, floor
+
+
+def time_stage(commands: dict, output: Path, runs: int) -> dict[str, list]:
+    """--runs rounds of every tool, alternating, each into the emptied output folder."""
+    samples: dict[str, list] = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, (command, tool_env) in commands.items():
+            shutil.rmtree(output, ignore_errors=True)
+            samples[name].append(measure_tree(command, tool_env))
+    shutil.rmtree(output, ignore_errors=True)
+    return samples
+
+
+def report_costs_and_goals(costs: dict, goals: dict, floors: dict) -> None:
     for stage, cost in costs.items():
         click.echo(f"ZeRO-{stage}: the CRC-32 checks cost {cost['seconds']:+.2f} s wall "
                    f"({cost['seconds_percent']:+.1f}%), {cost['cpu_seconds']:+.2f} s CPU "
@@ -142,8 +162,6 @@ def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json
                    f"files (the fp32 masters' bytes) and writes {floors[stage]['written_bytes'] / 1e9:.2f} GB")
         for line in lines:
             click.echo(f"ZeRO-{stage} {line}")
-    if scaled:
-        print_scaling([dict(row, tool=f"ZeRO-{row['stage']} {row['tool']}") for row in scaled])
 
 
 if __name__ == "__main__":

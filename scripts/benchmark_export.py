@@ -363,6 +363,12 @@ def main(work_dir: Path, scaling: bool, runs: int, layers: int, as_json: bool,
                                "harness_peak_rss_bytes": harness_rss, "checks": checks, "io_floor": floor,
                                "results": results, "scaling": scaled, "goals": goals}, indent=2))
         return
+    report(setup, layers, runs, checks, floor, harness_rss, results, goals, scaled)
+
+
+def report(setup: dict, layers: int, runs: int, checks: dict, floor: dict, harness_rss: int, results: list,
+           goals: list, scaled: list) -> None:
+    params, model_bytes = setup["parameters"], 4 * setup["parameters"]
     click.echo(f"CogVideoX-{VARIANT} width, {layers} layers: {params:,} parameters, fp32 model {model_bytes / 1e9:.2f} "
                f"GB; SAT bf16 ({setup['sat_file_bytes'] / 1e9:.2f} GB file) -> Diffusers bf16, 5GB shards; median of "
                f"{runs} runs")

@@ -125,27 +125,10 @@ def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json
     results, checks, scaled, floors = [], {}, [], {}
     for stage in stages:
         checkpoint = bench_checkpoint(work_dir, stage, model)
-        commands = tools(checkpoint, work_dir)
-        checks[stage], variants = {}, {}
-        for name, (command, output) in commands.items():  # untimed: each output checked before anything is timed
-            shutil.rmtree(output.parent, ignore_errors=True)
-            measure_tree(command, env)
-            checks[stage][name] = check(output, bench_truth(checkpoint), full_shapes=name.startswith("cogexport"))
-            if name == "cogexport universal":  # the scaling runs must write the same bytes
-                floors[stage] = {"written_bytes": tree_bytes(output)}
-                scaling_output = work_dir / "out-scaling" / output.name
-                variants = scaling_tools(command, output, scaling_output) if scaling else {}
-                check_variants_identical(variants, output, env)
-            shutil.rmtree(output.parent, ignore_errors=True)  # each output is 5-12 GB: one on disk at a time
-        commands[FLOOR] = universal_floor(checkpoint, floors[stage]["written_bytes"], work_dir / "out-floor")
-        samples: dict[str, list] = {name: [] for name in commands}
-        for _ in range(runs):
-            for name, (command, output) in commands.items():
-                samples[name].append(measure_tree(command, env))
-                shutil.rmtree(output.parent if output.name.endswith("_universal") else output, ignore_errors=True)
-        results += summarize(samples, model_bytes, stage=stage)
+        commands, checks[stage], variants, floors[stage] = checked_tools(checkpoint, work_dir, env, scaling)
+        results += summarize(time_runs(commands, runs, env), model_bytes, stage=stage)
         if variants:
-            scaled += summarize(scaling_samples(variants, runs, env), model_bytes, stage=stage)
+            scaled += summarize(time_runs(variants, runs, env), model_bytes, stage=stage)
     goals = {stage: goal_lines([row for row in results if row["stage"] == stage],
                                [name for name in tools(bench_checkpoint(work_dir, stage, model), work_dir)
                                 if name.startswith("ds_to_universal")], ours="cogexport universal")
@@ -172,6 +155,25 @@ def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json
         print_scaling([dict(row, tool=f"ZeRO-{row['stage']} {row['tool']}") for row in scaled])
 
 
+def checked_tools(checkpoint: Path, work_dir: Path, env: dict, scaling: bool) -> tuple[dict, dict, dict, dict]:
+    """Each tool run once, untimed, and its output checked against the ground truth (then removed: each output is
+    5-12 GB, one on disk at a time); the scaling runs checked to write cogexport's bytes; then the I/O floor added to
+    the tools. Returns the tools, the checks, the scaling runs and the floor's size."""
+    commands = tools(checkpoint, work_dir)
+    checks, variants, floor = {}, {}, {}
+    for name, (command, output) in commands.items():
+        shutil.rmtree(output.parent, ignore_errors=True)
+        measure_tree(command, env)
+        checks[name] = check(output, bench_truth(checkpoint), full_shapes=name.startswith("cogexport"))
+        if name == "cogexport universal":
+            floor = {"written_bytes": tree_bytes(output)}
+            variants = scaling_tools(command, output, work_dir / "out-scaling" / output.name) if scaling else {}
+            check_variants_identical(variants, output, env)
+        shutil.rmtree(output.parent, ignore_errors=True)
+    commands[FLOOR] = universal_floor(checkpoint, floor["written_bytes"], work_dir / "out-floor")
+    return commands, checks, variants, floor
+
+
 def universal_floor(checkpoint: Path, written: int, output: Path) -> tuple[list[str], Path]:
     """dd reading (and writing) the bytes a universal checkpoint is made of: every parameter's master and moments
     from the ranks' optimizer files, and the model states file."""
@@ -180,13 +182,13 @@ def universal_floor(checkpoint: Path, written: int, output: Path) -> tuple[list[
     return floor_tool(floor_reads(files, written), written, output)
 
 
-def scaling_samples(variants: dict, runs: int, env: dict) -> dict[str, list]:
-    """--runs rounds of the scaling runs, alternating; each output (and the latest_universal beside it) removed."""
-    samples: dict[str, list] = {name: [] for name in variants}
+def time_runs(commands: dict, runs: int, env: dict) -> dict[str, list]:
+    """--runs rounds of the commands, alternating; each output (and the latest_universal beside it) removed."""
+    samples: dict[str, list] = {name: [] for name in commands}
     for _ in range(runs):
-        for name, (command, output) in variants.items():
+        for name, (command, output) in commands.items():
             samples[name].append(measure_tree(command, env))
-            shutil.rmtree(output.parent, ignore_errors=True)
+            shutil.rmtree(output.parent if output.name.endswith("_universal") else output, ignore_errors=True)
     return samples
 
 

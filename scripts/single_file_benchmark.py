@@ -234,16 +234,9 @@ class FamilyBenchmark:
         check = self.helper("--compare", *(str(output) for _, output in commands.values()))
         if check["numel"] != setup["parameters"]:
             raise click.ClickException(f"outputs hold {check['numel']} elements, the model {setup['parameters']}")
-        ours_command, ours_output = commands["cogexport"]
-        written = tree_bytes(ours_output)
         read = setup["parameters"] * DTYPE_BYTES[self.release_dtype]  # the transformer's bytes in the release
-        workers_1 = with_workers(retarget(ours_command, ours_output, work / "out-w1"), 1)
-        commands = {"cogexport": commands["cogexport"], WORKERS_1: (workers_1, work / "out-w1"),
-                    FLOOR: floor_tool(floor_reads([Path(setup["release"])], read), written, work / "out-floor"),
-                    **{name: tool for name, tool in commands.items() if name != "cogexport"}}
-        variants = scaling_tools(ours_command, ours_output, work / "out-scaling") if scaling else {}
-        check_variants_identical({WORKERS_1: commands[WORKERS_1], **variants}, ours_output)
-        shutil.rmtree(ours_output, ignore_errors=True)
+        commands, variants, written = self.with_floor_and_scaling(commands, Path(setup["release"]), read, work,
+                                                                  scaling)
         samples = time_alternately(commands, runs)
         scaled = summarize(time_alternately(variants, runs), 4 * setup["parameters"]) if variants else []
         harness_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # a floor under every measurement
@@ -270,6 +263,23 @@ class FamilyBenchmark:
             click.echo(line)
         if scaled:
             print_scaling(scaled)
+
+    @staticmethod
+    def with_floor_and_scaling(commands: dict, release: Path, read: int, work: Path,
+                               scaling: bool) -> tuple[dict, dict, int]:
+        """The tools with cogexport --workers 1 and the I/O floor (dd reading ``read`` bytes of the release and
+        writing as many as cogexport's output holds) beside them, and the scaling runs; every cogexport run first
+        checked (untimed) to write the bytes of cogexport's output, which is then removed."""
+        ours_command, ours_output = commands["cogexport"]
+        written = tree_bytes(ours_output)
+        workers_1 = with_workers(retarget(ours_command, ours_output, work / "out-w1"), 1)
+        rows = {"cogexport": commands["cogexport"], WORKERS_1: (workers_1, work / "out-w1"),
+                FLOOR: floor_tool(floor_reads([release], read), written, work / "out-floor"),
+                **{name: tool for name, tool in commands.items() if name != "cogexport"}}
+        variants = scaling_tools(ours_command, ours_output, work / "out-scaling") if scaling else {}
+        check_variants_identical({WORKERS_1: rows[WORKERS_1], **variants}, ours_output)
+        shutil.rmtree(ours_output, ignore_errors=True)
+        return rows, variants, written
 
     def main(self, work_dir: Path, runs: int, as_json: bool, reference_path: tuple[Path, Path, Path] | None,
              prepare_only: bool, compare_dirs: tuple[Path, Path] | None, scaling: bool = True) -> None:
