@@ -116,8 +116,8 @@ def save_random_model_states(path: Path, names: dict) -> None:
 def release_setup(release: Path, weights: Path, config_dir: Path, model) -> dict:
     """What the harness learns from --prepare; writes the Diffusers config folder the reference path loads with."""
     model.save_config(config_dir)
-    return {"release": str(release), "release_bytes": weights.stat().st_size, "config_dir": str(config_dir),
-            "parameters": parameter_count(model)}
+    return {"release": str(release), "weights": str(weights), "release_bytes": weights.stat().st_size,
+            "config_dir": str(config_dir), "parameters": parameter_count(model)}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -235,7 +235,7 @@ class FamilyBenchmark:
         if check["numel"] != setup["parameters"]:
             raise click.ClickException(f"outputs hold {check['numel']} elements, the model {setup['parameters']}")
         read = setup["parameters"] * DTYPE_BYTES[self.release_dtype]  # the transformer's bytes in the release
-        commands, variants, written = self.with_floor_and_scaling(commands, Path(setup["release"]), read, work,
+        commands, variants, written = self.with_floor_and_scaling(commands, Path(setup["weights"]), read, work,
                                                                   scaling)
         samples = time_alternately(commands, runs)
         scaled = summarize(time_alternately(variants, runs), 4 * setup["parameters"]) if variants else []

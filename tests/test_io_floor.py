@@ -4,6 +4,9 @@ library's own writer (``save_file``) or by ``torch.load``, never by cogexport's 
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import threading
 import time
 import zipfile
@@ -233,3 +236,27 @@ def test_workers_option_is_checked(tmp_path, cli):
     result = cli("consolidate", tmp_path / "weights.pt", tmp_path / "out", "--workers", "3")
     assert result.exit_code == 0, result.stderr
     assert load_file(tmp_path / "out" / "model.safetensors").keys() == torch.load(tmp_path / "weights.pt").keys()
+
+
+def test_a_kill_signal_during_the_clean_up_does_not_stop_it(tmp_path, monkeypatch):
+    """torchrun stops the other ranks with SIGTERM, which may arrive while a rank removes the staging folder of a
+    failed run: the removal finishes first, then the signal ends the run (as the command line's handler does)."""
+    from cogexport.write import staging
+
+    real_rmtree = staging.shutil.rmtree
+
+    def rmtree_signalled(path, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered at the next bytecode: before the removal below
+        real_rmtree(path, **kwargs)
+
+    previous = signal.signal(signal.SIGTERM, lambda number, _frame: sys.exit(128 + number))
+    monkeypatch.setattr(staging.shutil, "rmtree", rmtree_signalled)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            with staging.staged_folder(tmp_path / "out") as folder:
+                (folder / "part.safetensors").write_bytes(b"partial")
+                raise CogExportError("a rank failed")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []

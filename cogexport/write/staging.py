@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,8 +62,10 @@ def staged_folder(destination: Path, needed_bytes: int = 0, ranks: Ranks = ALONE
     if destination.is_symlink():  # replace what the link points at, and keep the link
         destination = destination.resolve()
     created_parents = [p for p in reversed(destination.parents) if not p.exists()]
-    staging = ranks.from_leader(lambda: _make_staging(destination, needed_bytes, created_parents))
+    made: list[Path] = []  # the staging folder once made (rank 0) or known (the others): removed on any failure
     try:
+        staging = ranks.from_leader(lambda: _make_staging(destination, needed_bytes, created_parents, made))
+        made.append(staging)
         ranks.together(lambda: _check_shared(staging, ranks))
         failure = own_error = None
         try:
@@ -72,12 +76,33 @@ def staged_folder(destination: Path, needed_bytes: int = 0, ranks: Ranks = ALONE
         ranks.agree(failure, own_error)
         ranks.from_leader(lambda: _finish_and_move(staging, destination, finish))
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        _remove_created(created_parents)
+        with _signals_held():  # a kill signal now (torchrun stopping the job) must not stop the clean-up half-way
+            for folder in dict.fromkeys(made):
+                shutil.rmtree(folder, ignore_errors=True)
+            _remove_created(created_parents)
         raise
 
 
-def _make_staging(destination: Path, needed_bytes: int, created_parents: list[Path]) -> Path:
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold back the signals that end a run (the command line turns SIGTERM and SIGHUP into an exit, Ctrl-C into
+    KeyboardInterrupt) until the block is done, then deliver them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    numbers = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    previous = {number: signal.signal(number, lambda received, _frame: held.append(received)) for number in numbers}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in held[:1]:
+            signal.raise_signal(number)
+
+
+def _make_staging(destination: Path, needed_bytes: int, created_parents: list[Path], made: list[Path]) -> Path:
     check_free_space(destination, needed_bytes)
     staging = destination.parent / f".{destination.name}.cogexport-{uuid.uuid4().hex[:8]}.partial"
     try:
@@ -87,6 +112,7 @@ def _make_staging(destination: Path, needed_bytes: int, created_parents: list[Pa
         _remove_created(created_parents)
         raise CogExportError(f"cannot create output {destination}: {error.strerror} in {destination.parent}; choose "
                              "an output folder you can write to") from None
+    made.append(staging)
     return staging
 
 
