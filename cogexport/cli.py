@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from collections import Counter
+from contextlib import contextmanager, redirect_stdout
 from functools import wraps
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from .inspect_report import inspect_paths, render_inspect_text
 from .keymap.table import TableError
 from .models.family import FamilyError
 from .sizes import human_bytes
+from .write.ranks import join_job
 
 
 def _user_errors_exit_2(command):
@@ -33,7 +36,9 @@ def _user_errors_exit_2(command):
             signal.signal(signum, lambda number, _frame: sys.exit(128 + number))
         reuse_freed_tensor_memory()
         try:
-            return command(*args, **kwargs)
+            with join_job() as ranks:
+                with _quiet_unless(ranks.leader):
+                    return command(*args, **kwargs)
         except CogExportError as error:
             click.echo(f"cogexport: error: {error}", err=True)
             sys.exit(2)
@@ -49,6 +54,16 @@ def _user_errors_exit_2(command):
             sys.exit(130)
 
     return run
+
+
+@contextmanager
+def _quiet_unless(speaking: bool):
+    """The ranks of a torchrun job but rank 0 print no report (their errors still go to stderr)."""
+    if speaking:
+        yield
+        return
+    with open(os.devnull, "w") as devnull, redirect_stdout(devnull):
+        yield
 
 
 class ExportByDefault(click.Group):
@@ -81,6 +96,10 @@ output_path = click.argument("output", type=click.Path(path_type=Path))
 tag_option = click.option("--tag", help="Tag to read instead of the one named by 'latest' (e.g. global_step500), or "
                                          "the step of a DCP run folder instead of the newest (e.g. checkpoint-500).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+workers_option = click.option("--workers", type=click.IntRange(1), metavar="N",
+                              help="Threads reading, checking and casting tensors ahead of the writer (1: one thread "
+                                   "does all in turn) [default: one per core]. Under torchrun, each process writes its "
+                                   "share of the files.")
 
 
 @main.command()
@@ -91,9 +110,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON
 @tag_option
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file (decimal units).")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
+@workers_option
 @json_option
 @_user_errors_exit_2
-def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, as_json) -> None:
+def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, workers, as_json) -> None:
     """Consolidate a DeepSpeed ZeRO or PyTorch distributed (DCP) checkpoint into safetensors weights.
 
     CHECKPOINT is the save dir (with 'latest'), a tag dir or a checkpoint-N folder; give several folders
@@ -103,7 +123,7 @@ def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, as_js
     from .consolidate import consolidate as run_consolidate
 
     result = run_consolidate(list(checkpoint), output, dtype=dtype, tag=tag, max_shard_size=max_shard_size,
-                             overwrite=overwrite)
+                             overwrite=overwrite, workers=workers)
     for note in result.source["notes"]:
         click.echo(f"cogexport: warning: {note}", err=True)
     if as_json:
@@ -194,11 +214,12 @@ def _model_name_examples() -> str:
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
 @click.option("--push-to-hub", metavar="REPO", help="Upload the finished folder to this Hub repository.")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repository private.")
+@workers_option
 @json_option
 @_user_errors_exit_2
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
            tag, ema, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, quant, fp8_layout,
-           overwrite, push_to_hub, private, as_json) -> None:
+           overwrite, push_to_hub, private, workers, as_json) -> None:
     from .export import ExportOptions, command_line, export as run_export, export_gguf, export_original
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
@@ -206,7 +227,8 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
                             ema=ema, lora=lora, lora_alpha=lora_alpha, lora_expert=lora_expert,
                             lora_format=lora_format, model_name=model_name,
                             base_model=base_model, overwrite=overwrite, quant=quant, fp8_layout=fp8_layout,
-                            push_to_hub=push_to_hub, private=private, command=command_line())
+                            push_to_hub=push_to_hub, private=private, command=command_line(),
+                            workers=workers)
     run = {"original": export_original, "gguf": export_gguf}.get(layout, run_export)
     result = run(list(checkpoint), output, options)
     for note in result.notes:
@@ -318,9 +340,10 @@ def _split_output(arguments: tuple[Path, ...]) -> tuple[list[Path], Path | None]
                 metavar="CHECKPOINT... [OUTPUT]")
 @tag_option
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
+@workers_option
 @json_option
 @_user_errors_exit_2
-def universal(arguments, tag, overwrite, as_json) -> None:
+def universal(arguments, tag, overwrite, workers, as_json) -> None:
     """Write DeepSpeed's universal checkpoint, to resume a ZeRO run on a different number of GPUs.
 
     OUTPUT defaults to TAG_universal next to the tag, and SAVE_DIR/latest_universal points at it; resume with
@@ -329,7 +352,7 @@ def universal(arguments, tag, overwrite, as_json) -> None:
     from .universal import universal as run_universal
 
     checkpoint, output = _split_output(arguments)
-    result = run_universal(checkpoint, output, tag=tag, overwrite=overwrite)
+    result = run_universal(checkpoint, output, tag=tag, overwrite=overwrite, workers=workers)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return

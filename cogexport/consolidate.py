@@ -18,9 +18,11 @@ from .checkpoint import as_paths, open_checkpoint
 from .errors import CogExportError
 from .lazy import LazyTensor
 from .precision import dtype_named
-from .progress import byte_progress
-from .write.shards import plan_shards, write_shards
-from .write.staging import check_destination, staged_folder
+from .write.folder_plan import FolderPlan, shard_files
+from .write.io_engine import IOSettings
+from .write.publish_plan import write_plan
+from .write.shards import plan_shards
+from .write.staging import check_destination
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -46,8 +48,10 @@ def consolidation_dtypes(tensors: dict[str, LazyTensor], buffers: set[str], dtyp
 
 def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Path, *, dtype: str = "fp32",
                 tag: str | None = None, max_shard_size: str | int = "5GB", overwrite: bool = False,
-                progress: bool | None = None) -> ConsolidateResult:
-    """Write the consolidated weights of ``checkpoint`` into the folder ``output``."""
+                progress: bool | None = None, workers: int | None = None) -> ConsolidateResult:
+    """Write the consolidated weights of ``checkpoint`` into the folder ``output``. ``workers``: threads loading
+    tensors ahead of the writer (None: one per core); in a torchrun job (``write.ranks``) each rank writes its
+    share of the shards."""
     target_dtype = dtype_named(dtype)
     paths, output = as_paths(checkpoint), Path(output)
     with open_checkpoint(paths, tag) as source:
@@ -55,8 +59,9 @@ def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Pat
         if not tensors:
             raise CogExportError(f"{', '.join(source.info.paths)} holds no tensors to consolidate")
         plan = plan_shards(tensors, WEIGHTS_NAME, max_shard_size)
-        check_destination(output, source.own_folders(), [*paths, *source.info.files], overwrite)
-        with staged_folder(output, plan.total_bytes) as staging, \
-                byte_progress(plan.total_bytes, "consolidate", progress) as bar:
-            files = write_shards(staging, tensors, plan, on_tensor=lambda _name, nbytes: bar.update(nbytes))
-        return ConsolidateResult(str(output), files, len(tensors), plan.total_bytes, dtype, asdict(source.info))
+        folder = FolderPlan(shard_files("", tensors, plan))
+        write_plan(folder, output, IOSettings(workers=workers), "consolidate", progress,
+                   check=lambda: check_destination(output, source.own_folders(), [*paths, *source.info.files],
+                                                   overwrite))
+        return ConsolidateResult(str(output), folder.written_paths, len(tensors), plan.total_bytes, dtype,
+                                 asdict(source.info))

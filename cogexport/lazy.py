@@ -24,16 +24,42 @@ class SizedTensor:
 
 
 @dataclass(frozen=True)
+class ByteRange:
+    """Where a tensor's bytes lie in a file exactly as they would be written (same dtype, C order, nothing to
+    transform): ``length`` bytes at ``offset`` of ``path``. A writer may then copy them file to file, in the kernel,
+    instead of loading the tensor.
+
+    ``check(start, data)`` checks ``data``, the range's bytes from ``start`` as read from the file, for formats that
+    store a checksum (a torch.save record's CRC-32; it raises on a mismatch once the bytes it covers are all seen):
+    a copy must pass every byte it copies through it, so that a damaged input is refused as a load would refuse it.
+    None where the format stores no checksum.
+    """
+
+    path: str
+    offset: int
+    length: int
+    check: Callable[[int, memoryview], None] | None = None
+
+
+@dataclass(frozen=True)
 class LazyTensor(SizedTensor):
     """A tensor whose shape and dtype are known up front and whose data is made only by ``load()``.
 
-    ``origin`` says in a few words where the data comes from (for reports and error messages).
+    ``origin`` says in a few words where the data comes from (for reports and error messages). ``source``, when
+    known, is the byte range of a file that holds exactly this tensor's bytes; a plain rename hands the same
+    LazyTensor on, so it keeps it, and any new LazyTensor (a cast, a split, anything computed) starts without one.
     """
 
     shape: torch.Size
     dtype: torch.dtype
     loader: Callable[[], torch.Tensor]
     origin: str = ""
+    source: ByteRange | None = None
+
+    def __post_init__(self) -> None:
+        if self.source is not None and self.source.length != self.nbytes:
+            raise ValueError(f"{self.origin or 'lazy tensor'}: a byte range of {self.source.length} bytes cannot "
+                             f"hold {tuple(self.shape)} {self.dtype}")
 
     def load(self) -> torch.Tensor:
         tensor = self.loader()
@@ -45,7 +71,7 @@ class LazyTensor(SizedTensor):
         return tensor
 
     def to(self, dtype: torch.dtype) -> "LazyTensor":
-        """The same tensor cast to ``dtype`` when loaded (itself when the dtype already matches)."""
+        """The same tensor cast to ``dtype`` when loaded (itself, byte range included, when the dtype matches)."""
         if dtype == self.dtype:
             return self
         return LazyTensor(self.shape, dtype, lambda: self.load().to(dtype), self.origin)

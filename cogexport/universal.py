@@ -19,10 +19,9 @@ nothing of the run is lost, although DeepSpeed does not read them back.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -33,9 +32,11 @@ from .checkpoint.deepspeed_zero import DeepSpeedCheckpoint
 from .checkpoint.torch_archive import StoredTensor
 from .errors import CogExportError
 from .lazy import LazyTensor
-from .progress import byte_progress
-from .write.staging import check_destination, staged_folder
-from .write.torch_file import save_torch_file
+from .write.folder_plan import CopiedFile, FolderPlan, ObjectFile, TensorFile
+from .write.io_engine import IOSettings
+from .write.publish_plan import write_plan
+from .write.ranks import current_ranks
+from .write.staging import check_destination
 
 UNIVERSAL_SUFFIX = "_universal"
 LATEST_UNIVERSAL = "latest_universal"
@@ -61,27 +62,13 @@ class UniversalResult:
         return asdict(self)
 
 
-@dataclass
-class _File:
-    """One file of the output, written from lazily loaded data."""
-
-    path: str
-    tensor: LazyTensor
-    as_dict: bool = True  # {"param": t, "cat_dim": 0}; step.pt is the bare tensor
-
-    @property
-    def nbytes(self) -> int:
-        return self.tensor.numel * (4 if self.tensor.dtype.is_floating_point else self.tensor.dtype.itemsize)
-
-
 def _fp32(tensor: LazyTensor) -> LazyTensor:
     return tensor.to(torch.float32) if tensor.dtype.is_floating_point else tensor
 
 
-def _compact(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor that owns exactly its bytes (torch.save writes a view's whole storage)."""
-    tensor = tensor.contiguous()
-    return tensor if tensor.untyped_storage().nbytes() == tensor.nbytes else tensor.clone()
+def _param_file(path: str, tensor: LazyTensor) -> TensorFile:
+    """{"param": the tensor, "cat_dim": 0}, as DeepSpeed's ds_to_universal saves each parameter's state."""
+    return TensorFile(path, {"param": tensor}, container="torch", extra={"cat_dim": 0})
 
 
 def _step_tensor(value: object) -> torch.Tensor | None:
@@ -93,23 +80,23 @@ def _step_tensor(value: object) -> torch.Tensor | None:
     return None
 
 
-def _plan(source: DeepSpeedCheckpoint) -> tuple[list[_File], list[str], torch.Tensor | None]:
-    files: list[_File] = []
+def _plan(source: DeepSpeedCheckpoint) -> tuple[list[TensorFile], list[str], torch.Tensor | None]:
+    files: list[TensorFile] = []
     state_names: list[str] = []
     step = None
     for group in source.groups:
         group_step = _step_tensor(group.scalars().get("step"))
         step = step if step is not None else group_step
         for name in group.layout.slots:
-            files.append(_File(f"zero/{name}/fp32.pt", source[name]))
+            files.append(_param_file(f"zero/{name}/fp32.pt", source[name]))
             for state, tensor in source.optimizer_states(name).items():
-                files.append(_File(f"zero/{name}/{state}.pt", _fp32(tensor)))
+                files.append(_param_file(f"zero/{name}/{state}.pt", _fp32(tensor)))
                 state_names += [state] if state not in state_names else []
             if group_step is not None:
-                files.append(_File(f"zero/{name}/step.pt", LazyTensor(torch.Size([]), group_step.dtype,
-                                                                      lambda value=group_step: value), False))
+                files.append(TensorFile(f"zero/{name}/step.pt", {"step": LazyTensor(
+                    torch.Size([]), group_step.dtype, lambda value=group_step: value)}, container="torch", single=True))
     for name in [*source.info.frozen, *source.info.buffers]:
-        files.append(_File(f"zero/{name}/fp32.pt", _fp32(source[name])))
+        files.append(_param_file(f"zero/{name}/fp32.pt", _fp32(source[name])))
     return files, state_names, step
 
 
@@ -127,28 +114,6 @@ def _optimizer_state(source: DeepSpeedCheckpoint, step: torch.Tensor | None) -> 
     return state
 
 
-def _write(staging: Path, plan: list[_File], on_bytes: Callable[[int], None]) -> None:
-    for item in plan:
-        path = staging / item.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tensor = _compact(item.tensor.load())
-        torch.save({"param": tensor, "cat_dim": 0} if item.as_dict else tensor, path)
-        on_bytes(tensor.nbytes)
-        del tensor
-
-
-def _copy_model_states(model_states: Path, staging: Path) -> None:
-    """The source's model states under both names; the second is a hard link (a ZeRO-1/2 file holds the whole
-    module), or a copy where the filesystem has no links."""
-    first, *others = (staging / name for name in MODEL_STATES_NAMES)
-    shutil.copyfile(model_states, first)
-    for other in others:
-        try:
-            os.link(first, other)
-        except OSError:
-            shutil.copyfile(first, other)
-
-
 def _point_latest(folder: Path) -> Path:
     """Write SAVE_DIR/latest_universal = folder's name, replacing it in one step."""
     latest = folder.parent / LATEST_UNIVERSAL
@@ -159,8 +124,11 @@ def _point_latest(folder: Path) -> Path:
 
 
 def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path | None = None, *,
-              tag: str | None = None, overwrite: bool = False, progress: bool | None = None) -> UniversalResult:
-    """Write the universal checkpoint of ``checkpoint`` (default: next to its tag, as ``<tag>_universal``)."""
+              tag: str | None = None, overwrite: bool = False, progress: bool | None = None,
+              workers: int | None = None) -> UniversalResult:
+    """Write the universal checkpoint of ``checkpoint`` (default: next to its tag, as ``<tag>_universal``).
+    ``workers``: threads loading tensors ahead of the writer (None: one per core); in a torchrun job
+    (``write.ranks``) each rank writes its share of the files."""
     paths = as_paths(checkpoint)
     if len(paths) == 1 and locate_dcp(paths[0], tag) is not None:
         raise CogExportError(f"{paths[0]} is a PyTorch distributed checkpoint (DCP), which loads at any world size "
@@ -173,16 +141,21 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
                                  "DeepSpeed cannot resume stage 0 from one")
         model_states = source.files.model_states or source.files.zero3_model_states[0]
         destination = Path(output) if output else model_states.parent.parent / f"{info.tag}{UNIVERSAL_SUFFIX}"
-        plan, state_names, step = _plan(source)
-        optimizer_state = _optimizer_state(source, step)
+        files, state_names, step = _plan(source)
+        # The model states under both names; the second a hard link (a ZeRO-1/2 file holds the whole module).
+        first, *others = MODEL_STATES_NAMES
+        folder = FolderPlan([CopiedFile(first, model_states, tuple(others)),
+                             ObjectFile("zero/optimizer_state.pt", _optimizer_state(source, step)), *files])
+        total = sum(_fp32_bytes(tensor) for planned in files for tensor in planned.tensors.values())
         # Only the rank files count as inputs here: the default output lies inside the save dir the user gave.
-        check_destination(destination, source.own_folders(), info.files, overwrite)
-        total = sum(item.nbytes for item in plan)
-        with staged_folder(destination, total) as staging, byte_progress(total, "universal", progress) as bar:
-            (staging / "zero").mkdir()
-            _copy_model_states(model_states, staging)
-            save_torch_file(optimizer_state, staging / "zero" / "optimizer_state.pt")
-            _write(staging, plan, bar.update)
-        latest = _point_latest(destination)
+        write_plan(folder, destination, IOSettings(workers=workers), "universal", progress,
+                   needed_bytes=folder.total_bytes,
+                   check=lambda: check_destination(destination, source.own_folders(), info.files, overwrite))
+        latest = current_ranks().from_leader(lambda: _point_latest(destination))
         return UniversalResult(str(destination), str(latest), len(info.trainable), state_names, len(info.frozen),
-                               len(info.buffers), len(plan) + 3, total, source=asdict(info))
+                               len(info.buffers), len(files) + 3, total, source=asdict(info))
+
+
+def _fp32_bytes(tensor: LazyTensor) -> int:
+    """What the report counts for a tensor: its elements as fp32 (integer buffers in their own size)."""
+    return tensor.numel * (4 if tensor.dtype.is_floating_point else tensor.dtype.itemsize)

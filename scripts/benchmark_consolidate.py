@@ -33,11 +33,14 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (BENCH_MODELS, ROOT, SCRIPTS, Measurement, bench_checkpoint, bench_model_bytes,  # noqa: E402
-                          bench_truth, measure_tree, print_table, run_json, summarize)
+from benchmarking import (BENCH_MODELS, FLOOR, ROOT, SCRIPTS, WORKERS_1, Measurement, bench_checkpoint,  # noqa: E402
+                          bench_model_bytes, bench_truth, check_variants_identical, floor_reads, floor_tool,
+                          goal_lines, measure_tree, print_scaling, print_table, run_json, scaling_tools, summarize,
+                          time_alternately, tree_bytes, with_workers)
 
 SKIP_CRC = "_COGEXPORT_SKIP_CRC_FOR_BENCHMARK"  # read by cogexport/checkpoint/zip_records.py; for the row below only
 OURS, OURS_UNCHECKED = "cogexport consolidate", "cogexport consolidate, CRC checks off"
+ZERO_TO_FP32 = "zero_to_fp32 --safe_serialization"
 
 
 def tools(checkpoint: Path, output: Path, env: dict) -> dict[str, tuple[list[str], dict]]:
@@ -48,10 +51,17 @@ def tools(checkpoint: Path, output: Path, env: dict) -> dict[str, tuple[list[str
     checked = {k: v for k, v in env.items() if k != SKIP_CRC}
     return {
         OURS: (ours, checked),
+        WORKERS_1: (with_workers(ours, 1), checked),
         OURS_UNCHECKED: (ours, {**checked, SKIP_CRC: "1"}),
-        "zero_to_fp32 --safe_serialization": (zero_to_fp32 + ["--safe_serialization"], checked),
+        ZERO_TO_FP32: (zero_to_fp32 + ["--safe_serialization"], checked),
         "zero_to_fp32 (.bin)": (zero_to_fp32, checked),
     }
+
+
+def optimizer_files(checkpoint: Path) -> list[Path]:
+    """The ranks' optimizer files of the tag 'latest' names (they hold the fp32 masters)."""
+    tag = (checkpoint / "latest").read_text().strip()
+    return sorted((checkpoint / tag).glob("*optim_states.pt"))
 
 
 def crc_cost(samples: dict[str, list[Measurement]]) -> dict:
@@ -78,41 +88,80 @@ def check_against_truth(output: Path, truth: Path) -> dict:
 @click.option("--model", type=click.Choice(sorted(BENCH_MODELS)), default="bench", show_default=True,
               help="bench-small: a tiny model, to try the benchmark quickly.")
 @click.option("--json", "as_json", is_flag=True)
-def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json: bool) -> None:
+@click.option("--scaling/--no-scaling", default=True, show_default=True,
+              help="Also time the scaling table (workers 1, 2, all cores; torchrun 1, 2 processes).")
+def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json: bool, scaling: bool) -> None:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     model_bytes = bench_model_bytes(model)
-    results, checks, costs = [], {}, {}
+    results, checks, costs, scaled, floors = [], {}, {}, [], {}
     for stage in stages:
         checkpoint = bench_checkpoint(work_dir, stage, model)
-        output = work_dir / "output"
-        commands = tools(checkpoint, output, env)
-        checks[stage] = {}
-        for name, (command, tool_env) in commands.items():  # untimed: each output checked before anything is timed
-            shutil.rmtree(output, ignore_errors=True)
-            measure_tree(command, tool_env)
-            checks[stage][name] = check_against_truth(output, bench_truth(checkpoint))
-        samples: dict[str, list] = {name: [] for name in commands}
-        for _ in range(runs):
-            for name, (command, tool_env) in commands.items():
-                shutil.rmtree(output, ignore_errors=True)
-                samples[name].append(measure_tree(command, tool_env))
-        shutil.rmtree(output, ignore_errors=True)
+        commands, checks[stage], variants, floors[stage] = checked_tools(checkpoint, work_dir, env, model_bytes,
+                                                                         scaling)
+        samples = time_stage(commands, work_dir / "output", runs)
         results += summarize(samples, model_bytes, stage=stage)
         costs[stage] = crc_cost(samples)
+        if variants:
+            scaled += summarize(time_alternately(variants, runs), model_bytes, stage=stage)
+    goals = {stage: goal_lines([row for row in results if row["stage"] == stage], [ZERO_TO_FP32], ours=OURS)
+             for stage in stages}
     if as_json:
-        click.echo(json.dumps({"model": model, "fp32_model_bytes": model_bytes, "checks": checks,
-                               "results": results, "crc_cost": costs}, indent=2))
+        click.echo(json.dumps({"model": model, "fp32_model_bytes": model_bytes, "checks": checks, "io_floor": floors,
+                               "results": results, "crc_cost": costs, "scaling": scaled, "goals": goals}, indent=2))
         return
     click.echo(f"fp32 model ({model}): {model_bytes / 1e9:.2f} GB; bf16 training, world size 2; median of {runs} runs")
     for stage, checked in checks.items():
         click.echo(f"ZeRO-{stage}, every tool's output: {next(iter(checked.values()))['summary']}")
     click.echo()
     print_table(results, "stage tool", 46, lambda row: f"ZeRO-{row['stage']} {row['tool']}")
+    report_costs_and_goals(costs, goals, floors)
+    if scaled:
+        print_scaling([dict(row, tool=f"ZeRO-{row['stage']} {row['tool']}") for row in scaled])
+
+
+def checked_tools(checkpoint: Path, work_dir: Path, env: dict, model_bytes: int,
+                  scaling: bool) -> tuple[dict, dict, dict, dict]:
+    """Each tool run once, untimed, and its output checked against the ground truth; the scaling runs checked to
+    write cogexport's bytes; then the I/O floor (the fp32 masters read from the ranks' optimizer files, the output's
+    bytes written) added to the tools. Returns the tools, the checks, the scaling runs and the floor's sizes."""
+    output = work_dir / "output"
+    commands = tools(checkpoint, output, env)
+    checks, variants, floor = {}, {}, {}
+    for name, (command, tool_env) in commands.items():
+        shutil.rmtree(output, ignore_errors=True)
+        measure_tree(command, tool_env)
+        checks[name] = check_against_truth(output, bench_truth(checkpoint))
+        if name == OURS:
+            floor = {"read_bytes": model_bytes, "written_bytes": tree_bytes(output)}
+            variants = scaling_tools(command, output, work_dir / "output-scaling") if scaling else {}
+            check_variants_identical(variants, output, tool_env)
+    dd, _ = floor_tool(floor_reads(optimizer_files(checkpoint), model_bytes), floor["written_bytes"], output)
+    commands[FLOOR] = (dd, env)
+    return commands, checks, variants, floor
+
+
+def time_stage(commands: dict, output: Path, runs: int) -> dict[str, list]:
+    """--runs rounds of every tool, alternating, each into the emptied output folder."""
+    samples: dict[str, list] = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, (command, tool_env) in commands.items():
+            shutil.rmtree(output, ignore_errors=True)
+            samples[name].append(measure_tree(command, tool_env))
+    shutil.rmtree(output, ignore_errors=True)
+    return samples
+
+
+def report_costs_and_goals(costs: dict, goals: dict, floors: dict) -> None:
     for stage, cost in costs.items():
         click.echo(f"ZeRO-{stage}: the CRC-32 checks cost {cost['seconds']:+.2f} s wall "
                    f"({cost['seconds_percent']:+.1f}%), {cost['cpu_seconds']:+.2f} s CPU "
                    f"({cost['cpu_seconds_percent']:+.1f}%) (medians of the two cogexport rows; target: at most +5% "
                    "wall)")
+    for stage, lines in goals.items():
+        click.echo(f"ZeRO-{stage} I/O floor: dd reads {floors[stage]['read_bytes'] / 1e9:.2f} GB of the optimizer "
+                   f"files (the fp32 masters' bytes) and writes {floors[stage]['written_bytes'] / 1e9:.2f} GB")
+        for line in lines:
+            click.echo(f"ZeRO-{stage} {line}")
 
 
 if __name__ == "__main__":

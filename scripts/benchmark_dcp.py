@@ -36,7 +36,9 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import BENCH_HEAD, BENCH_LAYERS, ROOT, SCRIPTS, measure_tree, print_table, summarize  # noqa: E402
+from benchmarking import (BENCH_HEAD, BENCH_LAYERS, FLOOR, ROOT, SCRIPTS, WORKERS_1,  # noqa: E402
+                          check_variants_identical, floor_reads, floor_tool, goal_lines, measure_tree, print_scaling,
+                          print_table, scaling_tools, summarize, time_alternately, tree_bytes)
 
 WIDTHS = {"bench": 4096, "bench-small": 1024}
 
@@ -111,10 +113,19 @@ def tools(checkpoint: Path, output: Path) -> dict[str, list[str]]:
     return {
         "cogexport consolidate": [str(bin_dir / "cogexport"), "consolidate", str(checkpoint), str(output),
                                   "--dtype", "fp32"],
+        WORKERS_1: [str(bin_dir / "cogexport"), "consolidate", str(checkpoint), str(output), "--dtype", "fp32",
+                    "--workers", "1"],
         "dcp_to_torch": [sys.executable, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch", str(model),
                          str(output / "model.pt")],
         "accelerate merge-weights": [str(bin_dir / "accelerate"), "merge-weights", str(model), str(output)],
     }
+
+
+def weight_files(checkpoint: Path) -> list[Path]:
+    """The files holding the weights' bytes: accelerate's .distcp files, or the Hugging Face writer's rank files."""
+    if checkpoint.name == "distributed":
+        return sorted(checkpoint.glob("*.safetensors"))
+    return sorted((checkpoint / "pytorch_model_fsdp_0").glob("*.distcp"))
 
 
 def prepare(name: str, output: Path) -> None:
@@ -149,7 +160,7 @@ def check_outputs_equal(checkpoint: Path, work: Path) -> int:
     """Run each tool once and compare every tensor with cogexport's; returns the tensor count."""
     outputs = {}
     for name in tools(checkpoint, work):
-        output = work / f"compare-{name.split()[0]}"
+        output = work / f"compare-{name.replace(' ', '-')}"
         command = tools(checkpoint, output)[name]
         prepare(name, output)
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -169,27 +180,56 @@ def check_outputs_equal(checkpoint: Path, work: Path) -> int:
 @click.option("--save", type=click.Choice(["accelerate", "hf-storage"]), default="accelerate", show_default=True,
               help="accelerate's FSDP2 DCP save, or PyTorch's Hugging Face writer's per-rank save.")
 @click.option("--json", "as_json", is_flag=True)
-def main(work_dir: Path, runs: int, model: str, save: str, as_json: bool) -> None:
+@click.option("--scaling/--no-scaling", default=True, show_default=True,
+              help="Also time the scaling table (workers 1, 2, all cores; torchrun 1, 2 processes).")
+def main(work_dir: Path, runs: int, model: str, save: str, as_json: bool, scaling: bool) -> None:
     env = dict(os.environ)
     checkpoint = dcp_bench_checkpoint(work_dir, model) if save == "accelerate" else hf_bench_checkpoint(work_dir, model)
     count = check_outputs_equal(checkpoint, work_dir)
     output = work_dir / "output"
+    size = model_bytes(model)
+    written, variants = reference_run(checkpoint, work_dir / "output-reference", work_dir / "output-scaling", scaling)
+    commands = tools(checkpoint, output)
+    floor, _ = floor_tool(floor_reads(weight_files(checkpoint), size), written, output)
+    commands[FLOOR] = floor
     samples: dict[str, list] = {}
     for _ in range(runs):
-        for name, command in tools(checkpoint, output).items():
+        for name, command in commands.items():
             prepare(name, output)
             samples.setdefault(name, []).append(measure_tree(command, env))
     shutil.rmtree(output, ignore_errors=True)
-    size = model_bytes(model)
     results = summarize(samples, size, model=model)
+    scaled = summarize(time_alternately(variants, runs), size, model=model) if variants else []
+    others = ["dcp_to_torch", "accelerate merge-weights"] if save == "accelerate" else ["torch consolidate"]
+    goals = goal_lines(results, others, ours="cogexport consolidate")
     if as_json:
-        click.echo(json.dumps({"fp32_model_bytes": size, "tensors": count, "results": results}, indent=2))
+        click.echo(json.dumps({"fp32_model_bytes": size, "tensors": count, "io_floor": {"read_bytes": size,
+                               "written_bytes": written}, "results": results, "scaling": scaled, "goals": goals},
+                              indent=2))
         return
     saved = "FSDP2 through accelerate, world size 2, Adam states in optimizer_0/" if save == "accelerate" else \
         "FSDP2 through HuggingFaceStorageWriter(save_distributed=True), world size 2, one file per rank"
-    click.echo(f"{model}: fp32 model {size / 1e9:.2f} GB, {saved}; outputs equal: {count} tensors; median of {runs} "
-               "runs\n")
+    click.echo(f"{model}: fp32 model {size / 1e9:.2f} GB, {saved}; outputs equal: {count} tensors; every --workers "
+               f"and torchrun run wrote the same bytes as cogexport's; median of {runs} runs")
+    click.echo(f"I/O floor: dd reads {size / 1e9:.2f} GB of the rank files (the weights' bytes) and writes "
+               f"{written / 1e9:.2f} GB (cogexport's output size)\n")
     print_table(results, "tool", 26, lambda row: row["tool"])
+    for line in goals:
+        click.echo(line)
+    if scaled:
+        print_scaling(scaled)
+
+
+def reference_run(checkpoint: Path, reference: Path, elsewhere: Path, scaling: bool) -> tuple[int, dict]:
+    """cogexport once more, untimed: its output's size, and the scaling runs, each checked to write the same bytes."""
+    command = tools(checkpoint, reference)["cogexport consolidate"]
+    shutil.rmtree(reference, ignore_errors=True)
+    measure_tree(command)
+    written = tree_bytes(reference)
+    variants = scaling_tools(command, reference, elsewhere) if scaling else {}
+    check_variants_identical(variants, reference)
+    shutil.rmtree(reference, ignore_errors=True)
+    return written, variants
 
 
 if __name__ == "__main__":

@@ -45,7 +45,9 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import ROOT, measure_tree, print_table, run_json, summarize, time_alternately  # noqa: E402
+from benchmarking import (FLOOR, ROOT, WORKERS_1, check_variants_identical, floor_reads, floor_tool,  # noqa: E402
+                          goal_lines, measure_tree, print_scaling, print_table, retarget, run_json, scaling_tools,
+                          summarize, time_alternately, tree_bytes, with_workers)
 
 VARIANT, FULL_LAYERS = "2b", 30
 SAT_PREFIX = "model.diffusion_model."
@@ -291,9 +293,29 @@ def tools(setup: dict, work: Path, layers: int) -> dict[str, tuple[list[str], Pa
     }
 
 
+def with_floor_and_scaling(commands: dict, setup: dict, work: Path, params: int,
+                           scaling: bool) -> tuple[dict, dict, dict]:
+    """The main rows with cogexport --workers 1 and the I/O floor beside the tools, and the scaling table's runs,
+    each first checked (untimed) to write the same bytes as cogexport's output, which is then removed."""
+    ours_command, ours_output = commands["cogexport"]
+    written = tree_bytes(ours_output)
+    read = 2 * params  # the transformer's bf16 bytes in the SAT file
+    sat_file = Path(setup["run_dir"]) / str(ITERATION) / MODEL_STATES
+    workers_1 = with_workers(retarget(ours_command, ours_output, work / "out-w1"), 1)
+    main_rows = {"cogexport": commands["cogexport"], WORKERS_1: (workers_1, work / "out-w1"),
+                 FLOOR: floor_tool(floor_reads([sat_file], read), written, work / "out-floor"),
+                 "reference path": commands["reference path"]}
+    variants = scaling_tools(ours_command, ours_output, work / "out-scaling") if scaling else {}
+    check_variants_identical({WORKERS_1: main_rows[WORKERS_1], **variants}, ours_output)
+    shutil.rmtree(ours_output, ignore_errors=True)
+    return main_rows, variants, {"read_bytes": read, "written_bytes": written}
+
+
 @click.command()
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=ROOT / ".bench",
               show_default=True, help="Where the benchmark run is made and kept, and outputs are written.")
+@click.option("--scaling/--no-scaling", default=True, show_default=True,
+              help="Also time the scaling table (workers 1, 2, all cores; torchrun 1, 2 processes).")
 @click.option("--runs", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--layers", type=click.IntRange(1, FULL_LAYERS), default=FULL_LAYERS, show_default=True,
               help="Transformer layers at the 2B width (fewer: to try the benchmark quickly).")
@@ -303,8 +325,8 @@ def tools(setup: dict, work: Path, layers: int) -> dict[str, tuple[list[str], Pa
 @click.option("--prepare", "prepare_only", is_flag=True, hidden=True)
 @click.option("--check", type=click.Path(path_type=Path), default=None, hidden=True)
 @click.option("--all-bf16", is_flag=True, hidden=True)
-def main(work_dir: Path, runs: int, layers: int, as_json: bool, reference_path: tuple[Path, Path] | None,
-         prepare_only: bool, check: Path | None, all_bf16: bool) -> None:
+def main(work_dir: Path, scaling: bool, runs: int, layers: int, as_json: bool,
+         reference_path: tuple[Path, Path] | None, prepare_only: bool, check: Path | None, all_bf16: bool) -> None:
     if reference_path:
         reference_export(*reference_path, transformer_config(layers))
         return
@@ -328,23 +350,39 @@ def main(work_dir: Path, runs: int, layers: int, as_json: bool, reference_path: 
         measure_tree(command)
         checks[name] = helper("--check", str(output), "--layers", str(layers),
                               *(["--all-bf16"] if name == "reference path" else []))
+    commands, variants, floor = with_floor_and_scaling(commands, setup, work_dir, params, scaling)
     samples = time_alternately(commands, runs)
+    scaled = summarize(time_alternately(variants, runs), model_bytes) if variants else []
     harness_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # not part of any measurement
 
     results = summarize(samples, model_bytes)
+    goals = goal_lines(results, ["reference path"])
     if as_json:
         click.echo(json.dumps({"variant": VARIANT, "layers": layers, "parameters": params,
                                "fp32_model_bytes": model_bytes, "sat_file_bytes": setup["sat_file_bytes"],
-                               "harness_peak_rss_bytes": harness_rss, "checks": checks, "results": results}, indent=2))
+                               "harness_peak_rss_bytes": harness_rss, "checks": checks, "io_floor": floor,
+                               "results": results, "scaling": scaled, "goals": goals}, indent=2))
         return
+    report(setup, layers, runs, checks, floor, harness_rss, results, goals, scaled)
+
+
+def report(setup: dict, layers: int, runs: int, checks: dict, floor: dict, harness_rss: int, results: list,
+           goals: list, scaled: list) -> None:
+    params, model_bytes = setup["parameters"], 4 * setup["parameters"]
     click.echo(f"CogVideoX-{VARIANT} width, {layers} layers: {params:,} parameters, fp32 model {model_bytes / 1e9:.2f} "
                f"GB; SAT bf16 ({setup['sat_file_bytes'] / 1e9:.2f} GB file) -> Diffusers bf16, 5GB shards; median of "
                f"{runs} runs")
     click.echo(f"every tool's output: all {checks['cogexport']['tensors']} tensors equal the ground truth (the weights "
                f"the SAT run was written from): the reference path's in bf16, cogexport's in bf16 but for the "
-               f"{checks['cogexport']['kept_fp32']} LayerNorm tensors it keeps in fp32; harness peak RSS "
-               f"{harness_rss / 1e6:.0f} MB\n")
-    print_table(results, "tool", 16, lambda row: row["tool"])
+               f"{checks['cogexport']['kept_fp32']} LayerNorm tensors it keeps in fp32; every --workers and torchrun "
+               f"run wrote the same bytes as cogexport's; harness peak RSS {harness_rss / 1e6:.0f} MB")
+    click.echo(f"I/O floor: dd reads {floor['read_bytes'] / 1e9:.2f} GB of the SAT file (the transformer's bytes) and "
+               f"writes {floor['written_bytes'] / 1e9:.2f} GB (cogexport's output size)\n")
+    print_table(results, "tool", 23, lambda row: row["tool"])
+    for line in goals:
+        click.echo(line)
+    if scaled:
+        print_scaling(scaled)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (BENCH_MODELS, ROOT, bench_checkpoint, bench_model_bytes, bench_truth,  # noqa: E402
-                          measure_tree, print_table, run_json, summarize)
+from benchmarking import (BENCH_MODELS, FLOOR, ROOT, WORKERS_1, bench_checkpoint, bench_model_bytes,  # noqa: E402
+                          bench_truth, check_variants_identical, floor_reads, floor_tool, goal_lines, measure_tree,
+                          print_scaling, print_table, run_json, scaling_tools, summarize, tree_bytes)
 
 
 class TruthMismatch(Exception):
@@ -79,10 +80,12 @@ def tools(save_dir: Path, work: Path) -> dict[str, tuple[list[str], Path]]:
     cogexport = str(Path(sys.executable).parent / "cogexport")
     ds_to_universal = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
                        str(save_dir / tag), "--inject_missing_state", "--output_folder"]
-    ours, theirs, theirs_serial = (work / name / f"{tag}_universal" for name in
-                                   ("out-cogexport", "out-ds_to_universal", "out-ds_to_universal-1"))
+    ours, ours_serial, theirs, theirs_serial = (work / name / f"{tag}_universal" for name in
+                                                ("out-cogexport", "out-cogexport-1", "out-ds_to_universal",
+                                                 "out-ds_to_universal-1"))
     return {
         "cogexport universal": ([cogexport, "universal", str(save_dir), str(ours)], ours),
+        WORKERS_1: ([cogexport, "universal", str(save_dir), str(ours_serial), "--workers", "1"], ours_serial),
         "ds_to_universal (4+2 workers)": (ds_to_universal + [str(theirs)], theirs),
         "ds_to_universal (1+1 workers)": (ds_to_universal + [str(theirs_serial), "--num_extract_workers", "1",
                                                              "--num_merge_workers", "1"], theirs_serial),
@@ -103,9 +106,11 @@ def check(output: Path, truth: Path, full_shapes: bool) -> dict:
 @click.option("--model", type=click.Choice(sorted(BENCH_MODELS)), default="bench", show_default=True,
               help="bench-small: a tiny model, to try the benchmark quickly.")
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--scaling/--no-scaling", default=True, show_default=True,
+              help="Also time the scaling table (workers 1, 2, all cores; torchrun 1, 2 processes).")
 @click.option("--check", "check_only", nargs=2, type=click.Path(path_type=Path), default=None, hidden=True)
 @click.option("--flat-ok", is_flag=True, hidden=True)
-def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json: bool,
+def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json: bool, scaling: bool,
          check_only: tuple[Path, Path] | None, flat_ok: bool) -> None:
     if check_only:
         try:
@@ -117,25 +122,21 @@ def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json
     model_bytes = bench_model_bytes(model)
     width = BENCH_MODELS[model][0]
     largest_parameter_states = 3 * 4 * width * width  # fp32 master, exp_avg, exp_avg_sq
-    results, checks = [], {}
+    results, checks, scaled, floors = [], {}, [], {}
     for stage in stages:
         checkpoint = bench_checkpoint(work_dir, stage, model)
-        commands = tools(checkpoint, work_dir)
-        checks[stage] = {}
-        for name, (command, output) in commands.items():  # untimed: each output checked before anything is timed
-            shutil.rmtree(output.parent, ignore_errors=True)
-            measure_tree(command, env)
-            checks[stage][name] = check(output, bench_truth(checkpoint), full_shapes=name.startswith("cogexport"))
-            shutil.rmtree(output.parent, ignore_errors=True)  # each output is 5-12 GB: one on disk at a time
-        samples: dict[str, list] = {name: [] for name in commands}
-        for _ in range(runs):
-            for name, (command, output) in commands.items():
-                samples[name].append(measure_tree(command, env))
-                shutil.rmtree(output.parent, ignore_errors=True)
-        results += summarize(samples, model_bytes, stage=stage)
+        commands, checks[stage], variants, floors[stage] = checked_tools(checkpoint, work_dir, env, scaling)
+        results += summarize(time_runs(commands, runs, env), model_bytes, stage=stage)
+        if variants:
+            scaled += summarize(time_runs(variants, runs, env), model_bytes, stage=stage)
+    goals = {stage: goal_lines([row for row in results if row["stage"] == stage],
+                               [name for name in tools(bench_checkpoint(work_dir, stage, model), work_dir)
+                                if name.startswith("ds_to_universal")], ours="cogexport universal")
+             for stage in stages}
     if as_json:
         click.echo(json.dumps({"model": model, "fp32_model_bytes": model_bytes, "largest_parameter_states_bytes":
-                               largest_parameter_states, "checks": checks, "results": results}, indent=2))
+                               largest_parameter_states, "checks": checks, "io_floor": floors, "results": results,
+                               "scaling": scaled, "goals": goals}, indent=2))
         return
     click.echo(f"fp32 model ({model}): {model_bytes / 1e9:.2f} GB; bf16 training, world size 2, Adam; largest "
                f"parameter with its optimizer states: {largest_parameter_states / 1e9:.2f} GB; median of {runs} runs")
@@ -145,6 +146,50 @@ def main(work_dir: Path, runs: int, stages: tuple[int, ...], model: str, as_json
                    "of every parameter) equal the ground truth taken inside the training process")
     click.echo()
     print_table(results, "stage tool", 38, lambda row: f"ZeRO-{row['stage']} {row['tool']}")
+    for stage, lines in goals.items():
+        click.echo(f"ZeRO-{stage} I/O floor: dd reads and writes {floors[stage]['written_bytes'] / 1e9:.2f} GB (what "
+                   "cogexport writes, read from the ranks' optimizer files and the model states)")
+        for line in lines:
+            click.echo(f"ZeRO-{stage} {line}")
+    if scaled:
+        print_scaling([dict(row, tool=f"ZeRO-{row['stage']} {row['tool']}") for row in scaled])
+
+
+def checked_tools(checkpoint: Path, work_dir: Path, env: dict, scaling: bool) -> tuple[dict, dict, dict, dict]:
+    """Each tool run once, untimed, and its output checked against the ground truth (then removed: each output is
+    5-12 GB, one on disk at a time); the scaling runs checked to write cogexport's bytes; then the I/O floor added to
+    the tools. Returns the tools, the checks, the scaling runs and the floor's size."""
+    commands = tools(checkpoint, work_dir)
+    checks, variants, floor = {}, {}, {}
+    for name, (command, output) in commands.items():
+        shutil.rmtree(output.parent, ignore_errors=True)
+        measure_tree(command, env)
+        checks[name] = check(output, bench_truth(checkpoint), full_shapes=name.startswith("cogexport"))
+        if name == "cogexport universal":
+            floor = {"written_bytes": tree_bytes(output)}
+            variants = scaling_tools(command, output, work_dir / "out-scaling" / output.name) if scaling else {}
+            check_variants_identical(variants, output, env)
+        shutil.rmtree(output.parent, ignore_errors=True)
+    commands[FLOOR] = universal_floor(checkpoint, floor["written_bytes"], work_dir / "out-floor")
+    return commands, checks, variants, floor
+
+
+def universal_floor(checkpoint: Path, written: int, output: Path) -> tuple[list[str], Path]:
+    """dd reading (and writing) the bytes a universal checkpoint is made of: every parameter's master and moments
+    from the ranks' optimizer files, and the model states file."""
+    tag = (checkpoint / "latest").read_text().strip()
+    files = sorted((checkpoint / tag).glob("*optim_states.pt")) + sorted((checkpoint / tag).glob("*model_states.pt"))
+    return floor_tool(floor_reads(files, written), written, output)
+
+
+def time_runs(commands: dict, runs: int, env: dict) -> dict[str, list]:
+    """--runs rounds of the commands, alternating; each output (and the latest_universal beside it) removed."""
+    samples: dict[str, list] = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, (command, output) in commands.items():
+            samples[name].append(measure_tree(command, env))
+            shutil.rmtree(output.parent if output.name.endswith("_universal") else output, ignore_errors=True)
+    return samples
 
 
 if __name__ == "__main__":

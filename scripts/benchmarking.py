@@ -298,3 +298,125 @@ def print_table(rows: list[dict], first_column: str, first_width: int, label) ->
                    "page counted once); peak RSS: the same with resident set sizes (shared pages counted in each "
                    "process); procs: the most processes of the tree alive at once. Medians over the runs.")
 
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The I/O floor, cogexport's --workers 1 row, and the scaling table (issue 22)
+
+FLOOR = "I/O floor (dd)"
+WORKERS_1 = "cogexport --workers 1"
+BLOCK = 16 << 20
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def floor_reads(files: list[Path], total: int) -> list[tuple[Path, int]]:
+    """``total`` bytes to read, taken from ``files`` in proportion to their sizes (never more than a file holds)."""
+    sizes = [path.stat().st_size for path in files]
+    whole = sum(sizes) or 1
+    shares = [min(size, total * size // whole) for size in sizes]
+    shares[-1] = min(sizes[-1], shares[-1] + total - sum(shares))
+    return list(zip(files, shares))
+
+
+def floor_tool(reads: list[tuple[Path, int]], write_bytes: int, output: Path) -> tuple[list[str], Path]:
+    """The I/O floor of a job: ``dd`` reading the bytes the job must read (``reads``: each input file and how many
+    of its bytes, from its start) and writing the first ``write_bytes`` of them into files in ``output``, in 16 MB
+    blocks through one buffer: the same bytes in and out, with no parsing, casting or checking. (cogexport copies
+    unchanged tensors in the kernel, which can beat this floor: dd's bytes pass through user space.)"""
+    steps, left = [f"mkdir -p {output}"], write_bytes
+    for index, (path, count) in enumerate(reads):
+        written = min(left, count)
+        left -= written
+        if written:
+            steps.append(f"dd if={path} of={output}/floor-{index} bs={BLOCK} iflag=count_bytes count={written} "
+                         "status=none")
+        if count > written:
+            steps.append(f"dd if={path} of=/dev/null bs={BLOCK} iflag=skip_bytes,count_bytes skip={written} "
+                         f"count={count - written} status=none")
+    if left:
+        steps.append(f"dd if=/dev/zero of={output}/floor-rest bs={BLOCK} iflag=count_bytes count={left} status=none")
+    return ["bash", "-c", " && ".join(steps)], output
+
+
+def tree_bytes(folder: Path, suffixes: tuple[str, ...] = (".safetensors", ".pt", ".bin")) -> int:
+    """Bytes of the data files under ``folder`` (hard links counted once)."""
+    seen, total = set(), 0
+    for path in folder.rglob("*"):
+        if path.is_file() and path.suffix in suffixes and path.stat().st_ino not in seen:
+            seen.add(path.stat().st_ino)
+            total += path.stat().st_size
+    return total
+
+
+def retarget(command: list[str], output: Path, elsewhere: Path) -> list[str]:
+    """The command writing ``elsewhere`` instead of ``output`` (its OUTPUT argument)."""
+    return [str(elsewhere) if argument == str(output) else argument for argument in command]
+
+
+def with_workers(command: list[str], workers: int) -> list[str]:
+    return [*command, "--workers", str(workers)]
+
+
+def under_torchrun(command: list[str], processes: int) -> list[str]:
+    """The cogexport command (``command[0]`` the cogexport script) as a torchrun job of ``processes`` processes."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+            "-m", "cogexport", *command[1:]]
+
+
+def scaling_tools(command: list[str], output: Path, elsewhere: Path) -> dict[str, tuple[list[str], Path]]:
+    """cogexport (``command``, writing ``output``) at 1, 2 and all cores' worker threads, and under torchrun with 1
+    and 2 processes (each with its default workers: the cores shared among the machine's processes), writing
+    ``elsewhere``."""
+    command, output = retarget(command, output, elsewhere), elsewhere
+    variants = {f"workers {n}": (with_workers(command, n), output) for n in dict.fromkeys([1, 2, cores()])}
+    variants.update({f"torchrun {n} process{'es' if n > 1 else ''}": (under_torchrun(command, n), output)
+                     for n in (1, 2)})
+    return variants
+
+
+def differing_files(ours: Path, other: Path, ignore: tuple[str, ...] = ("README.md",)) -> list[str]:
+    """Files whose bytes differ between two output folders (README.md holds the command line, which differs)."""
+    import filecmp
+
+    names = {str(p.relative_to(folder)) for folder in (ours, other) for p in folder.rglob("*") if p.is_file()}
+    return sorted(name for name in names if Path(name).name not in ignore
+                  and not ((ours / name).is_file() and (other / name).is_file()
+                           and filecmp.cmp(ours / name, other / name, shallow=False)))
+
+
+def check_variants_identical(variants: dict[str, tuple[list[str], Path]], reference: Path,
+                             env: dict | None = None) -> None:
+    """Run each variant once (untimed) and require its output to be byte for byte ``reference``'s."""
+    for name, (command, output) in variants.items():
+        shutil.rmtree(output, ignore_errors=True)
+        measure_tree(command, env)
+        differing = differing_files(reference, output)
+        shutil.rmtree(output, ignore_errors=True)
+        if differing:
+            raise click.ClickException(f"{name} wrote other bytes than cogexport's default run: {differing[:5]}")
+
+
+def goal_lines(rows: list[dict], others: list[str], ours: str = "cogexport") -> list[str]:
+    """Issue 22's goals against this run's medians: wall <= 0.6x the fastest other tool's and <= 1.5x the I/O
+    floor's; peak PSS <= 0.25x the fp32 model."""
+    by_tool = {row["tool"]: row for row in rows}
+    mine = by_tool[ours]
+    lines = []
+    fastest = min((by_tool[name] for name in others if name in by_tool), key=lambda row: row["seconds"], default=None)
+    if fastest is not None:
+        lines.append(f"{ours} / fastest other tool ({fastest['tool']}): {mine['seconds'] / fastest['seconds']:.2f}x "
+                     "wall (goal: at most 0.6x)")
+    if FLOOR in by_tool:
+        lines.append(f"{ours} / {FLOOR}: {mine['seconds'] / by_tool[FLOOR]['seconds']:.2f}x wall (goal: at most 1.5x)")
+    memory = mine.get("peak_pss_x_model", mine["peak_rss_x_model"])
+    lines.append(f"{ours} peak memory: {memory:.2f}x the fp32 model (goal: at most 0.25x)")
+    return lines
+
+
+def print_scaling(rows: list[dict], label: str = "") -> None:
+    click.echo(f"\nscaling{label}: the same command at 1, 2 and all {cores()} cores' worker threads, and as a torchrun "
+               "job of 1 and 2 processes (memory summed over the job's processes, the launcher included)")
+    print_table(rows, "run", max(len(row["tool"]) for row in rows) + 2, lambda row: row["tool"])

@@ -27,9 +27,12 @@ from typing import Callable
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import ROOT, measure, print_table, run_json, summarize, time_alternately  # noqa: E402
+from benchmarking import (FLOOR, ROOT, WORKERS_1, check_variants_identical, floor_reads, floor_tool,  # noqa: E402
+                          goal_lines, measure, print_scaling, print_table, retarget, run_json, scaling_tools, summarize,
+                          time_alternately, tree_bytes, with_workers)
 
 DEFAULT_WORK = ROOT / ".bench"
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -113,8 +116,8 @@ def save_random_model_states(path: Path, names: dict) -> None:
 def release_setup(release: Path, weights: Path, config_dir: Path, model) -> dict:
     """What the harness learns from --prepare; writes the Diffusers config folder the reference path loads with."""
     model.save_config(config_dir)
-    return {"release": str(release), "release_bytes": weights.stat().st_size, "config_dir": str(config_dir),
-            "parameters": parameter_count(model)}
+    return {"release": str(release), "weights": str(weights), "release_bytes": weights.stat().st_size,
+            "config_dir": str(config_dir), "parameters": parameter_count(model)}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -219,8 +222,9 @@ class FamilyBenchmark:
                                     setup["release"], setup["config_dir"], str(reference)], reference),
         }
 
-    def run(self, work: Path, runs: int, as_json: bool) -> None:
-        """Prepare, export once with each tool and compare, then time --runs rounds; print the report."""
+    def run(self, work: Path, runs: int, as_json: bool, scaling: bool = True) -> None:
+        """Prepare, export once with each tool and compare, then time --runs rounds; print the report. Beside the
+        tools: cogexport with --workers 1 and the I/O floor of the same job; then (``scaling``) the scaling table."""
         work.mkdir(parents=True, exist_ok=True)
         setup = self.helper("--prepare", "--work-dir", str(work))
         commands = self.tools(setup, work)
@@ -230,26 +234,55 @@ class FamilyBenchmark:
         check = self.helper("--compare", *(str(output) for _, output in commands.values()))
         if check["numel"] != setup["parameters"]:
             raise click.ClickException(f"outputs hold {check['numel']} elements, the model {setup['parameters']}")
+        read = setup["parameters"] * DTYPE_BYTES[self.release_dtype]  # the transformer's bytes in the release
+        commands, variants, written = self.with_floor_and_scaling(commands, Path(setup["weights"]), read, work,
+                                                                  scaling)
         samples = time_alternately(commands, runs)
+        scaled = summarize(time_alternately(variants, runs), 4 * setup["parameters"]) if variants else []
         harness_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # a floor under every measurement
 
         model_bytes = 4 * setup["parameters"]
         results = summarize(samples, model_bytes)
+        goals = goal_lines(results, [self.reference_label])
         if as_json:
             click.echo(json.dumps({"model": self.title, **setup, "fp32_model_bytes": model_bytes,
-                                   "harness_peak_rss_bytes": harness_rss, "check": check, "results": results},
+                                   "harness_peak_rss_bytes": harness_rss, "check": check, "read_bytes": read,
+                                   "written_bytes": written, "results": results, "scaling": scaled, "goals": goals},
                                   indent=2))
             return
         click.echo(f"{self.title}: {setup['parameters']:,} parameters, fp32 model {model_bytes / 1e9:.2f} GB; "
                    f"{self.release_kind} {setup['release_bytes'] / 1e9:.2f} GB ({self.release_dtype}) -> Diffusers "
                    f"bf16 transformer, 5GB shards; median of {runs} run(s)")
         click.echo(f"outputs equal: {check['tensors']} tensors ({check['kept_fp32']} kept fp32 by cogexport); "
-                   f"harness peak RSS {harness_rss / 1e6:.0f} MB\n")
+                   f"every --workers and torchrun run wrote the same bytes; harness peak RSS {harness_rss / 1e6:.0f} MB")
+        click.echo(f"I/O floor: dd reads {read / 1e9:.2f} GB of the release (the transformer's bytes) and writes "
+                   f"{written / 1e9:.2f} GB (cogexport's output size)\n")
         width = max(len(name) for name in commands) + 2
         print_table(results, "tool", width, lambda row: row["tool"])
+        for line in goals:
+            click.echo(line)
+        if scaled:
+            print_scaling(scaled)
+
+    @staticmethod
+    def with_floor_and_scaling(commands: dict, release: Path, read: int, work: Path,
+                               scaling: bool) -> tuple[dict, dict, int]:
+        """The tools with cogexport --workers 1 and the I/O floor (dd reading ``read`` bytes of the release and
+        writing as many as cogexport's output holds) beside them, and the scaling runs; every cogexport run first
+        checked (untimed) to write the bytes of cogexport's output, which is then removed."""
+        ours_command, ours_output = commands["cogexport"]
+        written = tree_bytes(ours_output)
+        workers_1 = with_workers(retarget(ours_command, ours_output, work / "out-w1"), 1)
+        rows = {"cogexport": commands["cogexport"], WORKERS_1: (workers_1, work / "out-w1"),
+                FLOOR: floor_tool(floor_reads([release], read), written, work / "out-floor"),
+                **{name: tool for name, tool in commands.items() if name != "cogexport"}}
+        variants = scaling_tools(ours_command, ours_output, work / "out-scaling") if scaling else {}
+        check_variants_identical({WORKERS_1: rows[WORKERS_1], **variants}, ours_output)
+        shutil.rmtree(ours_output, ignore_errors=True)
+        return rows, variants, written
 
     def main(self, work_dir: Path, runs: int, as_json: bool, reference_path: tuple[Path, Path, Path] | None,
-             prepare_only: bool, compare_dirs: tuple[Path, Path] | None) -> None:
+             prepare_only: bool, compare_dirs: tuple[Path, Path] | None, scaling: bool = True) -> None:
         """The script's entry: one of the hidden helper modes, or the benchmark."""
         if reference_path:
             self.reference(*reference_path)
@@ -258,7 +291,7 @@ class FamilyBenchmark:
         elif compare_dirs:
             click.echo(json.dumps(compare_outputs(*compare_dirs)))
         else:
-            self.run(work_dir, runs, as_json)
+            self.run(work_dir, runs, as_json, scaling)
 
 
 def benchmark_options(command: Callable) -> Callable:
@@ -268,6 +301,8 @@ def benchmark_options(command: Callable) -> Callable:
                      show_default=True, help="Where the release is made and kept, and outputs are written."),
         click.option("--runs", type=click.IntRange(1), default=3, show_default=True),
         click.option("--json", "as_json", is_flag=True),
+        click.option("--scaling/--no-scaling", default=True, show_default=True,
+                     help="Also time the scaling table (workers 1, 2, all cores; torchrun 1, 2 processes)."),
         click.option("--reference-path", nargs=3, type=click.Path(path_type=Path), default=None,
                      metavar="RELEASE CONFIG_DIR OUT", help="Only run the reference path (what the benchmark times)."),
         click.option("--prepare", "prepare_only", is_flag=True, hidden=True),

@@ -522,7 +522,7 @@ def _scalar(value: Any) -> Any:
 def _stored(tensor: Any, origin: str) -> LazyTensor:
     if not isinstance(tensor, StoredTensor):
         raise CogExportError(f"{origin}: expected a tensor in the checkpoint, found {type(tensor).__name__}")
-    return LazyTensor(tensor.shape, tensor.dtype, tensor.read, origin)
+    return LazyTensor(tensor.shape, tensor.dtype, tensor.read, origin, tensor.byte_range())
 
 
 def _training_dtype(config: dict, module: dict) -> str | None:

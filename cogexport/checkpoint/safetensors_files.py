@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CogExportError, quoted
-from ..lazy import LazyTensor
+from ..lazy import ByteRange, LazyTensor
 from ..tensor_bytes import pread_into, tensor_buffer
 from ..safetensors_dtypes import SAFETENSORS_DTYPES
 from .base import CheckpointInfo, LazyCheckpoint
@@ -114,7 +114,8 @@ class SafetensorsCheckpoint(LazyCheckpoint):
             if name in self._tensors:
                 raise CogExportError(f"tensor {quoted(name)} appears in two files ({file} and another shard)")
             self._tensors[name] = LazyTensor(shape, dtype, self._reader(file, offset, shape, dtype),
-                                             f"{quoted(name)} in {file.name}")
+                                             f"{quoted(name)} in {file.name}",
+                                             ByteRange(str(file), offset, shape.numel() * dtype.itemsize))
 
     def _reader(self, file: Path, offset: int, shape: torch.Size, dtype: torch.dtype):
         def read() -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import CogExportError, UnsafeCheckpointError, quoted
-from ..lazy import SizedTensor
+from ..lazy import ByteRange, SizedTensor
 from ..pickled import AllowlistUnpickler, stand_in
 from ..tensor_bytes import tensor_buffer
 from .byte_window import ByteWindow
@@ -189,6 +189,13 @@ class StoredTensor(SizedTensor):
             raise IndexError(f"range {start}:{stop} outside a tensor of {self.numel} elements")
         return self.archive.read_elements(self.key, self.dtype, self.storage_offset + start, stop - start, out, check)
 
+    def byte_range(self) -> ByteRange | None:
+        """The file bytes that are exactly this tensor (a contiguous tensor: its part of a stored record), with the
+        record's CRC-32 check for whoever copies them."""
+        if not self.is_contiguous:
+            return None
+        return self.archive.byte_range(self.key, self.storage_offset * self.dtype.itemsize, self.nbytes)
+
     def finish_check(self) -> None:
         """Complete the CRC-32 check of the record holding this tensor (raises if it fails)."""
         self.archive.records.finish(self.archive.member(self.key))
@@ -281,6 +288,18 @@ class TorchArchive:
             if check:  # the few elements read only to cross-check others are not data used
                 self.bytes_read += count * dtype.itemsize
         return out
+
+    def byte_range(self, key: str, start: int, length: int) -> ByteRange:
+        """``length`` bytes of storage ``key`` from byte ``start``, where they lie in the file; the bytes a copy
+        reads back go through the record's CRC-32 check (``ZipRecords.check_bytes``) unless the archive stores
+        no CRC-32s."""
+        member = self.member(key)
+
+        def check(position: int, data: memoryview) -> None:
+            self.records.check_bytes(member, start + position, data)
+
+        return ByteRange(str(self.path), self.records.records[member].offset + start, length,
+                         check if self.records.checking else None)
 
     def close(self) -> None:
         self.records.close()

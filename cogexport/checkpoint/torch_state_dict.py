@@ -45,7 +45,8 @@ class TorchStateDictCheckpoint(LazyCheckpoint):
             self.info.step = tree["iteration"]
         for name, tensor in weights.items():
             if isinstance(tensor, StoredTensor):
-                self._tensors[str(name)] = LazyTensor(tensor.shape, tensor.dtype, tensor.read, f"{name} in {path.name}")
+                self._tensors[str(name)] = LazyTensor(tensor.shape, tensor.dtype, tensor.read,
+                                                      f"{name} in {path.name}", tensor.byte_range())
         self.info.trainable = list(self._tensors)
 
     def bytes_read(self) -> dict[str, int]:

@@ -78,6 +78,7 @@ class ExportOptions:
     command: str = ""
     quant: str | None = None  # --to gguf: the quantization (a preset of cogexport/quantize/policy.py)
     fp8_layout: str = "comfy_quant"  # --dtype fp8: how the scales are marked (ComfyUI's current or legacy layout)
+    workers: int | None = None  # threads loading tensors ahead of the writer (None: from the cores; 1: none)
 
 
 def command_line() -> str:
@@ -91,6 +92,8 @@ def check_options(options: ExportOptions, direction: str) -> None:
     if direction not in DIRECTIONS:
         raise CogExportError(f"--to {direction!r} is not one of {', '.join(DIRECTIONS)}")
     parse_size(options.max_shard_size)
+    if options.workers is not None and options.workers < 1:
+        raise CogExportError(f"--workers {options.workers} must be at least 1")
     if options.variant is not None:
         check_variant_name(options.variant)
     if options.component is not None and options.component not in component_choices():

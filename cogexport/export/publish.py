@@ -1,13 +1,15 @@
-"""The last step of every export: check the destination, write the planned folder under a staging name (I/O only),
-move it into place, and upload it when asked."""
+"""The last step of every export: check the destination, write the planned folder under a staging name (I/O only;
+in a torchrun job, each rank its share of the files), move it into place, and upload it when asked."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..progress import byte_progress
-from ..write.folder_plan import FolderPlan, write_folder
-from ..write.staging import check_destination, staged_folder
+from ..write.folder_plan import FolderPlan
+from ..write.io_engine import IOSettings
+from ..write.publish_plan import write_plan
+from ..write.ranks import current_ranks
+from ..write.staging import check_destination
 from .inputs import ExportInputs
 from .options import ExportOptions
 from .result import ExportResult
@@ -15,12 +17,12 @@ from .result import ExportResult
 
 def publish(folder: FolderPlan, result: ExportResult, output: Path, inputs: ExportInputs,
             options: ExportOptions) -> ExportResult:
-    check_destination(output, inputs.own_folders(), inputs.read_paths(options), options.overwrite)
-    with staged_folder(output, folder.total_bytes) as staging, \
-            byte_progress(folder.total_bytes, "export", options.progress) as bar:
-        write_folder(staging, folder, lambda _name, nbytes: bar.update(nbytes))
+    ranks = current_ranks()
+    write_plan(folder, output, IOSettings(workers=options.workers), "export", options.progress, ranks,
+               check=lambda: check_destination(output, inputs.own_folders(), inputs.read_paths(options),
+                                               options.overwrite))
     result.linked.update(folder.linked())
-    if options.push_to_hub:
+    if options.push_to_hub and ranks.leader:
         result.pushed_to = push_to_hub(output, options.push_to_hub, options.private)
     return result
 

@@ -6,18 +6,24 @@ does not take its config, two files at one path); writing it is I/O only, a tens
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from ..errors import CogExportError
-from ..lazy import LazyTensor
+from ..lazy import ByteRange, LazyTensor
+from .byte_copy import copy_range
+from .io_engine import SERIAL, IOSettings, Payload, TensorFeed
+from .safetensors_file import write_order as safetensors_write_order
 from .safetensors_file import write_safetensors
 from .shards import ShardPlan
-from .torch_archive import write_torch_archive
+from .torch_archive import lazy_leaves, write_torch_archive
+from .torch_file import save_torch_file
 
 OnTensor = Callable[[str, int], None]
 SAFETENSORS_METADATA = {"format": "pt"}
@@ -26,7 +32,8 @@ SAFETENSORS_METADATA = {"format": "pt"}
 @dataclass
 class TensorFile:
     """One file of tensors. ``container`` is "safetensors" (``metadata`` in its header) or "torch" (a torch.save
-    archive: the state dict itself, or under the key ``under`` beside the plain values ``extra``)."""
+    archive: the state dict itself, or under the key ``under`` beside the plain values ``extra``; without ``under``,
+    ``extra``'s values follow the tensors in the same dict; ``single``: the file holds its one tensor alone)."""
 
     path: str
     tensors: Mapping[str, LazyTensor]
@@ -34,6 +41,7 @@ class TensorFile:
     metadata: Mapping[str, str] = field(default_factory=dict)
     under: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    single: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -43,14 +51,26 @@ class TensorFile:
     def tensor_count(self) -> int:
         return len(self.tensors)
 
-    def write(self, root: Path, on_tensor: OnTensor | None) -> None:
+    def tree(self) -> Any:
+        """What a torch.save of this file saves, LazyTensor leaves for its tensors."""
+        if self.single:
+            (tensor,) = self.tensors.values()
+            return tensor
+        return {self.under: dict(self.tensors), **self.extra} if self.under else {**self.tensors, **self.extra}
+
+    def write_order(self) -> list[LazyTensor]:
+        """The tensors in the order their data is written (the payloads ``write`` takes)."""
+        if self.container == "safetensors":
+            return safetensors_write_order(self.tensors)
+        return lazy_leaves(self.tree())
+
+    def write(self, root: Path, on_tensor: OnTensor | None, payloads: Iterator[Payload] | None = None) -> None:
         path = root / self.path
         path.parent.mkdir(parents=True, exist_ok=True)
         if self.container == "safetensors":
-            write_safetensors(path, self.tensors, self.metadata, on_tensor)
+            write_safetensors(path, self.tensors, self.metadata, on_tensor, payloads)
         else:
-            tree = {self.under: dict(self.tensors), **self.extra} if self.under else dict(self.tensors)
-            write_torch_archive(path, tree, on_tensor)
+            write_torch_archive(path, self.tree(), on_tensor, payloads)
 
 
 @dataclass
@@ -65,6 +85,51 @@ class TextFile:
         path = root / self.path
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.text, encoding="utf-8")
+
+
+@dataclass
+class ObjectFile:
+    """A small torch.save file of plain values (and stand-ins of classes cogexport never imports, written back as
+    those classes: see torch_file.py), such as an optimizer's param_groups."""
+
+    path: str
+    value: Any
+
+    nbytes = 0
+    tensor_count = 0
+
+    def write(self, root: Path, on_tensor: OnTensor | None) -> None:
+        path = root / self.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_torch_file(self.value, path)
+
+
+@dataclass
+class CopiedFile:
+    """An input file taken into the output as it is, copied in the kernel (byte_copy.py), and hard-linked under the
+    further names ``links`` (a copy where the file system has no links)."""
+
+    path: str
+    source: Path
+    links: tuple[str, ...] = ()
+
+    tensor_count = 0  # bytes taken whole, not tensors planned one by one
+
+    @property
+    def nbytes(self) -> int:
+        return Path(self.source).stat().st_size
+
+    def write(self, root: Path, on_tensor: OnTensor | None) -> None:
+        target = root / self.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb", buffering=0) as handle:
+            copy_range(ByteRange(str(self.source), 0, self.nbytes), handle.fileno(), 0)
+        for link in self.links:
+            (root / link).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(target, root / link)
+            except OSError:
+                shutil.copyfile(target, root / link)
 
 
 @dataclass
@@ -85,7 +150,7 @@ class LinkedFolder:
 
 class PlannedFile(Protocol):
     """A file of an output folder: where it goes, the bytes of tensor data it holds, and how it is written (a
-    TensorFile, TextFile or LinkedFolder here; other containers such as GGUF, beside their writers)."""
+    TensorFile, TextFile, ObjectFile, CopiedFile or LinkedFolder here; other containers such as GGUF, beside their writers)."""
 
     path: str
 
@@ -119,6 +184,17 @@ class FolderPlan:
         """The files written (not the folders taken as they are)."""
         return [planned.path for planned in self.files if not isinstance(planned, LinkedFolder)]
 
+    @property
+    def data_files(self) -> list[PlannedFile]:
+        """The files that hold the model's bytes (tensors, copied inputs), in plan order: file i of this list is
+        written by rank i mod the world size of a torchrun job."""
+        return [planned for planned in self.files if is_data_file(planned)]
+
+    @property
+    def other_files(self) -> list[PlannedFile]:
+        """Configs, indexes, cards and folders from --base: written once the data files are."""
+        return [planned for planned in self.files if not is_data_file(planned)]
+
     def add(self, *planned: PlannedFile) -> None:
         self.files.extend(planned)
 
@@ -137,10 +213,52 @@ class FolderPlan:
         return {planned.path: planned.how for planned in self.files if isinstance(planned, LinkedFolder)}
 
 
-def write_folder(root: Path, plan: FolderPlan, on_tensor: OnTensor | None = None) -> None:
-    """Write every planned file under ``root`` (I/O only: the plan was checked when it was made)."""
-    for planned in plan.files:
-        planned.write(root, on_tensor)
+def is_data_file(planned: PlannedFile) -> bool:
+    """Tensors or copied bytes: any planned kind that holds tensors (other writers' kinds, such as GGUF, included)."""
+    return isinstance(planned, CopiedFile) or planned.tensor_count > 0
+
+
+def write_folder(root: Path, plan: FolderPlan, on_tensor: OnTensor | None = None, settings: IOSettings = SERIAL,
+                 owned: Callable[[int], bool] = lambda index: True, others: bool = True) -> None:
+    """Write the planned files under ``root`` (I/O only: the plan was checked when it was made): the data files
+    whose index ``owned`` takes, their tensors loaded ahead as ``settings`` say, then (``others``) the rest."""
+    write_data_files(root, [f for i, f in enumerate(plan.data_files) if owned(i)], on_tensor, settings)
+    if others:
+        for planned in plan.other_files:
+            planned.write(root, on_tensor)
+
+
+def write_data_files(root: Path, files: list[PlannedFile], on_tensor: OnTensor | None, settings: IOSettings) -> None:
+    """One feed for all the files' tensors, so that reading ahead runs on across file boundaries."""
+    fed = [planned for planned in files if hasattr(planned, "write_order")]
+    with TensorFeed([tensor for planned in fed for tensor in planned.write_order()], settings) as feed:
+        payloads = iter(feed)
+        for planned in files:
+            if hasattr(planned, "write_order"):
+                planned.write(root, on_tensor, payloads)
+            else:  # a kind that loads its own tensors
+                planned.write(root, on_tensor)
+
+
+def plan_digest(plan: FolderPlan) -> str:
+    """What the plan will write, as a hash: every file's kind, path and settings, its tensors' names, shapes and
+    dtypes, its text. Where inputs lie is left out (another machine of a job may mount them elsewhere)."""
+    described = [(type(planned).__name__, tuple((item.name, _fingerprint(getattr(planned, item.name)))
+                                                 for item in dataclasses.fields(planned)))
+                 for planned in plan.files]
+    return hashlib.sha256(repr(described).encode()).hexdigest()
+
+
+def _fingerprint(value: Any) -> Any:
+    if isinstance(value, LazyTensor):
+        return "tensor", tuple(value.shape), str(value.dtype)
+    if isinstance(value, Mapping):
+        return tuple((str(key), _fingerprint(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_fingerprint(item) for item in value)
+    if isinstance(value, Path):
+        return "path", value.name
+    return repr(value)
 
 
 def json_text(config: Mapping[str, object]) -> str:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import struct
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 import torch
 
-from ..lazy import LazyTensor
+from ..lazy import ByteRange, LazyTensor
 from ..safetensors_dtypes import SAFETENSORS_DTYPES
 from ..tensor_bytes import tensor_buffer
+from .byte_copy import copy_range
+from .io_engine import Payload, TensorFeed
 
 # The order safetensors stores dtypes in (its Dtype enum, descending).
 _STORAGE_ORDER = ["U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E4M3",
@@ -54,26 +57,43 @@ def build_header(tensors: Mapping[str, LazyTensor], metadata: Mapping[str, str] 
 
 
 def write_safetensors(path: Path, tensors: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None = None,
-                      on_tensor: Callable[[str, int], None] | None = None) -> int:
+                      on_tensor: Callable[[str, int], None] | None = None,
+                      payloads: Iterator[Payload] | None = None) -> int:
     """Stream ``tensors`` into ``path``; returns the bytes of tensor data written.
 
-    ``on_tensor(name, nbytes)`` is called after each tensor (progress bars).
+    ``on_tensor(name, nbytes)`` is called after each tensor (progress bars). ``payloads``: each tensor's data in
+    storage order (``write_order``), from a ``TensorFeed`` that may load them ahead; by default they are loaded here
+    one at a time.
     """
     header = build_header(tensors, metadata)
     written = 0
-    with open(path, "wb", buffering=0) as handle:
-        _write_all(handle, memoryview(header))
+    with ExitStack() as stack:
+        if payloads is None:
+            payloads = iter(stack.enter_context(TensorFeed(write_order(tensors))))
+        handle = stack.enter_context(open(path, "wb", buffering=0))
+        write_all(handle, memoryview(header))
         for name in storage_order(tensors):
-            tensor = tensors[name].load().contiguous()
-            _write_all(handle, tensor_buffer(tensor))
-            written += tensor.nbytes
-            del tensor
+            write_payload(handle, next(payloads))
+            written += tensors[name].nbytes
             if on_tensor is not None:
                 on_tensor(name, tensors[name].nbytes)
     return written
 
 
-def _write_all(handle, data: memoryview) -> None:
+def write_order(tensors: Mapping[str, LazyTensor]) -> list[LazyTensor]:
+    """The tensors in the order their data is written (the payloads ``write_safetensors`` takes)."""
+    return [tensors[name] for name in storage_order(tensors)]
+
+
+def write_payload(handle, payload: Payload) -> None:
+    """A tensor's bytes at the file's position: copied from the input file (a byte range) or from memory."""
+    if isinstance(payload, ByteRange):
+        copy_range(payload, handle.fileno(), handle.tell())
+    else:
+        write_all(handle, tensor_buffer(payload.contiguous()))
+
+
+def write_all(handle, data: memoryview) -> None:
     while len(data):
         done = handle.write(data)
         data = data[done:]

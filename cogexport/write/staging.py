@@ -1,7 +1,7 @@
 """Write an output folder under a hidden name next to its destination, and move it into place only when done.
 
 An interrupted or failed run leaves nothing under the final name (the hidden staging folder is removed on
-any error, Ctrl-C included). An existing non-empty destination is refused unless overwriting was asked for,
+any error, Ctrl-C included; in a torchrun job, by every rank, when any rank fails). An existing non-empty destination is refused unless overwriting was asked for,
 and a destination that overlaps the input is always refused, so the input can never be touched.
 """
 
@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..errors import CogExportError
 from ..pending_checks import run_pending_checks
 from ..sizes import human_bytes
+from .ranks import ALONE, Ranks, describe
 
 
 def check_destination(destination: Path, checkpoint_folders: Iterable[Path], inputs: Iterable[Path],
@@ -46,16 +49,61 @@ def check_destination(destination: Path, checkpoint_folders: Iterable[Path], inp
 
 
 @contextmanager
-def staged_folder(destination: Path, needed_bytes: int = 0) -> Iterator[Path]:
+def staged_folder(destination: Path, needed_bytes: int = 0, ranks: Ranks = ALONE,
+                  finish: Callable[[Path], None] | None = None) -> Iterator[Path]:
     """Yield an empty folder to write into; on success it becomes ``destination`` (replacing it if present).
 
     ``needed_bytes`` (what the plan will write) must fit in the free space of the destination's disk: a disk that
-    fills up mid-way would cost the whole run's time before failing."""
+    fills up mid-way would cost the whole run's time before failing. With ``ranks`` of a torchrun job, rank 0 makes
+    the folder and every rank writes into it; once every rank has written its part and passed its pending checks,
+    rank 0 calls ``finish(folder)`` (the small files) and moves it into place. Any rank failing fails them all, and
+    each removes the folder."""
     destination = Path(destination)
     if destination.is_symlink():  # replace what the link points at, and keep the link
         destination = destination.resolve()
-    check_free_space(destination, needed_bytes)
     created_parents = [p for p in reversed(destination.parents) if not p.exists()]
+    made: list[Path] = []  # the staging folder once made (rank 0) or known (the others): removed on any failure
+    try:
+        staging = ranks.from_leader(lambda: _make_staging(destination, needed_bytes, created_parents, made))
+        made.append(staging)
+        ranks.together(lambda: _check_shared(staging, ranks))
+        failure = own_error = None
+        try:
+            yield staging
+            run_pending_checks()  # e.g. every input byte the output was made of passes its CRC-32 check first
+        except Exception as error:
+            failure, own_error = describe(error), error
+        ranks.agree(failure, own_error)
+        ranks.from_leader(lambda: _finish_and_move(staging, destination, finish))
+    except BaseException:
+        with _signals_held():  # a kill signal now (torchrun stopping the job) must not stop the clean-up half-way
+            for folder in dict.fromkeys(made):
+                shutil.rmtree(folder, ignore_errors=True)
+            _remove_created(created_parents)
+        raise
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold back the signals that end a run (the command line turns SIGTERM and SIGHUP into an exit, Ctrl-C into
+    KeyboardInterrupt) until the block is done, then deliver them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    numbers = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    previous = {number: signal.signal(number, lambda received, _frame: held.append(received)) for number in numbers}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in held[:1]:
+            signal.raise_signal(number)
+
+
+def _make_staging(destination: Path, needed_bytes: int, created_parents: list[Path], made: list[Path]) -> Path:
+    check_free_space(destination, needed_bytes)
     staging = destination.parent / f".{destination.name}.cogexport-{uuid.uuid4().hex[:8]}.partial"
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -64,14 +112,20 @@ def staged_folder(destination: Path, needed_bytes: int = 0) -> Iterator[Path]:
         _remove_created(created_parents)
         raise CogExportError(f"cannot create output {destination}: {error.strerror} in {destination.parent}; choose "
                              "an output folder you can write to") from None
-    try:
-        yield staging
-        run_pending_checks()  # e.g. every input byte the output was made of passes its CRC-32 check first
-        _move_into_place(staging, destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        _remove_created(created_parents)
-        raise
+    made.append(staging)
+    return staging
+
+
+def _check_shared(staging: Path, ranks: Ranks) -> None:
+    if not staging.is_dir():
+        raise CogExportError(f"rank {ranks.rank} does not see the folder {staging} that rank 0 made: a torchrun job "
+                             "writes its output on a file system every node shares; choose an output there")
+
+
+def _finish_and_move(staging: Path, destination: Path, finish: Callable[[Path], None] | None) -> None:
+    if finish is not None:
+        finish(staging)
+    _move_into_place(staging, destination)
 
 
 def free_bytes(path: Path) -> int:

@@ -5,19 +5,23 @@ storage by a persistent id, then one stored, 64-byte-aligned record per storage)
 from __future__ import annotations
 
 import collections
+import hashlib
 import pickle
 import struct
-import uuid
 import zipfile
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from ..lazy import LazyTensor
+from ..lazy import ByteRange, LazyTensor
 from ..tensor_bytes import tensor_buffer
+from .byte_copy import stream_range
+from .io_engine import Payload, TensorFeed
 
 _ALIGNMENT = 64
+_DATE = (1980, 1, 1, 0, 0, 0)  # every record's: the output depends on its content only
 _ZIP64_EXTRA = 20  # what zipfile adds to a local header whose record is over 4 GiB
 _STORAGE_CLASSES = {torch.float32: "FloatStorage", torch.bfloat16: "BFloat16Storage", torch.float16: "HalfStorage",
                     torch.float64: "DoubleStorage", torch.int64: "LongStorage", torch.int32: "IntStorage",
@@ -85,21 +89,47 @@ def _stored(tree: Any, records: list[_StoredTensor]) -> Any:
     return tree
 
 
-def write_torch_archive(path: Path, tree: Any, on_tensor: Callable[[str, int], None] | None = None) -> None:
-    """torch.save ``tree`` (plain containers and values, LazyTensor leaves) to ``path``, loading one tensor at a time."""
+def write_torch_archive(path: Path, tree: Any, on_tensor: Callable[[str, int], None] | None = None,
+                        payloads: Iterator[Payload] | None = None) -> None:
+    """torch.save ``tree`` (plain containers and values, LazyTensor leaves) to ``path``, loading one tensor at a time.
+    ``payloads``: the leaves' data in order (``lazy_leaves``), from a ``TensorFeed`` that may load them ahead."""
     records: list[_StoredTensor] = []
     stored = _stored(tree, records)
     pickled = _pickle(stored)
     root = path.stem
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        archive.writestr(f"{root}/data.pkl", pickled)
-        archive.writestr(f"{root}/.format_version", "1")
-        archive.writestr(f"{root}/.storage_alignment", str(_ALIGNMENT))
-        archive.writestr(f"{root}/byteorder", "little")
+    with ExitStack() as stack:
+        if payloads is None:
+            payloads = iter(stack.enter_context(TensorFeed([record.tensor for record in records])))
+        archive = stack.enter_context(zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True))
+        _write_small(archive, f"{root}/data.pkl", pickled)
+        _write_small(archive, f"{root}/.format_version", b"1")
+        _write_small(archive, f"{root}/.storage_alignment", str(_ALIGNMENT).encode())
+        _write_small(archive, f"{root}/byteorder", b"little")
         for record in records:
-            _write_record(archive, f"{root}/data/{record.key}", record.tensor, on_tensor)
-        archive.writestr(f"{root}/version", "3\n")
-        archive.writestr(f"{root}/.data/serialization_id", uuid.uuid4().hex[:40].ljust(40, "0"))
+            _write_record(archive, f"{root}/data/{record.key}", record.tensor, next(payloads), on_tensor)
+        _write_small(archive, f"{root}/version", b"3\n")
+        _write_small(archive, f"{root}/.data/serialization_id", _serialization_id(path.name, pickled))
+
+
+def lazy_leaves(tree: Any) -> list[LazyTensor]:
+    """The LazyTensors of ``tree`` in the order ``write_torch_archive`` writes their records."""
+    records: list[_StoredTensor] = []
+    _stored(tree, records)
+    return [record.tensor for record in records]
+
+
+def _serialization_id(name: str, pickled: bytes) -> bytes:
+    """torch.save's id of a save (40 decimal digits), here made from what is saved rather than drawn at random, so
+    that a file is the same bytes whenever, and by whichever process or torchrun rank, it is written."""
+    digest = int(hashlib.sha256(name.encode() + b"\0" + pickled).hexdigest(), 16)
+    return str(digest % 10**40).zfill(40).encode()
+
+
+def _write_small(archive: zipfile.ZipFile, name: str, data: bytes) -> None:
+    """A small record, dated like the tensor records (a fixed date, as torch.save's own; not the time of writing)."""
+    info = zipfile.ZipInfo(name, date_time=_DATE)
+    info.compress_type = zipfile.ZIP_STORED
+    archive.writestr(info, data)
 
 
 def _pickle(tree: Any) -> bytes:
@@ -110,16 +140,18 @@ def _pickle(tree: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _write_record(archive: zipfile.ZipFile, name: str, tensor: LazyTensor,
+def _write_record(archive: zipfile.ZipFile, name: str, tensor: LazyTensor, payload: Payload,
                   on_tensor: Callable[[str, int], None] | None) -> None:
-    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info = zipfile.ZipInfo(name, date_time=_DATE)
     info.compress_type, info.file_size = zipfile.ZIP_STORED, tensor.nbytes
     data_start = archive.fp.tell() + 30 + len(name.encode()) + 4 \
         + (_ZIP64_EXTRA if tensor.nbytes > zipfile.ZIP64_LIMIT else 0)
     padding = -data_start % _ALIGNMENT
     info.extra = struct.pack("<HH", 0x4246, padding) + b"Z" * padding  # "FB": the id torch's own padding uses
-    loaded = tensor.load().contiguous()
     with archive.open(info, "w", force_zip64=tensor.nbytes > zipfile.ZIP64_LIMIT) as out:
-        out.write(tensor_buffer(loaded))
+        if isinstance(payload, ByteRange):  # the record's CRC-32 is computed from the bytes: they pass through here
+            stream_range(payload, out.write)
+        else:
+            out.write(tensor_buffer(payload.contiguous()))
     if on_tensor is not None:
         on_tensor(name, tensor.nbytes)

@@ -1,0 +1,262 @@
+"""At the I/O floor: unchanged tensors copied file to file in the kernel (and every fallback), their CRC-32 still
+checked; tensors loaded ahead by worker threads within a byte budget. Every output is judged by the safetensors
+library's own writer (``save_file``) or by ``torch.load``, never by cogexport's own reading."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_refused, leftovers
+from safetensors.torch import load_file, save_file
+
+from cogexport.checkpoint.safetensors_files import SafetensorsCheckpoint
+from cogexport.checkpoint.torch_state_dict import TorchStateDictCheckpoint
+from cogexport.errors import CogExportError
+from cogexport.lazy import LazyTensor
+from cogexport.write import byte_copy
+from cogexport.write.folder_plan import FolderPlan, TensorFile
+from cogexport.write.io_engine import IOSettings
+from cogexport.write.publish_plan import write_plan
+from cogexport.write.safetensors_file import write_safetensors
+from cogexport.write.torch_archive import write_torch_archive
+
+FALLBACKS = {"sendfile": ("sendfile", "read_write"), "read_write": ("read_write",)}
+
+
+def random_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {"blocks.0.weight": torch.randn(96, 64, generator=generator),
+            "blocks.0.bias": torch.randn(96, generator=generator).to(torch.bfloat16),
+            "blocks.1.weight": torch.randn(3, 5, 7, generator=generator).half(),
+            "steps": torch.arange(11), "scalar": torch.tensor(0.5), "empty": torch.zeros(0, 4)}
+
+
+def renamed(tensors: dict, prefix: str = "model.") -> dict:
+    return {prefix + name: tensor for name, tensor in tensors.items()}
+
+
+@pytest.fixture(autouse=True)
+def counted():
+    byte_copy.COUNTS.reset()
+    yield byte_copy.COUNTS
+
+
+def test_unchanged_safetensors_tensors_are_copied_in_the_kernel(tmp_path, counted):
+    truth = random_tensors()
+    save_file(truth, tmp_path / "input.safetensors")
+    with SafetensorsCheckpoint(tmp_path / "input.safetensors") as source:
+        lazy = renamed(dict(source))  # plain renames keep the byte range
+        lazy["model.blocks.0.weight"] = lazy["model.blocks.0.weight"].to(torch.bfloat16)  # a cast drops it
+        assert lazy["model.blocks.0.weight"].source is None and lazy["model.steps"].source is not None
+        assert lazy["model.steps"].to(torch.int64) is lazy["model.steps"]  # a same-dtype cast keeps it
+        write_safetensors(tmp_path / "ours.safetensors", lazy, {"format": "pt"})
+    expected = renamed(truth)
+    expected["model.blocks.0.weight"] = expected["model.blocks.0.weight"].to(torch.bfloat16)
+    save_file(expected, tmp_path / "theirs.safetensors", metadata={"format": "pt"})
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    ranged = [name for name, tensor in truth.items() if tensor.nbytes and name != "blocks.0.weight"]
+    assert counted.ranges["copy_file_range"] == len(ranged)
+    assert counted.bytes["copy_file_range"] == sum(truth[name].nbytes for name in ranged)
+
+
+@pytest.mark.parametrize("forced", FALLBACKS, ids=list(FALLBACKS))
+def test_each_fallback_writes_the_same_bytes(tmp_path, counted, monkeypatch, forced):
+    monkeypatch.setattr(byte_copy, "METHODS", FALLBACKS[forced])
+    test_unchanged = random_tensors(seed=1)
+    save_file(test_unchanged, tmp_path / "input.safetensors")
+    with SafetensorsCheckpoint(tmp_path / "input.safetensors") as source:
+        write_safetensors(tmp_path / "ours.safetensors", renamed(dict(source)))
+    save_file(renamed(test_unchanged), tmp_path / "theirs.safetensors")
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    assert counted.ranges[forced] == sum(1 for t in test_unchanged.values() if t.nbytes)
+    assert counted.bytes["copy_file_range"] == 0
+
+
+def test_another_file_system_falls_back_to_sendfile(tmp_path, counted):
+    """tmpfs to this disk: copy_file_range refuses (EXDEV), sendfile still copies in the kernel."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on another file system than the test's folder")
+    truth = random_tensors(seed=2)
+    source_file = shm / f"cogexport-test-{tmp_path.name}.safetensors"
+    save_file(truth, source_file)
+    try:
+        with SafetensorsCheckpoint(source_file) as source:
+            write_safetensors(tmp_path / "ours.safetensors", dict(source))
+    finally:
+        source_file.unlink()
+    save_file(truth, tmp_path / "theirs.safetensors")
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    assert counted.ranges["sendfile"] + counted.ranges["copy_file_range"] == sum(1 for t in truth.values() if t.nbytes)
+    assert counted.ranges["sendfile"] >= 1
+
+
+def record_data_offset(archive: Path, member_suffix: str) -> int:
+    """Where a record's bytes start in a zip file (from zipfile's own directory and the local header)."""
+    with zipfile.ZipFile(archive) as opened:
+        info = next(i for i in opened.infolist() if i.filename.endswith(member_suffix))
+    with open(archive, "rb") as handle:
+        handle.seek(info.header_offset + 26)
+        name_length, extra_length = (int.from_bytes(handle.read(2), "little") for _ in range(2))
+    return info.header_offset + 30 + name_length + extra_length
+
+
+def saved_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """fp32 and integer tensors (which consolidate --dtype fp32 writes as they are), saved by torch.save."""
+    generator = torch.Generator().manual_seed(3)
+    truth = {"blocks.0.weight": torch.randn(300, 64, generator=generator), "blocks.0.bias": torch.randn(300),
+             "steps": torch.arange(11), "scalar": torch.tensor(0.5)}
+    torch.save(truth, path)
+    return truth
+
+
+@pytest.mark.parametrize("forced", ["copy_file_range", *FALLBACKS])
+def test_torch_records_are_copied_and_checked(tmp_path, cli, counted, monkeypatch, forced):
+    """consolidate of a torch.save state dict (same dtype): each record copied in the kernel and read back through its
+    CRC-32; the output equals what torch.load reads, in save_file's bytes."""
+    monkeypatch.setattr(byte_copy, "METHODS", FALLBACKS.get(forced, byte_copy.METHODS))
+    truth = saved_state_dict(tmp_path / "weights.pt")
+    result = cli("consolidate", tmp_path / "weights.pt", tmp_path / "out", "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    save_file(torch.load(tmp_path / "weights.pt"), tmp_path / "theirs.safetensors", metadata={"format": "pt"})
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    assert counted.ranges[forced] == len(truth)
+
+
+@pytest.mark.parametrize("forced", ["copy_file_range", *FALLBACKS])
+def test_a_copied_record_that_fails_its_crc_is_refused(tmp_path, cli, monkeypatch, forced):
+    monkeypatch.setattr(byte_copy, "METHODS", FALLBACKS.get(forced, byte_copy.METHODS))
+    weights = tmp_path / "inputs" / "weights.pt"
+    weights.parent.mkdir()
+    saved_state_dict(weights)
+    position = record_data_offset(weights, "data/0") + 100  # inside the first tensor's bytes
+    data = bytearray(weights.read_bytes())
+    data[position] ^= 0x01
+    weights.write_bytes(bytes(data))
+    assert_refused(cli, tmp_path, ["consolidate", weights, tmp_path / "out", "--dtype", "fp32"],
+                   "fails its CRC-32 check", inputs=[weights])
+
+
+def test_a_streamed_record_that_fails_its_crc_is_refused(tmp_path):
+    """A torch.save output computes its records' CRC-32 from the bytes, so ranges pass through user space: still
+    checked against the input's CRC-32."""
+    truth = saved_state_dict(tmp_path / "weights.pt")
+    with TorchStateDictCheckpoint(tmp_path / "weights.pt") as source:
+        write_torch_archive(tmp_path / "copy.pt", dict(source))
+    assert byte_copy.COUNTS.ranges["streamed"] == len(truth)
+    loaded = torch.load(tmp_path / "copy.pt")
+    assert loaded.keys() == truth.keys() and all(torch.equal(loaded[k], truth[k]) for k in truth)
+    data = bytearray((tmp_path / "weights.pt").read_bytes())
+    data[record_data_offset(tmp_path / "weights.pt", "data/2") + 3] ^= 0x80
+    (tmp_path / "weights.pt").write_bytes(bytes(data))
+    with TorchStateDictCheckpoint(tmp_path / "weights.pt") as source, pytest.raises(CogExportError, match="CRC-32"):
+        write_torch_archive(tmp_path / "copy2.pt", dict(source))
+
+
+# -- reading ahead --------------------------------------------------------------------------------------------
+def test_loads_run_ahead_in_worker_threads(tmp_path):
+    """Two loads that can only finish together (each waits for the other to start): one thread would never get
+    past the first."""
+    meeting = threading.Barrier(2, timeout=20)
+    truth = {f"t{i}": torch.full((8,), float(i)) for i in range(4)}
+
+    def meet(name: str) -> torch.Tensor:
+        meeting.wait()
+        return truth[name]
+
+    lazy = {name: LazyTensor(t.shape, t.dtype, lambda name=name: meet(name)) for name, t in truth.items()}
+    plan = FolderPlan([TensorFile("model.safetensors", lazy)])
+    write_plan(plan, tmp_path / "out", IOSettings(workers=2), "test", progress=False)
+    save_file(truth, tmp_path / "theirs.safetensors")
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_the_budget_bounds_the_bytes_held(tmp_path, workers):
+    """Loaded-and-not-yet-written bytes never exceed the budget, across file boundaries; with room for several
+    tensors and several workers, more than one is held ahead."""
+    megabyte = 1 << 18  # float32 elements
+    truth = {f"file{i // 5}.t{i}": torch.full((megabyte,), float(i)) for i in range(15)}
+    held, most, lock = [0], [0], threading.Lock()
+
+    def load(name: str) -> torch.Tensor:
+        with lock:
+            held[0] += truth[name].nbytes
+            most[0] = max(most[0], held[0])
+        time.sleep(0.02)  # a load takes longer than a write: the workers run ahead while the writer waits
+        return truth[name].clone()
+
+    def written(_name: str, nbytes: int) -> None:
+        with lock:
+            held[0] -= nbytes
+
+    files = {}
+    for name, tensor in truth.items():
+        files.setdefault(name.split(".")[0], {})[name] = LazyTensor(tensor.shape, tensor.dtype,
+                                                                    lambda name=name: load(name))
+    from cogexport.write.folder_plan import write_folder
+
+    (tmp_path / "out").mkdir()
+    write_folder(tmp_path / "out", FolderPlan([TensorFile(f"{f}.safetensors", t) for f, t in files.items()]),
+                 written, IOSettings(workers=workers, budget=3 << 20))
+    assert most[0] <= 3 << 20
+    assert (most[0] > 1 << 20) == (workers > 1)
+    for name, tensors in files.items():
+        save_file({n: truth[n] for n in tensors}, tmp_path / f"{name}.safetensors")
+        assert (tmp_path / "out" / f"{name}.safetensors").read_bytes() == \
+            (tmp_path / f"{name}.safetensors").read_bytes()
+
+
+def test_a_failing_load_in_a_worker_publishes_nothing(tmp_path):
+    def load(index: int) -> torch.Tensor:
+        if index == 5:
+            raise CogExportError("tensor 5 is broken")
+        return torch.ones(1000)
+
+    lazy = {f"t{i}": LazyTensor(torch.Size([1000]), torch.float32, lambda i=i: load(i)) for i in range(12)}
+    plan = FolderPlan([TensorFile(f"part{i}.safetensors", {f"t{j}": lazy[f"t{j}"] for j in range(i, 12, 3)})
+                       for i in range(3)])
+    with pytest.raises(CogExportError, match="tensor 5 is broken"):
+        write_plan(plan, tmp_path / "out", IOSettings(workers=3), "test", progress=False)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_workers_option_is_checked(tmp_path, cli):
+    saved_state_dict(tmp_path / "weights.pt")
+    result = cli("consolidate", tmp_path / "weights.pt", tmp_path / "out", "--workers", "0")
+    assert result.exit_code == 2 and "--workers" in result.stderr and not (tmp_path / "out").exists()
+    result = cli("consolidate", tmp_path / "weights.pt", tmp_path / "out", "--workers", "3")
+    assert result.exit_code == 0, result.stderr
+    assert load_file(tmp_path / "out" / "model.safetensors").keys() == torch.load(tmp_path / "weights.pt").keys()
+
+
+def test_a_kill_signal_during_the_clean_up_does_not_stop_it(tmp_path, monkeypatch):
+    """torchrun stops the other ranks with SIGTERM, which may arrive while a rank removes the staging folder of a
+    failed run: the removal finishes first, then the signal ends the run (as the command line's handler does)."""
+    from cogexport.write import staging
+
+    real_rmtree = staging.shutil.rmtree
+
+    def rmtree_signalled(path, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered at the next bytecode: before the removal below
+        real_rmtree(path, **kwargs)
+
+    previous = signal.signal(signal.SIGTERM, lambda number, _frame: sys.exit(128 + number))
+    monkeypatch.setattr(staging.shutil, "rmtree", rmtree_signalled)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            with staging.staged_folder(tmp_path / "out") as folder:
+                (folder / "part.safetensors").write_bytes(b"partial")
+                raise CogExportError("a rank failed")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []

@@ -1,0 +1,169 @@
+"""``torchrun --nproc-per-node N -m cogexport ...``: 2 and 3 gloo ranks on CPU write the same bytes as one process
+(consolidate, universal, a pipeline export), each rank its share of the files; a rank killed mid-run, a rank that
+fails, and ranks that planned different outputs all leave nothing published and no staging folder.
+
+The ranks are real processes launched by torch's own launcher (``python -m torch.distributed.run``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import leftovers, run_cogexport_process
+from fixtures import DeepSpeedVariant, deepspeed_checkpoint
+from mochi_fixtures import tiny_pipeline
+from safetensors.torch import load_file, save_file
+
+ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def torchrun(ranks: int, *args: object, script: Path | None = None, wait: bool = True):
+    """``python -m torch.distributed.run --standalone --nproc-per-node RANKS -m cogexport ARGS`` (or ``script``)."""
+    target = [str(script)] if script else ["-m", "cogexport"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+               *target, *map(str, args)]
+    if not wait:
+        return subprocess.Popen(command, env=ENVIRONMENT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, env=ENVIRONMENT, capture_output=True, text=True, timeout=900)
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def single_then_torchrun(ranks: int, output: Path, *args: object) -> tuple[dict, dict]:
+    """The same command once in one process (``python -m cogexport``, as each rank runs it) and once under torchrun,
+    writing the same OUTPUT path (the command line is in the model card); both outputs' files."""
+    result = run_cogexport_process(*args, output)
+    assert result.returncode == 0, result.stderr
+    single = files_of(output)
+    output.rename(output.with_name(output.name + "-single"))
+    done = torchrun(ranks, *args, output)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return single, files_of(output)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_consolidate_on_ranks_writes_the_same_bytes(tmp_path, ranks):
+    fixture = deepspeed_checkpoint(DeepSpeedVariant(2, "bf16", 2))
+    single, distributed = single_then_torchrun(ranks, tmp_path / "out", "consolidate", fixture.checkpoint,
+                                               "--max-shard-size", "2000")
+    assert len([name for name in single if name.endswith(".safetensors")]) == 5  # files for every rank
+    assert distributed == single
+    written = {}
+    for name in distributed:
+        if name.endswith(".safetensors"):
+            written.update(load_file(tmp_path / "out" / name))
+    expected = fixture.expected_state_dict()  # taken inside the training process
+    assert written.keys() == expected.keys()
+    assert all(torch.equal(written[n], expected[n].to(written[n].dtype)) for n in expected)
+    assert leftovers(tmp_path) == []
+
+
+def test_universal_on_three_ranks_writes_the_same_bytes(tmp_path):
+    fixture = deepspeed_checkpoint(DeepSpeedVariant(3, "bf16", 2))
+    single, distributed = single_then_torchrun(3, tmp_path / "out", "universal", fixture.checkpoint)
+    assert distributed == single and "zero/optimizer_state.pt" in single and len(single) > 20
+    assert (tmp_path / "latest_universal").read_text() == "out"  # written by rank 0 once published
+
+
+def test_pipeline_export_on_two_ranks_writes_the_same_bytes(tmp_path):
+    pipeline = tiny_pipeline()
+    single, distributed = single_then_torchrun(2, tmp_path / "out", pipeline / "transformer", "--base",
+                                               pipeline, "--max-shard-size", "3MB")
+    assert distributed == single
+    assert "README.md" in single and "transformer/diffusion_pytorch_model.safetensors.index.json" in single
+    assert (tmp_path / "out" / "text_encoder").is_dir()  # taken from --base by rank 0
+
+
+def uneven_weights(path: Path) -> None:
+    """Two tensors, each its own shard at --max-shard-size 4MB: a small one (rank 0's) and a big one (rank 1's,
+    384 MB in fp32, cast to bf16: it takes rank 1 a while)."""
+    generator = torch.Generator().manual_seed(0)
+    save_file({"a.weight": torch.randn(1 << 18, generator=generator),
+               "b.weight": torch.randn(96 << 20, generator=generator)}, path)
+
+
+def rank_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the processes below ``launcher`` that torchrun started (their RANK variable)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        variables = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        if b"RANK" in variables and b"TORCHELASTIC_RUN_ID" in variables and _descends(parent, launcher):
+            found[int(variables[b"RANK"])] = int(entry)
+    return found
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def test_a_rank_killed_mid_run_publishes_nothing(tmp_path):
+    """Rank 1 is stopped while it writes, and rank 0, done with its own file, waits for it instead of publishing;
+    then rank 1 is killed: the job fails, nothing is published, the staging folder is removed."""
+    uneven_weights(tmp_path / "weights.safetensors")
+    launcher = torchrun(2, "consolidate", tmp_path / "weights.safetensors", tmp_path / "out", "--dtype", "bf16",
+                        "--max-shard-size", "4MB", "--workers", "1", wait=False)
+    deadline = time.monotonic() + 600
+    while not list(tmp_path.glob(".out.cogexport-*/model-00002-of-00002.safetensors")) and launcher.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.005)  # until rank 1 has begun its file
+    pids = rank_pids(launcher.pid)
+    assert launcher.poll() is None and 1 in pids, "the job ended before a rank could be stopped"
+    os.kill(pids[1], signal.SIGSTOP)
+    time.sleep(5)  # rank 0 writes its 0.5 MB and waits
+    assert not (tmp_path / "out").exists() and launcher.poll() is None
+    os.kill(pids[1], signal.SIGKILL)
+    _, stderr = launcher.communicate(timeout=600)
+    assert launcher.returncode != 0
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == [], stderr[-3000:]
+
+
+def test_a_failing_rank_fails_the_job_with_its_reason(tmp_path):
+    """A CRC-32 failure in a file only rank 1 writes: every rank fails, rank 0 naming rank 1 and the reason."""
+    truth = {f"t{i}": torch.full((300,), float(i)) for i in range(6)}
+    torch.save(truth, tmp_path / "weights.pt")
+    data = bytearray((tmp_path / "weights.pt").read_bytes())
+    position = data.find(torch.full((300,), 3.0).numpy().tobytes())  # t3: the second file of two, rank 1's
+    data[position + 17] ^= 0x04
+    (tmp_path / "weights.pt").write_bytes(bytes(data))
+    done = torchrun(2, "consolidate", tmp_path / "weights.pt", tmp_path / "out", "--dtype", "fp32",
+                    "--max-shard-size", "3600")
+    assert done.returncode != 0
+    assert "rank 1 of 2 failed" in done.stderr and "fails its CRC-32 check" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_ranks_that_plan_differently_all_fail(tmp_path):
+    """Rank 1 is given another shard size (as if it read other inputs): the plans' digests differ, nothing starts."""
+    torch.save({f"t{i}": torch.full((300,), float(i)) for i in range(6)}, tmp_path / "weights.pt")
+    script = tmp_path / "rank_argv.py"
+    script.write_text("import os, sys\n"
+                      "from cogexport.__main__ import run\n"
+                      "if os.environ['RANK'] == '1':\n"
+                      "    sys.argv = [a.replace('3600', '2400') for a in sys.argv]\n"
+                      "run()\n")
+    done = torchrun(2, "consolidate", tmp_path / "weights.pt", tmp_path / "out", "--max-shard-size", "3600",
+                    script=script)
+    assert done.returncode != 0 and "planned different outputs" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
