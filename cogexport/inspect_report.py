@@ -11,9 +11,10 @@ from .checkpoint.deepspeed_zero import DTYPE_NAMES
 from .checkpoint.fp8_scaled import FP8_DTYPES, fp8_dequantized, is_scaled_fp8
 from .errors import CogExportError
 from .inspect_folders import diffusers_folder_kind, inspect_diffusers_folder, render_folder_text
+from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
 from .lora import read_adapter
-from .models.family import families
+from .models.family import ModelFamily, families
 from .models.recognize import (component_tables, config_beside, expert_folders, family_beside, lora_key,
                                preferred_tables, read_facts)
 from .progress import byte_progress
@@ -44,23 +45,8 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bo
         if check_data:
             _check_data(checkpoint, progress)
         info = checkpoint.info
-        report = asdict(info)
-        report["data_checked"] = check_data
-        report["usable"] = not info.problems and (len(checkpoint) > 0)
-        kinds = {**{n: "trainable" for n in info.trainable}, **{n: "frozen" for n in info.frozen},
-                 **{n: "tied" for n in info.tied}, **{n: "buffer" for n in info.buffers}}
-        report["tensors"] = [
-            {"name": name, "kind": kinds.get(name, "parameter"), "shape": list(tensor.shape),
-             "dtype": DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype).replace("torch.", ""))}
-            for name, tensor in checkpoint.items()
-        ]
-        unique = [checkpoint[n] for n in checkpoint if n not in info.tied]
-        parameters = [checkpoint[n] for n in checkpoint if n not in info.tied and n not in info.buffers]
-        report["parameter_count"] = sum(t.numel for t in parameters) if len(checkpoint) else None
-        report["fp32_bytes"] = sum(t.numel * 4 if t.dtype.is_floating_point else t.nbytes for t in unique) \
-            if len(checkpoint) else None
-        report["stored_bytes"] = sum(t.nbytes for t in unique) if len(checkpoint) else None
-        report["stored_dtypes"] = sorted({DTYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", "")) for t in unique})
+        report = {**asdict(info), "data_checked": check_data, "usable": not info.problems and len(checkpoint) > 0,
+                  "tensors": _tensor_rows(checkpoint), **_sizes(checkpoint)}
         folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
         folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
         report["models"] = recognise_models(checkpoint, info.metadata, folders) if len(checkpoint) else {}
@@ -73,6 +59,31 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bo
         if "problem" in report["models"].get("lora", {}):
             report["usable"] = False  # an adapter nothing reads
     return report
+
+
+def _dtype_name(dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def _tensor_rows(checkpoint: LazyCheckpoint) -> list[dict]:
+    info = checkpoint.info
+    kinds = {**{n: "trainable" for n in info.trainable}, **{n: "frozen" for n in info.frozen},
+             **{n: "tied" for n in info.tied}, **{n: "buffer" for n in info.buffers}}
+    return [{"name": name, "kind": kinds.get(name, "parameter"), "shape": list(tensor.shape),
+             "dtype": _dtype_name(tensor.dtype)} for name, tensor in checkpoint.items()]
+
+
+def _sizes(checkpoint: LazyCheckpoint) -> dict:
+    """Parameter count, the bytes as fp32 and as stored (a tied tensor counted once), the stored dtypes."""
+    info = checkpoint.info
+    unique = [checkpoint[n] for n in checkpoint if n not in info.tied]
+    if not unique:
+        return {"parameter_count": None, "fp32_bytes": None, "stored_bytes": None, "stored_dtypes": []}
+    parameters = [checkpoint[n] for n in checkpoint if n not in info.tied and n not in info.buffers]
+    return {"parameter_count": sum(t.numel for t in parameters),
+            "fp32_bytes": sum(t.numel * 4 if t.dtype.is_floating_point else t.nbytes for t in unique),
+            "stored_bytes": sum(t.nbytes for t in unique),
+            "stored_dtypes": sorted({_dtype_name(t.dtype) for t in unique})}
 
 
 def _check_data(checkpoint: LazyCheckpoint, progress: bool | None) -> None:
@@ -94,17 +105,9 @@ def recognise_models(source: Mapping[str, LazyTensor], metadata: Mapping[str, st
                      folders: Sequence = ()) -> dict:
     """A description of the models in a checkpoint, for ``inspect`` (never raises for unknown content)."""
     keys = list(source)
+    if lora_key(keys) is not None:
+        return {"lora": _adapter_entry(source, metadata, folders)}
     found: dict = {}
-    marker = lora_key(keys)
-    if marker is not None:
-        try:
-            adapter = read_adapter(source, "the checkpoint", folders=folders, metadata=metadata)
-        except CogExportError as error:
-            found["lora"] = {"marker": marker, "problem": str(error)}
-        else:
-            found["lora"] = {**adapter.summary(), "alpha": adapter.alpha if adapter.alpha_recorded else None,
-                             "assumed_alpha": None if adapter.alpha_recorded else adapter.alpha}
-        return found
     for component in model_components():
         # the layout export would take (the most specific one; a shared layout under its owner family)
         named = family_beside(folders) if component == "transformer" else None
@@ -114,29 +117,42 @@ def recognise_models(source: Mapping[str, LazyTensor], metadata: Mapping[str, st
             entry = {"family": family.name, "layout": table.name, "description": table.source, "keys": len(selected),
                      "other_keys": len(ignored)}
             if component == "transformer":
-                try:
-                    recognised = read_facts(family, table, {k: source[k].shape for k in keys}, metadata=metadata)
-                except CogExportError as error:
-                    entry["problem"] = str(error)
-                else:
-                    model = recognised.model
-                    layout = recognised.variant
-                    if layout is None:  # a custom size: the published variant its own config is built like
-                        try:
-                            config = config_beside(family, folders, recognised.facts)
-                        except CogExportError:
-                            config = None
-                        if config is not None:
-                            layout = family.layout_variant(config)
-                            model = f"custom-size {family.name} ({layout.name} layout)"
-                    entry.update(model=model, model_type=" or ".join(recognised.tasks),
-                                 variant=recognised.variant.name if recognised.variant else None,
-                                 layout_variant=layout.name if layout else None,
-                                 description_of_shape=family.shapes.describe(recognised.facts),
-                                 layers=recognised.facts.get("layers"), hidden_size=recognised.facts.get("hidden"),
-                                 in_channels=recognised.facts.get("in_channels"))
+                entry.update(_transformer_facts(source, family, table, metadata, folders))
             found[component] = entry
     return found
+
+
+def _adapter_entry(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None, folders: Sequence) -> dict:
+    try:
+        adapter = read_adapter(source, "the checkpoint", folders=folders, metadata=metadata)
+    except CogExportError as error:
+        return {"marker": lora_key(list(source)), "problem": str(error)}
+    return {**adapter.summary(), "alpha": adapter.alpha if adapter.alpha_recorded else None,
+            "assumed_alpha": None if adapter.alpha_recorded else adapter.alpha}
+
+
+def _transformer_facts(source: Mapping[str, LazyTensor], family: ModelFamily, table: KeyMapTable,
+                       metadata: Mapping[str, str] | None, folders: Sequence) -> dict:
+    """The transformer's model, task and sizes as its shapes show them (or the problem that stops reading them)."""
+    try:
+        recognised = read_facts(family, table, {k: tensor.shape for k, tensor in source.items()}, metadata=metadata)
+    except CogExportError as error:
+        return {"problem": str(error)}
+    model, layout = recognised.model, recognised.variant
+    if layout is None:  # a custom size: the published variant its own config is built like
+        try:
+            config = config_beside(family, folders, recognised.facts)
+        except CogExportError:
+            config = None
+        if config is not None:
+            layout = family.layout_variant(config)
+            model = f"custom-size {family.name} ({layout.name} layout)"
+    return dict(model=model, model_type=" or ".join(recognised.tasks),
+                variant=recognised.variant.name if recognised.variant else None,
+                layout_variant=layout.name if layout else None,
+                description_of_shape=family.shapes.describe(recognised.facts),
+                layers=recognised.facts.get("layers"), hidden_size=recognised.facts.get("hidden"),
+                in_channels=recognised.facts.get("in_channels"))
 
 
 def _names(names: list[str], limit: int = 6) -> str:
