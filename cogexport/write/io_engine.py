@@ -58,6 +58,14 @@ class IOSettings:
 SERIAL = IOSettings()
 
 
+def _settle_torch_thread_pool() -> None:
+    """Let this thread, alone, (re)make torch's intra-op thread pool before the workers start. In a process forked
+    from one that had used it, the first torch operation of each thread remakes the pool, and two threads doing it
+    at once can see none: "pool INTERNAL ASSERT FAILED ... Invalid thread pool!" (seen in the fuzz harness's forked
+    children)."""
+    torch.set_num_threads(torch.get_num_threads())
+
+
 class TensorFeed:
     """The payloads of ``tensors``, in order; with several workers, loaded ahead in threads. Use as a context
     manager: leaving it (an error in the writer included) cancels what is queued and waits for what is running."""
@@ -68,6 +76,8 @@ class TensorFeed:
         workers = settings.resolved_workers()
         total = sum(tensor.nbytes for tensor in self._tensors)
         self._budget = settings.budget if settings.budget is not None else default_budget(total)
+        if workers > 1:
+            _settle_torch_thread_pool()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="cogexport-load") if workers > 1 else None
         self._queued: deque[tuple[int, Future]] = deque()
         self._held = 0  # bytes of the tensors queued, loading or loaded, not yet handed over and written
