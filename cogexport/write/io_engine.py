@@ -30,10 +30,12 @@ _LOOKAHEAD = 64  # tensors queued ahead at most, however small
 
 
 def default_workers() -> int:
-    """One worker per core this process may run on, shared with the other processes of a job on this machine."""
+    """One worker per core this process may run on but the one its writer needs, shared with the other processes of
+    a job on this machine. On 2 cores that is one (serial): a second loader beside the writer made consolidations
+    1.4-1.5x slower there (the scaling tables of scripts/benchmark_consolidate.py and benchmark_dcp.py)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)  # torchrun's processes on this node
-    return max(1, min(MAX_DEFAULT_WORKERS, cores // max(1, local_processes)))
+    return max(1, min(MAX_DEFAULT_WORKERS, cores // max(1, local_processes) - 1))
 
 
 def default_budget(total_bytes: int) -> int:
