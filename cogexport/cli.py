@@ -113,8 +113,8 @@ tag_option = click.option("--tag", help="Tag to read instead of the one named by
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
 workers_option = click.option("--workers", type=click.IntRange(1), metavar="N",
                               help="Threads reading, checking and casting tensors ahead of the writer (1: one thread "
-                                   "does all in turn) [default: one per core but the writer's]. Under torchrun, each process writes its "
-                                   "share of the files.")
+                                   "does all in turn) [default: one per core but the writer's]. Under torchrun, each "
+                                   "process writes its share of the files.")
 
 
 @main.command()
