@@ -11,9 +11,7 @@ a sample of tensors of every type is compared byte for byte with its source quan
 (peak PSS and RSS of the process tree, wall time); the harness never imports torch. The peak is reported against the
 fp32 size of the model (the issue's bound: at most 0.25x).
 
-Measured (Wan2.1-T2V-1.3B, 1.42B parameters, 5.68 GB fp32; 2 shared cores under a load average of ~20): Q8_0 30 s,
-peak PSS 318 MB (0.059x); Q4_K_M 1359 s, peak PSS 327 MB (0.060x). Sampled RMS error relative to the weights:
-Q8_0 0.0054, Q6_K 0.0178, Q4_K 0.0713.
+The figures, with the day and commit they were measured at: docs/benchmarks.md#gguf.
 """
 
 from __future__ import annotations
