@@ -7,16 +7,13 @@ shapes and dtypes; writing then streams one tensor at a time.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 from huggingface_hub import split_state_dict_into_shards_factory
 
 from ..errors import CogExportError
 from ..lazy import LazyTensor
-from .safetensors_file import write_safetensors
 
 SAFETENSORS_METADATA = {"format": "pt"}
 
@@ -67,16 +64,3 @@ def plan_shards(tensors: Mapping[str, LazyTensor], weights_name: str, max_shard_
     return ShardPlan(files={name: list(keys) for name, keys in split.filename_to_tensors.items()},
                      index_name=f"{weights_name}.index{variant_part}.json", index=index,
                      total_bytes=split.metadata["total_size"])
-
-
-def write_shards(folder: Path, tensors: Mapping[str, LazyTensor], plan: ShardPlan,
-                 on_tensor: Callable[[str, int], None] | None = None) -> list[str]:
-    """Write every shard (and the index, if sharded) into ``folder``; returns the file names written."""
-    written = []
-    for filename, names in plan.files.items():
-        write_safetensors(folder / filename, {name: tensors[name] for name in names}, SAFETENSORS_METADATA, on_tensor)
-        written.append(filename)
-    if plan.index is not None:
-        (folder / plan.index_name).write_text(json.dumps(plan.index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        written.append(plan.index_name)
-    return written
