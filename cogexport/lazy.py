@@ -41,25 +41,59 @@ class ByteRange:
     check: Callable[[int, memoryview], None] | None = None
 
 
+# A tensor's bytes as file ranges to be joined end to end, in order.
+ByteRanges = tuple[ByteRange, ...]
+
+
+def joined_ranges(parts: list[ByteRange]) -> ByteRanges:
+    """``parts`` end to end, empty ones dropped and neighbours in one file that meet merged (one copy, not two);
+    pieces with a checksum are kept apart, since each carries its own record's check."""
+    joined: list[ByteRange] = []
+    for part in parts:
+        if not part.length:
+            continue
+        last = joined[-1] if joined else None
+        if last is not None and last.check is None and part.check is None and last.path == part.path \
+                and last.offset + last.length == part.offset:
+            joined[-1] = ByteRange(last.path, last.offset, last.length + part.length)
+        else:
+            joined.append(part)
+    return tuple(joined)
+
+
 @dataclass(frozen=True)
 class LazyTensor(SizedTensor):
     """A tensor whose shape and dtype are known up front and whose data is made only by ``load()``.
 
     ``origin`` says in a few words where the data comes from (for reports and error messages). ``source``, when
-    known, is the byte range of a file that holds exactly this tensor's bytes; a plain rename hands the same
-    LazyTensor on, so it keeps it, and any new LazyTensor (a cast, a split, anything computed) starts without one.
+    known, is the byte ranges of files that hold exactly this tensor's bytes, end to end (one range for a tensor
+    stored whole; several for one stored in pieces, as ZeRO and FSDP shard it across ranks); a plain rename hands
+    the same LazyTensor on, so it keeps it, and any new LazyTensor (a cast, a split, anything computed) starts
+    without one. ``find_source`` finds them when asked, for a reader that must open files to know (a DCP chunk's
+    bytes lie inside its own small archive): see ``byte_ranges``.
     """
 
     shape: torch.Size
     dtype: torch.dtype
     loader: Callable[[], torch.Tensor]
     origin: str = ""
-    source: ByteRange | None = None
+    source: ByteRanges | None = None
+    find_source: Callable[[], ByteRanges | None] | None = None
 
     def __post_init__(self) -> None:
-        if self.source is not None and self.source.length != self.nbytes:
-            raise ValueError(f"{self.origin or 'lazy tensor'}: a byte range of {self.source.length} bytes cannot "
-                             f"hold {tuple(self.shape)} {self.dtype}")
+        if self.source is not None and sum(part.length for part in self.source) != self.nbytes:
+            raise ValueError(f"{self.origin or 'lazy tensor'}: byte ranges of {sum(p.length for p in self.source)} "
+                             f"bytes cannot hold {tuple(self.shape)} {self.dtype}")
+
+    def byte_ranges(self) -> ByteRanges | None:
+        """Where this tensor's bytes lie in input files as they are, if anywhere (the writer copies them from
+        there); found on demand when the reader said how (``find_source``)."""
+        if self.source is not None or self.find_source is None:
+            return self.source
+        found = self.find_source()
+        if found is not None and sum(part.length for part in found) != self.nbytes:
+            raise ValueError(f"{self.origin or 'lazy tensor'}: found byte ranges that cannot hold it")
+        return found
 
     def load(self) -> torch.Tensor:
         tensor = self.loader()

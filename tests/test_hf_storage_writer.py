@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from cogexport import open_checkpoint
 from cogexport.errors import CogExportError
+from cogexport.write import byte_copy
 
 RUNS = [("wan-t2v", 2), ("wan-t2v", 3), ("toy", 3)]  # the toy: a dim-1 shard, replicated buffers, an int64 one
 PER_RANK = ("distributed", "mapping")
@@ -62,9 +63,12 @@ def test_consolidate_and_export_each_layout_exactly(model, world_size, tmp_path,
     base = run.base(tmp_path / "base")
     for layout in layouts(model):
         out = tmp_path / layout.replace("/", "-")
+        byte_copy.COUNTS.reset()
         result = cli("consolidate", run.layout(layout), out / "consolidated")
         assert result.exit_code == 0, result.stderr
         assert_exact(written(out / "consolidated"), run.weights)
+        # every piece is a block of whole rows: the bytes are copied file to file, none loaded
+        assert sum(byte_copy.COUNTS.bytes.values()) == sum(t.nbytes for t in run.weights.values()), layout
         result = cli(run.layout(layout), out / "exported", "--base", base, "--dtype", "fp32")
         assert result.exit_code == 0, result.stderr
         assert_exact(written(out / "exported"), run.weights)

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from ..errors import CogExportError
-from ..lazy import LazyTensor
+from ..lazy import ByteRanges, LazyTensor, joined_ranges
 from .base import CheckpointInfo, LazyCheckpoint
 from .dcp_locate import ACCELERATE_MODEL, DcpLocation, STEP_NUMBER
 from .dcp_metadata import METADATA_FILE, BytesEntry, Chunk, DcpMetadata, TensorEntry, read_metadata
-from .tiling import overlapping_pair
+from .tiling import overlapping_pair, row_block_order
 from .deepspeed_zero import DTYPE_NAMES
 from .torch_archive import StoredTensor, TorchArchive
 
@@ -212,23 +212,49 @@ class DcpFiles:
 
     def lazy(self, key: str, entry: TensorEntry, origin: str) -> LazyTensor:
         chunks = self.check_chunks(key, entry)
-        return LazyTensor(entry.size, entry.dtype, lambda: self.assemble(key, entry, chunks), origin)
+        return LazyTensor(entry.size, entry.dtype, lambda: self.assemble(key, entry, chunks), origin,
+                          find_source=lambda: self.chunk_ranges(key, entry, chunks))
+
+    def chunk_ranges(self, key: str, entry: TensorEntry, chunks: tuple[Chunk, ...]) -> ByteRanges | None:
+        """Where the tensor's bytes lie, chunk after chunk, when its chunks are blocks of whole rows (FSDP's dim-0
+        shards); each range carries its chunk record's CRC-32 check. None for any other tiling."""
+        order = row_block_order(entry.size, [(chunk.offsets, chunk.sizes) for chunk in chunks])
+        if order is None:
+            return None
+        parts = []
+        for index in order:
+            archive, stored = self._open_chunk(key, entry, chunks[index])
+            archive.close()  # the check of the bytes copied needs no open file
+            if not stored.is_contiguous:
+                return None
+            parts.append(stored.flat_range(0, stored.numel))
+        return joined_ranges(parts)
+
+    def _open_chunk(self, key: str, entry: TensorEntry, chunk: Chunk) -> tuple[TorchArchive, StoredTensor]:
+        """The archive of one chunk and the tensor it holds, once that is the dtype and shape .metadata says."""
+        where = self.metadata.storage[(key, chunk.offsets)]
+        self._check_file(where.file)
+        archive = TorchArchive(self.folder / where.file, where.offset, where.length)
+        try:
+            stored = archive.load()
+            if not isinstance(stored, StoredTensor) or stored.dtype != entry.dtype or \
+                    tuple(stored.shape) != chunk.sizes:
+                found = f"{tuple(stored.shape)} {stored.dtype}" if isinstance(stored, StoredTensor) else \
+                    type(stored).__name__
+                raise CogExportError(f"{self.folder / where.file}: the chunk of {key} at {list(chunk.offsets)} "
+                                     f"holds {found}, its .metadata says {chunk.sizes} {entry.dtype}; the "
+                                     "checkpoint is corrupt")
+        except BaseException:
+            archive.close()
+            raise
+        return archive, stored
 
     def assemble(self, key: str, entry: TensorEntry, chunks: tuple[Chunk, ...]) -> torch.Tensor:
         out = torch.empty(entry.size, dtype=entry.dtype)
         for chunk in chunks:
             where = self.metadata.storage[(key, chunk.offsets)]
-            self._check_file(where.file)
-            archive = TorchArchive(self.folder / where.file, where.offset, where.length)
+            archive, stored = self._open_chunk(key, entry, chunk)
             try:
-                stored = archive.load()
-                if not isinstance(stored, StoredTensor) or stored.dtype != entry.dtype or \
-                        tuple(stored.shape) != chunk.sizes:
-                    found = f"{tuple(stored.shape)} {stored.dtype}" if isinstance(stored, StoredTensor) else \
-                        type(stored).__name__
-                    raise CogExportError(f"{self.folder / where.file}: the chunk of {key} at {list(chunk.offsets)} "
-                                         f"holds {found}, its .metadata says {chunk.sizes} {entry.dtype}; the "
-                                         "checkpoint is corrupt")
                 box = out[tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes))]
                 if box.is_contiguous() and stored.is_contiguous:
                     stored.read_flat(0, stored.numel, out=box.view(-1))  # straight into place

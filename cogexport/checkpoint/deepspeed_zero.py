@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import CogExportError, quoted
-from ..lazy import LazyTensor
+from ..lazy import ByteRanges, LazyTensor, joined_ranges
 from ..pickled import PickledObject
 from .base import CheckpointInfo, LazyCheckpoint
 from .locate import RankFiles, locate, optim_file_name, rank_file_identity, zero3_model_file_name
@@ -62,6 +62,13 @@ class PartitionedGroup:
 
     def master(self, name: str) -> torch.Tensor:
         return self.layout.gather(name, self.masters)
+
+    def master_ranges(self, name: str) -> ByteRanges | None:
+        """Where the fp32 master of ``name`` lies in the ranks' files, piece by piece (for a copy file to file)."""
+        if not all(master.is_contiguous and master.dtype == torch.float32 for master in self.masters):
+            return None
+        return joined_ranges([self.masters[rank].flat_range(start, stop)
+                              for rank, start, stop in self.layout.partition_pieces(name)])
 
     def state_names(self) -> list[str]:
         # Per-element states are partitions (1-D, one element for a one-element group); per-group ones are 0-d.
@@ -304,7 +311,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
     def _master(self, name: str) -> LazyTensor:
         group = self._group_of[name]
         return LazyTensor(group.layout.slots[name].shape, torch.float32, lambda: group.master(name),
-                          f"fp32 master of {name} ({group.where(name)})")
+                          f"fp32 master of {name} ({group.where(name)})", group.master_ranges(name))
 
     def optimizer_states(self, name: str) -> dict[str, LazyTensor]:
         """The optimizer's per-element states of trainable parameter ``name`` (exp_avg, ...), full shape, lazily."""
@@ -341,12 +348,13 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             # Stage 2 saves frozen params as full tensors; stage 1 saves none, they live only in `module`.
             return _stored(frozen_fragments[name] if name in frozen_fragments else module[name], f"frozen {name}")
 
-        def master(name: str) -> LazyTensor:
-            lazy = self._master(name)
-            return LazyTensor(lazy.shape, lazy.dtype, lambda: self._rounds_to_module(name, lazy.load(), module),
-                              lazy.origin)
-
-        self._assemble(module, master, frozen)
+        try:
+            for name in info.trainable:
+                self._check_rounds_to_module(name, module)
+        except CogExportError as error:  # inspect reports it; an export stops here, before writing anything
+            self._problem(strict, str(error))
+            return
+        self._assemble(module, self._master, frozen)
 
     def _check_slice_mappings(self, strict: bool, index: int, layout: FlatGroupLayout, optim: dict[int, dict]) -> None:
         """Each ZeRO-1/2 optimizer file records which parameter slices it holds: they must be its own rank's."""
@@ -366,19 +374,19 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                                   f"{rank}'s: rank files were renamed, swapped or mixed with another run's; put each "
                                   "rank's file back under its own name")
 
-    def _rounds_to_module(self, name: str, master: torch.Tensor, module: dict) -> torch.Tensor:
-        """The fp32 master, once a few of its elements from every rank holding it are seen to round to the
-        module's saved 16-bit copy (ZeRO-1/2 write the masters back into the module after each step): a master
-        from another rank's file or another save does not."""
-        stored, group = module.get(name), self._group_of[name]
-        if not isinstance(stored, StoredTensor) or stored.shape != master.shape or not stored.is_contiguous \
-                or stored.dtype not in _BITS:
-            return master
-        flat = master.reshape(-1)
-        for rank, start, stop in group.layout.pieces(name):
+    def _check_rounds_to_module(self, name: str, module: dict) -> None:
+        """Before anything is written: a few elements of the fp32 master of ``name`` from every rank holding it
+        must round to the module's saved 16-bit copy (ZeRO-1/2 write the masters back into the module after each
+        step): a master from another rank's file or another save does not."""
+        stored, group = module.get(name), self._group_of.get(name)
+        if group is None or not isinstance(stored, StoredTensor) or stored.shape != group.layout.slots[name].shape \
+                or not stored.is_contiguous or stored.dtype not in _BITS:
+            return
+        for (rank, start, stop), (_, local, _) in zip(group.layout.pieces(name), group.layout.partition_pieces(name)):
             for low, high in {(start, min(stop, start + 4)), (max(start, stop - 4), stop)}:
                 saved = stored.read_flat(low, high, check=False)  # compared only, never written
-                cast = flat[low:high].to(stored.dtype)
+                master = group.masters[rank].read_flat(local + low - start, local + high - start, check=False)
+                cast = master.to(stored.dtype)
                 if not torch.equal(cast.view(_BITS[cast.dtype]), saved.view(_BITS[saved.dtype])):
                     self._blame_damage(name, stored)
                     raise CogExportError(
@@ -386,7 +394,6 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                         f"{DTYPE_NAMES.get(stored.dtype, stored.dtype)} copy in {self.files.model_states} (element "
                         f"{low}): the rank files are swapped or from another save; give one save's files, each under "
                         "its own name")
-        return master
 
     def _blame_damage(self, name: str, stored: StoredTensor) -> None:
         """Before calling a mismatch a mix-up, finish the CRC-32 checks of the records compared: damage first."""
@@ -522,7 +529,7 @@ def _scalar(value: Any) -> Any:
 def _stored(tensor: Any, origin: str) -> LazyTensor:
     if not isinstance(tensor, StoredTensor):
         raise CogExportError(f"{origin}: expected a tensor in the checkpoint, found {type(tensor).__name__}")
-    return LazyTensor(tensor.shape, tensor.dtype, tensor.read, origin, tensor.byte_range())
+    return LazyTensor(tensor.shape, tensor.dtype, tensor.read, origin, tensor.byte_ranges())
 
 
 def _training_dtype(config: dict, module: dict) -> str | None:

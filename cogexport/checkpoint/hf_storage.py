@@ -28,13 +28,13 @@ from pathlib import Path
 import torch
 
 from ..errors import CogExportError, quoted
-from ..lazy import LazyTensor
+from ..lazy import ByteRange, ByteRanges, LazyTensor, joined_ranges
 from ..tensor_bytes import pread_into, tensor_buffer
 from .base import CheckpointInfo, LazyCheckpoint
 from .deepspeed_zero import DTYPE_NAMES
 from .locate import natural_sorted
 from .safetensors_files import RANK_FILE, SHARDING_INFO, SafetensorsCheckpoint, read_header
-from .tiling import overlapping_pair
+from .tiling import overlapping_pair, row_block_order
 
 SAVED_OFFSETS = "saved_offsets"
 SHARDED_FOLDER = "sharded"  # where a consolidated save keeps the per-rank files it was made from
@@ -247,7 +247,8 @@ class HfShardedCheckpoint(LazyCheckpoint):
             raise CogExportError(f"{where}: its pieces hold {held} of the {shape.numel()} elements of the shape "
                                  f"{list(shape)} they reach{hint}; copy the save folder again")
         return LazyTensor(shape, first.dtype, lambda: self._assemble(shape, first.dtype, filled),
-                          f"{name} (pieces in {len(filled)} rank files of {self.folder.name})")
+                          f"{name} (pieces in {len(filled)} rank files of {self.folder.name})",
+                          _row_block_ranges(shape, filled))
 
     # -- reading ------------------------------------------------------------------------------------------------
     def _assemble(self, shape: torch.Size, dtype: torch.dtype, pieces: list[Piece]) -> torch.Tensor:
@@ -275,6 +276,16 @@ class HfShardedCheckpoint(LazyCheckpoint):
             os.close(descriptor)
         self._descriptors.clear()
 
+
+
+def _row_block_ranges(shape: torch.Size, pieces: list[Piece]) -> ByteRanges | None:
+    """Where a tensor cut into blocks of whole rows (FSDP's dim-0 shards) lies, piece after piece; None for any
+    other cut."""
+    order = row_block_order(shape, [(piece.offsets, piece.sizes) for piece in pieces])
+    if order is None:
+        return None
+    return joined_ranges([ByteRange(str(pieces[i].file), pieces[i].start, pieces[i].numel * pieces[i].dtype.itemsize)
+                          for i in order])
 
 
 def _ends_in_an_empty_piece(pieces: list[Piece]) -> bool:

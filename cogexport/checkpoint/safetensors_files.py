@@ -115,7 +115,7 @@ class SafetensorsCheckpoint(LazyCheckpoint):
                 raise CogExportError(f"tensor {quoted(name)} appears in two files ({file} and another shard)")
             self._tensors[name] = LazyTensor(shape, dtype, self._reader(file, offset, shape, dtype),
                                              f"{quoted(name)} in {file.name}",
-                                             ByteRange(str(file), offset, shape.numel() * dtype.itemsize))
+                                             (ByteRange(str(file), offset, shape.numel() * dtype.itemsize),))
 
     def _reader(self, file: Path, offset: int, shape: torch.Size, dtype: torch.dtype):
         def read() -> torch.Tensor:

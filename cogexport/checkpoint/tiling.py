@@ -30,3 +30,15 @@ def overlapping_pair(boxes: Sequence[Box]) -> tuple[int, int] | None:
             if boxes_overlap(boxes[index], boxes[other]):
                 return index, other
     return None
+
+
+def row_block_order(shape: Sequence[int], boxes: Sequence[Box]) -> list[int] | None:
+    """The positions of ``boxes`` in the order that lays them end to end as the tensor's bytes, when each is a
+    block of whole rows (all of every dim after the first: FSDP's and ZeRO's dim-0 shards, which are contiguous
+    in the whole tensor); None when any is not. The boxes must already be known to tile the tensor exactly."""
+    if not shape:
+        return list(range(len(boxes))) if len(boxes) == 1 else None
+    rest = tuple(shape[1:])
+    if any(tuple(sizes[1:]) != rest or any(offsets[1:]) for offsets, sizes in boxes):
+        return None
+    return sorted(range(len(boxes)), key=lambda i: boxes[i][0][0])

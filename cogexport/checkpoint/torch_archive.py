@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import CogExportError, UnsafeCheckpointError, quoted
-from ..lazy import ByteRange, SizedTensor
+from ..lazy import ByteRange, ByteRanges, SizedTensor
 from ..pickled import AllowlistUnpickler, stand_in
 from ..tensor_bytes import tensor_buffer
 from .byte_window import ByteWindow
@@ -189,12 +189,19 @@ class StoredTensor(SizedTensor):
             raise IndexError(f"range {start}:{stop} outside a tensor of {self.numel} elements")
         return self.archive.read_elements(self.key, self.dtype, self.storage_offset + start, stop - start, out, check)
 
-    def byte_range(self) -> ByteRange | None:
+    def byte_ranges(self) -> ByteRanges | None:
         """The file bytes that are exactly this tensor (a contiguous tensor: its part of a stored record), with the
         record's CRC-32 check for whoever copies them."""
         if not self.is_contiguous:
             return None
-        return self.archive.byte_range(self.key, self.storage_offset * self.dtype.itemsize, self.nbytes)
+        return self.flat_range(0, self.numel),
+
+    def flat_range(self, start: int, stop: int) -> ByteRange:
+        """The file bytes of elements ``start:stop`` of this contiguous tensor, checked as ``byte_ranges``'."""
+        if not self.is_contiguous or not 0 <= start <= stop <= self.numel:
+            raise IndexError(f"no byte range for elements {start}:{stop} of {quoted(self.key)}")
+        itemsize = self.dtype.itemsize
+        return self.archive.byte_range(self.key, (self.storage_offset + start) * itemsize, (stop - start) * itemsize)
 
     def finish_check(self) -> None:
         """Complete the CRC-32 check of the record holding this tensor (raises if it fails)."""

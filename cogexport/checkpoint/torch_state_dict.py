@@ -46,7 +46,7 @@ class TorchStateDictCheckpoint(LazyCheckpoint):
         for name, tensor in weights.items():
             if isinstance(tensor, StoredTensor):
                 self._tensors[str(name)] = LazyTensor(tensor.shape, tensor.dtype, tensor.read,
-                                                      f"{name} in {path.name}", tensor.byte_range())
+                                                      f"{name} in {path.name}", tensor.byte_ranges())
         self.info.trainable = list(self._tensors)
 
     def bytes_read(self) -> dict[str, int]:

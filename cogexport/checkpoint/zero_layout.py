@@ -60,15 +60,17 @@ class FlatGroupLayout:
         """Parameter ``name`` read from the rank partitions that hold it (usually one, two where it straddles)."""
         slot = self.slots[name]
         out = torch.empty(slot.numel, dtype=dtype)
-        size = self.partition_size
         done = 0
-        while done < slot.numel:
-            position = slot.offset + done
-            rank, start = divmod(position, size)
-            count = min(size - start, slot.numel - done)
-            partitions[rank].read_flat(start, start + count, out[done:done + count])
-            done += count
+        for rank, start, stop in self.partition_pieces(name):
+            partitions[rank].read_flat(start, stop, out[done:done + stop - start])
+            done += stop - start
         return out.view(slot.shape)
+
+    def partition_pieces(self, name: str) -> list[tuple[int, int, int]]:
+        """(rank, start, stop): the elements of rank partitions that, end to end, are parameter ``name``."""
+        slot, size = self.slots[name], self.partition_size
+        return [(rank, slot.offset + start - rank * size, slot.offset + stop - rank * size)
+                for rank, start, stop in self.pieces(name)]
 
     def pieces(self, name: str) -> list[tuple[int, int, int]]:
         """(rank, start, stop): which elements of parameter ``name`` each rank holding it has."""
@@ -108,6 +110,14 @@ class Zero3SubGroupLayout:
     def gather(self, name: str, partitions: Sequence[StoredTensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         slot = self.slots[name]
         return gather_zero3_pieces(partitions, slot.offset, slot.numel, slot.shape, dtype)
+
+    def partition_pieces(self, name: str) -> list[tuple[int, int, int]]:
+        """(rank, start, stop): the elements of rank partitions that, end to end, are parameter ``name`` (the
+        padding at the end of the last pieces left out)."""
+        slot = self.slots[name]
+        total = slot.shape.numel()
+        counts = [min(slot.numel, total - rank * slot.numel) for rank in range(self.world_size)]
+        return [(rank, slot.offset, slot.offset + count) for rank, count in enumerate(counts) if count > 0]
 
 
 def gather_zero3_pieces(pieces: Sequence[StoredTensor], offset: int, piece: int, shape: torch.Size,

@@ -2,8 +2,8 @@
 threads while it writes the earlier ones, within a budget of bytes held.
 
 A writer walks its files in order and takes each tensor's data from a ``TensorFeed`` as a payload: either the loaded
-tensor, or, for a tensor whose bytes lie in an input file exactly as they are written (``LazyTensor.source``), that
-byte range, which the writer copies file to file without loading it (byte_copy.py). Reads (``pread``), CRC-32s
+tensor, or, for a tensor whose bytes lie in input files exactly as they are written (``LazyTensor.source``), those
+byte ranges, which the writer copies file to file without loading it (byte_copy.py). Reads (``pread``), CRC-32s
 (ISA-L) and casts release the GIL, so the threads overlap for real. The feed hands payloads over in the writer's
 order, so every file is written exactly as one thread writing in turn would write it.
 
@@ -21,9 +21,9 @@ from typing import Iterator, Sequence, Union
 
 import torch
 
-from ..lazy import ByteRange, LazyTensor
+from ..lazy import ByteRanges, LazyTensor
 
-Payload = Union[torch.Tensor, ByteRange]
+Payload = Union[torch.Tensor, ByteRanges]
 MAX_DEFAULT_WORKERS = 8
 MIN_BUDGET, MAX_BUDGET = 64 << 20, 1 << 30
 _LOOKAHEAD = 64  # tensors queued ahead at most, however small
@@ -85,6 +85,7 @@ class TensorFeed:
         self._queued: deque[tuple[int, Future]] = deque()
         self._held = 0  # bytes of the tensors queued, loading or loaded, not yet handed over and written
         self._next = 0  # the next tensor to queue
+        self._sources: dict[int, ByteRanges | None] = {}  # tensors looked at ahead: copied from these, or loaded
 
     def __enter__(self) -> "TensorFeed":
         return self
@@ -100,10 +101,20 @@ class TensorFeed:
     def __len__(self) -> int:
         return len(self._tensors)
 
+    def _copied_from(self, index: int) -> ByteRanges | None:
+        """The byte ranges tensor ``index`` is copied from, or None if it is loaded (asked of the reader once)."""
+        if not self._copy:
+            return None
+        if index not in self._sources:
+            self._sources[index] = self._tensors[index].byte_ranges()
+        return self._sources[index]
+
     def __iter__(self) -> Iterator[Payload]:
         for index, tensor in enumerate(self._tensors):
-            if self._copy and tensor.source is not None:
-                yield tensor.source
+            self._sources.pop(index - 1, None)  # nothing looks behind the tensor being handed over
+            source = self._copied_from(index)
+            if source is not None:
+                yield source
             elif self._pool is None:
                 yield tensor.load()
             else:
@@ -125,7 +136,7 @@ class TensorFeed:
         self._next = max(self._next, index)
         while self._next < len(self._tensors) and self._next < index + _LOOKAHEAD:
             tensor = self._tensors[self._next]
-            if not (self._copy and tensor.source is not None):
+            if self._copied_from(self._next) is None:
                 if self._held and self._held + tensor.nbytes > self._budget:
                     return
                 self._held += tensor.nbytes

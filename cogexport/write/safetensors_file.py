@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 
-from ..lazy import ByteRange, LazyTensor
+from ..lazy import LazyTensor
 from ..safetensors_dtypes import SAFETENSORS_DTYPES
 from ..tensor_bytes import tensor_buffer
 from .byte_copy import copy_range
@@ -86,9 +86,13 @@ def write_order(tensors: Mapping[str, LazyTensor]) -> list[LazyTensor]:
 
 
 def write_payload(handle, payload: Payload) -> None:
-    """A tensor's bytes at the file's position: copied from the input file (a byte range) or from memory."""
-    if isinstance(payload, ByteRange):
-        copy_range(payload, handle.fileno(), handle.tell())
+    """A tensor's bytes at the file's position: copied from the input files (byte ranges, end to end) or from
+    memory."""
+    if isinstance(payload, tuple):
+        position = handle.tell()
+        for part in payload:
+            copy_range(part, handle.fileno(), position)
+            position += part.length
     else:
         write_all(handle, tensor_buffer(payload.contiguous()))
 

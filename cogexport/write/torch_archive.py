@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..lazy import ByteRange, LazyTensor
+from ..lazy import LazyTensor
 from ..tensor_bytes import tensor_buffer
 from .byte_copy import stream_range
 from .io_engine import Payload, TensorFeed
@@ -149,8 +149,9 @@ def _write_record(archive: zipfile.ZipFile, name: str, tensor: LazyTensor, paylo
     padding = -data_start % _ALIGNMENT
     info.extra = struct.pack("<HH", 0x4246, padding) + b"Z" * padding  # "FB": the id torch's own padding uses
     with archive.open(info, "w", force_zip64=tensor.nbytes > zipfile.ZIP64_LIMIT) as out:
-        if isinstance(payload, ByteRange):  # the record's CRC-32 is computed from the bytes: they pass through here
-            stream_range(payload, out.write)
+        if isinstance(payload, tuple):  # the record's CRC-32 is computed from the bytes: they pass through here
+            for part in payload:
+                stream_range(part, out.write)
         else:
             out.write(tensor_buffer(payload.contiguous()))
     if on_tensor is not None:
