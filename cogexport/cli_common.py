@@ -1,0 +1,94 @@
+"""What every command of the command line shares: one line and exit code 2 for a user's mistake, the exit of a
+torchrun rank, and the arguments and options several commands take."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from contextlib import contextmanager, redirect_stdout
+from functools import wraps
+from pathlib import Path
+
+import click
+
+from .allocation import reuse_freed_tensor_memory
+from .errors import CogExportError, one_line
+from .write.ranks import join_job, launched_by_torchrun
+
+
+def user_errors_exit_2(command):
+    """Print a CogExportError as one line on stderr and exit 2; let real bugs keep their traceback."""
+
+    @wraps(command)
+    def run(*args, **kwargs):
+        # A killed run (or a closed terminal) must clean up its staging folder like Ctrl-C does.
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, lambda number, _frame: sys.exit(128 + number))
+        reuse_freed_tensor_memory()
+        try:
+            with join_job() as ranks:
+                with quiet_unless(ranks.leader):
+                    result = command(*args, **kwargs)
+        except CogExportError as error:
+            click.echo(f"cogexport: error: {error}", err=True)
+            exit_now(2)
+        except OSError as error:  # the machine's answer about a path (permissions, disk full): not a bug of ours
+            where = f": {error.filename}" if error.filename else ""
+            click.echo(f"cogexport: error: {one_line(f'{error.strerror or error}{where}')}", err=True)
+            exit_now(2)
+        except Exception as error:
+            if not is_key_map_error(error):
+                raise
+            click.echo(f"cogexport: error: key maps: {one_line(str(error))}", err=True)
+            exit_now(2)
+        except KeyboardInterrupt:
+            click.echo("cogexport: interrupted; nothing was written", err=True)
+            exit_now(130)
+        if launched_by_torchrun():
+            exit_now(0)
+        return result
+
+    return run
+
+
+def is_key_map_error(error: Exception) -> bool:
+    """Whether a family's data (maybe another package's) is malformed. The modules that raise these are imported
+    here only when needed: the commands that use no family start without loading them."""
+    from .keymap.table import TableError
+    from .models.family import FamilyError
+
+    return isinstance(error, (FamilyError, TableError))
+
+
+def exit_now(code: int) -> None:
+    """End the command. A rank of a torchrun job leaves at once, its output flushed, once its part and the job's
+    collectives are done: gloo's threads, torn down with the interpreter, now and then abort the process
+    ("terminate called without an active exception", about one run in fifteen on a loaded 2-core machine), which
+    would fail a job whose output is already published."""
+    if not launched_by_torchrun():
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+@contextmanager
+def quiet_unless(speaking: bool):
+    """The ranks of a torchrun job but rank 0 print no report (their errors still go to stderr)."""
+    if speaking:
+        yield
+        return
+    with open(os.devnull, "w") as devnull, redirect_stdout(devnull):
+        yield
+
+
+checkpoint_paths = click.argument("checkpoint", nargs=-1, required=True, type=click.Path(path_type=Path))
+output_path = click.argument("output", type=click.Path(path_type=Path))
+tag_option = click.option("--tag", help="Tag to read instead of the one named by 'latest' (e.g. global_step500), or "
+                                         "the step of a DCP run folder instead of the newest (e.g. checkpoint-500).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+workers_option = click.option("--workers", type=click.IntRange(1), metavar="N",
+                              help="Threads reading, checking and casting tensors ahead of the writer (1: one thread "
+                                   "does all in turn) [default: one per core but the writer's]. Under torchrun, each "
+                                   "process writes its share of the files.")
