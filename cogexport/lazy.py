@@ -61,6 +61,28 @@ def joined_ranges(parts: list[ByteRange]) -> ByteRanges:
     return tuple(joined)
 
 
+def slice_ranges(ranges: ByteRanges, start: int, length: int) -> list[ByteRange]:
+    """Bytes ``start`` .. ``start + length`` of the bytes ``ranges`` hold end to end, as ranges of the same files.
+    A piece of a checked range keeps its check, told positions in the whole range (what the check counts from)."""
+    pieces, position = [], 0
+    for part in ranges:
+        low, high = max(start, position), min(start + length, position + part.length)
+        if low < high:
+            pieces.append(_sub_range(part, low - position, high - low))
+        position += part.length
+    if sum(piece.length for piece in pieces) != length:
+        raise ValueError(f"bytes {start}:{start + length} lie outside ranges of {position} bytes")
+    return pieces
+
+
+def _sub_range(part: ByteRange, skip: int, length: int) -> ByteRange:
+    if skip == 0 and length == part.length:
+        return part
+    check = part.check
+    shifted = None if check is None else (lambda position, data: check(skip + position, data))
+    return ByteRange(part.path, part.offset + skip, length, shifted)
+
+
 @dataclass(frozen=True)
 class LazyTensor(SizedTensor):
     """A tensor whose shape and dtype are known up front and whose data is made only by ``load()``.

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import math
 import threading
 from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
-from ..lazy import LazyTensor
+from ..lazy import ByteRanges, LazyTensor, joined_ranges, slice_ranges
+from ..tensor_bytes import read_ranges
 from .pattern import KeyPattern
 
 
@@ -123,17 +125,60 @@ class Regroup:
         if len(dtypes) != 1:
             raise RuleError(f"{', '.join(keys)} have different dtypes; they cannot be combined")
         shapes = self.output_shapes([t.shape for t in inputs], keys)
-        if self.views is not None:  # another view of the same elements, bit for bit
+        if self.views is not None:  # another view of the same elements, bit for bit: the same bytes
             source = inputs[0]
             return {index: LazyTensor(shapes[0], source.dtype, lambda: source.load().reshape(shapes[0]),
-                                      f"{self.kind} of {keys[0]}") for index in wanted}
+                                      f"{self.kind} of {keys[0]}", find_source=source.byte_ranges) for index in wanted}
         if len(inputs) == 1 and self.source_chunks == (1,):  # a plain rename: hand the input through untouched
             return {index: inputs[0] for index in wanted}
         shared = _SharedChunks(inputs, self.source_chunks, self.dim, len(wanted))
+        ranged = _ChunkRanges(inputs, self.source_chunks) if _chunks_are_byte_runs(inputs, self.dim) else None
         origin = f"{self.kind} of {', '.join(keys)}"
         dtype = dtypes.pop()
-        return {index: LazyTensor(shapes[index], dtype, lambda index=index: shared.take(self.target_chunks[index]),
-                                  origin) for index in wanted}
+        return {index: _chunk_tensor(shapes[index], dtype, self.target_chunks[index], shared, ranged, origin)
+                for index in wanted}
+
+
+def _chunks_are_byte_runs(inputs: list[LazyTensor], dim: int) -> bool:
+    """Whether every chunk along ``dim`` is one run of its input's bytes (C order): nothing varies before ``dim``."""
+    return all(len(tensor.shape) > dim and math.prod(tensor.shape[:dim]) == 1 for tensor in inputs)
+
+
+def _chunk_tensor(shape: torch.Size, dtype: torch.dtype, chunk_list: tuple[int, ...], shared: "_SharedChunks",
+                  ranged: "_ChunkRanges | None", origin: str) -> LazyTensor:
+    """One output of a split or join. Where its chunks are byte runs of inputs that lie in files as they are, it is
+    those bytes: copied file to file by a writer, or read alone; else it is cut from the inputs loaded once."""
+    if ranged is None:
+        return LazyTensor(shape, dtype, lambda: shared.take(chunk_list), origin)
+
+    def load() -> torch.Tensor:
+        ranges = ranged.of(chunk_list)
+        return read_ranges(ranges, shape, dtype) if ranges is not None else shared.take(chunk_list)
+
+    return LazyTensor(shape, dtype, load, origin, find_source=lambda: ranged.of(chunk_list))
+
+
+class _ChunkRanges:
+    """Where each chunk of a rule's inputs lies in the input files, when each is a run of its input's bytes and the
+    inputs lie in files as they are (``LazyTensor.byte_ranges``, asked once, for all the rule's outputs)."""
+
+    def __init__(self, inputs: list[LazyTensor], chunks: tuple[int, ...]) -> None:
+        self._inputs, self._chunks = inputs, chunks
+        self._found: list[ByteRanges | None] | None = None
+        self._lock = threading.Lock()
+
+    def of(self, chunk_list: tuple[int, ...]) -> ByteRanges | None:
+        """The byte ranges of these chunks end to end, or None if an input's bytes are not in a file as they are."""
+        with self._lock:
+            if self._found is None:
+                self._found = [tensor.byte_ranges() for tensor in self._inputs]
+        if any(found is None for found in self._found):
+            return None
+        runs = [(found, tensor.nbytes // count, piece) for found, tensor, count in
+                zip(self._found, self._inputs, self._chunks) for piece in range(count)]
+        return joined_ranges([part for index in chunk_list
+                              for part in slice_ranges(runs[index][0], runs[index][2] * runs[index][1],
+                                                       runs[index][1])])
 
 
 class _SharedChunks:
