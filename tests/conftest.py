@@ -4,8 +4,10 @@ contract, and compare tensors to the bit."""
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,10 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from cogexport.cli import main
+
+# What exports learn of Diffusers' classes (cogexport/models/diffusers_cache.py) goes to a folder of this test process
+# and the processes it starts, not the user's ~/.cache: each run of the suite starts by asking Diffusers itself.
+os.environ.setdefault("COGEXPORT_CACHE_DIR", tempfile.mkdtemp(prefix="cogexport-test-cache-"))
 
 
 class CliResult:

@@ -284,9 +284,9 @@ def test_published_variants_are_read_off_the_shapes(config, model_type, name, or
     variant = transformer.variant
     assert variant.name == name and transformer.published and transformer.label == name
     assert len(transformer.tensors) == tensors
-    built = transformer.target.model.config
-    assert built.image_condition_type == dict(FAMILY.variant_named(name).transformer).get("image_condition_type")
-    assert (built.num_layers, built.num_single_layers, built.in_channels) == (20, 40, config.get("in_channels", 16))
+    built = transformer.target.config
+    assert built["image_condition_type"] == dict(FAMILY.variant_named(name).transformer).get("image_condition_type")
+    assert (built["num_layers"], built["num_single_layers"], built["in_channels"]) == (20, 40, config.get("in_channels", 16))
     if name == "HunyuanVideo":  # the 16-channel I2V release has these shapes too: the user is told how to pick it
         assert any("HunyuanVideo-I2V" in note and "--model-type i2v" in note for note in transformer.notes)
     else:

@@ -319,7 +319,7 @@ def test_published_variants_are_read_off_the_shapes(config, options, name, origi
     transformer = plan_transformer(source, ExportOptions(**options), "meta")
     assert transformer.variant.name == name and transformer.label == name
     assert len(transformer.tensors) == tensors
-    built = dict(transformer.target.model.config)
+    built = dict(transformer.target.config)
     published = FAMILY.transformer_config(FAMILY.variant_named(name))
     assert {k: built[k] for k in ("target_size", "task_type", "use_meanflow", "num_layers", "in_channels")} == \
         {k: published[k] for k in ("target_size", "task_type", "use_meanflow", "num_layers", "in_channels")}
@@ -340,7 +340,7 @@ def test_a_release_folders_config_names_its_variant(tmp_path):
     transformer = plan_transformer(source, ExportOptions(), "meta", folders=[folder])
     assert transformer.variant.name == "HunyuanVideo-1.5-720p_i2v" and transformer.published
     assert FAMILY.scheduler_for(transformer.variant)["shift"] == 7.0
-    assert dict(transformer.target.model.config)["target_size"] == 960
+    assert dict(transformer.target.config)["target_size"] == 960
 
 
 def _keys_of_every_layout(family) -> dict[str, list[str]]:

@@ -187,7 +187,7 @@ def test_published_variants_are_read_off_the_shapes(shapes_of, options, name, te
     transformer = plan_transformer(full_size(shapes_of), ExportOptions(**options), "meta")
     assert transformer.variant.name == name and transformer.published and transformer.label == name
     assert len(transformer.tensors) == tensors
-    built = dict(transformer.target.model.config)
+    built = dict(transformer.target.config)
     published = FAMILY.transformer_config(FAMILY.variant_named(name))
     assert json.loads(json.dumps({k: built[k] for k in published})) == json.loads(json.dumps(published))
 

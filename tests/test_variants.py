@@ -46,13 +46,13 @@ def test_published_variant_is_read_off_the_shapes(short):
     variant = transformer.variant
     assert variant.name == name and variant.task == model_type
     assert transformer.published and transformer.label == name
-    config = transformer.target.model.config
-    assert (config.num_layers, config.num_attention_heads * config.attention_head_dim) == (layers, hidden)
-    assert (config.sample_height, config.sample_width, config.sample_frames) == sample
+    config = transformer.target.config
+    assert (config["num_layers"], config["num_attention_heads"] * config["attention_head_dim"]) == (layers, hidden)
+    assert (config["sample_height"], config["sample_width"], config["sample_frames"]) == sample
     assert len(transformer.tensors) == len(transformer.target.schema)
     assert COGVIDEOX.scheduler_for(variant)["snr_shift_scale"] == shift
-    vae = build_target("AutoencoderKLCogVideoX", COGVIDEOX.vae_config(variant)).model.config
-    assert (vae.scaling_factor, vae.invert_scale_latents) == (scaling, invert)
+    vae = build_target("AutoencoderKLCogVideoX", COGVIDEOX.vae_config(variant)).config
+    assert (vae["scaling_factor"], vae["invert_scale_latents"]) == (scaling, invert)
 
 
 def test_key_counts_match_the_published_models():

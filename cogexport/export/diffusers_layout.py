@@ -30,7 +30,7 @@ def part_files(part: ModelExport, folder: str) -> list:
     beside them because the Diffusers class has no place for them (each kept file as it was, uncast)."""
     kept = [TensorFile(f"{folder}/{file}" if folder else file, tensors, metadata=SAFETENSORS_METADATA)
             for file, tensors in part.plan.kept.items()]
-    return [*model_folder_files(folder, part.target.model, part.tensors, part.shards), *kept]
+    return [*model_folder_files(folder, part.target.config_json, part.tensors, part.shards), *kept]
 
 
 def linked_from_base(parts: list[ModelExport], variant: Variant) -> tuple[str, ...]:

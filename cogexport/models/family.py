@@ -25,6 +25,7 @@ else:  # pragma: no cover
 
 from ..errors import CogExportError
 from ..keymap.roots import family_folders, key_map_roots
+from .diffusers_cache import NotCacheable, decode, encode, remembered
 from .shapes import FamilyShapes
 
 FAMILY_FILE = "family.toml"
@@ -196,7 +197,24 @@ class ModelFamily:
 
 
 def class_defaults(class_name: str) -> dict:
-    """A Diffusers class's constructor defaults (what its config holds for arguments a variant leaves alone)."""
+    """A Diffusers class's constructor defaults (what its config holds for arguments a variant leaves alone), kept
+    on disk per Diffusers version (diffusers_cache.py) where JSON carries them exactly; a new dict each call."""
+    answer = _remembered_defaults(class_name)
+    return decode(answer["defaults"]) if "defaults" in answer else _live_defaults(class_name)
+
+
+@cache
+def _remembered_defaults(class_name: str) -> dict:
+    def ask_diffusers() -> dict:
+        try:
+            return {"defaults": encode(_live_defaults(class_name))}
+        except NotCacheable:
+            return {"uncacheable": True}
+
+    return remembered("defaults", {"class": class_name}, ask_diffusers)
+
+
+def _live_defaults(class_name: str) -> dict:
     return {name: p.default for name, p in inspect.signature(model_class(class_name).__init__).parameters.items()
             if p.default is not inspect.Parameter.empty}
 

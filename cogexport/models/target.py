@@ -1,5 +1,7 @@
 """The model an export writes into: the real Diffusers class built on the meta device, so its config is the class's
-own and its state_dict names, shapes and order are the schema the plan must produce. Nothing is allocated."""
+own and its state_dict names, shapes and order are the schema the plan must produce. Nothing is allocated; what the
+build tells is kept on disk per Diffusers version (diffusers_cache.py), so a later export of the same class and
+config need not import Diffusers."""
 
 from __future__ import annotations
 
@@ -9,27 +11,33 @@ from typing import Mapping
 import torch
 
 from ..errors import CogExportError
+from .diffusers_cache import NotCacheable, decode, encode, remembered
 
 
 @dataclass
 class TargetModel:
-    """A Diffusers model built on the meta device: its config (for config.json) and state_dict schema."""
+    """A Diffusers model as an export needs it: its class, its config (and config.json as save_pretrained writes
+    it), and its state_dict schema."""
 
-    model: torch.nn.Module
+    class_name: str
+    config: dict
+    config_json: str
     schema: dict[str, torch.Size]
     dtypes: dict[str, torch.dtype]
     counts: dict[str, int]  # sizes the key-map rules may need (e.g. num_up_blocks for re-indexing)
 
-    @property
-    def class_name(self) -> str:
-        return type(self.model).__name__
-
-    @property
-    def config(self) -> dict:
-        return dict(self.model.config)
-
 
 def build_target(class_name: str, config: Mapping[str, object]) -> TargetModel:
+    """The model ``class_name`` builds from ``config`` (a CogExportError if it cannot)."""
+    answer = remembered("target", {"class": class_name, "config": dict(config)}, lambda: _build(class_name, config))
+    return TargetModel(class_name, decode(answer["config"]), answer["config_json"],
+                       {name: torch.Size(shape) for name, shape in answer["schema"].items()},
+                       {name: getattr(torch, dtype) for name, dtype in answer["dtypes"].items()},
+                       dict(answer["counts"]))
+
+
+def _build(class_name: str, config: Mapping[str, object]) -> dict:
+    """Build the model on the meta device and tell what an export needs of it, as JSON."""
     from .family import model_class as class_named
 
     model_class = class_named(class_name)
@@ -42,4 +50,11 @@ def build_target(class_name: str, config: Mapping[str, object]) -> TargetModel:
     counts = {}
     if "up_block_types" in model.config:
         counts["num_up_blocks"] = len(model.config["up_block_types"])
-    return TargetModel(model, {k: v.shape for k, v in state.items()}, {k: v.dtype for k, v in state.items()}, counts)
+    try:
+        built_config = encode(dict(model.config))
+    except NotCacheable as error:
+        raise CogExportError(f"{class_name}'s config holds a value cogexport cannot write: {error}") from None
+    return {"config": built_config, "config_json": model.to_json_string(),
+            "schema": {name: list(tensor.shape) for name, tensor in state.items()},
+            "dtypes": {name: str(tensor.dtype).removeprefix("torch.") for name, tensor in state.items()},
+            "counts": counts}

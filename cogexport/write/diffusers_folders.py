@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-import torch
 
 from ..errors import CogExportError
 from ..lazy import LazyTensor
@@ -50,11 +49,11 @@ def variant_of(folder: Path) -> str | None:
     return None
 
 
-def model_folder_files(folder: str, model: torch.nn.Module, tensors: Mapping[str, LazyTensor],
+def model_folder_files(folder: str, config_json: str, tensors: Mapping[str, LazyTensor],
                        plan: ShardPlan) -> list[PlannedFile]:
-    """config.json and the weights of one model folder; ``model`` is the meta-device Diffusers model whose config
-    is written (its own JSON, as save_pretrained writes it)."""
-    return [TextFile(f"{folder}/config.json" if folder else "config.json", model.to_json_string()),
+    """config.json and the weights of one model folder; ``config_json``: the Diffusers model's own JSON, as
+    save_pretrained writes it (models/target.py)."""
+    return [TextFile(f"{folder}/config.json" if folder else "config.json", config_json),
             *shard_files(folder, tensors, plan)]
 
 

@@ -1,0 +1,87 @@
+"""What an export learns of Diffusers' classes is kept on disk (cogexport/models/diffusers_cache.py): an export that
+finds it there writes the same bytes without importing Diffusers, and anything else in the cache is made anew."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cogvideox_fixtures import build_tiny_transformer, config_folder, write_sat_run
+
+from cogexport.models.diffusers_cache import NotCacheable, decode, encode
+
+# Runs the command line in a fresh interpreter, then says which of these packages the run imported.
+RUN_AND_TELL_IMPORTS = """
+import json, sys
+from cogexport.__main__ import _run_command_line
+sys.argv = ["cogexport", *sys.argv[1:]]
+code = _run_command_line()
+print(json.dumps({"code": code, "imported": sorted(m for m in ("diffusers", "transformers", "peft") if m in sys.modules)}))
+"""
+
+
+def export_in_fresh_process(run: Path, base: Path, output: Path, cache: str) -> dict:
+    env = {**os.environ, "COGEXPORT_CACHE_DIR": cache}
+    done = subprocess.run([sys.executable, "-c", RUN_AND_TELL_IMPORTS, str(run), str(output), "--base", str(base),
+                           "--component", "transformer"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    told = json.loads(done.stdout.strip().splitlines()[-1])
+    assert told["code"] == 0, done.stderr
+    return told
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.name != "README.md"}
+
+
+@pytest.fixture(scope="module")
+def sat_run(tmp_path_factory):
+    where = tmp_path_factory.mktemp("cache-run")
+    original = build_tiny_transformer("5b", num_layers=2, seed=3)
+    return write_sat_run(where / "run", original.state_dict()).run_dir, config_folder(where / "base", original)
+
+
+def test_a_remembered_export_writes_the_same_bytes_without_importing_diffusers(sat_run, tmp_path):
+    run, base = sat_run
+    cache = tmp_path / "cache"
+    unremembered = export_in_fresh_process(run, base, tmp_path / "off", cache="")
+    first = export_in_fresh_process(run, base, tmp_path / "first", cache=str(cache))
+    again = export_in_fresh_process(run, base, tmp_path / "again", cache=str(cache))
+    assert "diffusers" in unremembered["imported"] and "diffusers" in first["imported"]
+    assert again["imported"] == []
+    assert sorted(p.name.split("-")[0] for p in next(cache.iterdir()).iterdir()) == ["defaults", "target"]
+    expected = folder_bytes(tmp_path / "off")
+    assert folder_bytes(tmp_path / "first") == expected and folder_bytes(tmp_path / "again") == expected
+
+
+@pytest.mark.parametrize("spoil", ["truncated", "another key", "not an object"])
+def test_a_spoiled_cache_entry_is_made_anew(spoil, sat_run, tmp_path):
+    run, base = sat_run
+    cache = tmp_path / "cache"
+    export_in_fresh_process(run, base, tmp_path / "first", cache=str(cache))
+    entries = sorted(next(cache.iterdir()).iterdir())
+    for entry in entries:
+        text = entry.read_text()
+        spoiled = {"truncated": text[: len(text) // 2],
+                   "another key": json.dumps({**json.loads(text), "key": "{}"}),
+                   "not an object": "[1, 2]"}[spoil]
+        entry.write_text(spoiled)
+    told = export_in_fresh_process(run, base, tmp_path / "again", cache=str(cache))
+    assert "diffusers" in told["imported"]  # nothing spoiled was taken
+    assert folder_bytes(tmp_path / "again") == folder_bytes(tmp_path / "first")
+    for entry in entries:  # and each entry was written anew, whole
+        assert json.loads(entry.read_text())["answer"]
+
+
+def test_json_carries_a_config_exactly():
+    config = {"rope_axes_dim": (16, 56, 56), "blocks": ["a", ("b", 2)], "scale": 0.18215, "none": None,
+              "nested": {"pair": (1.5, True)}}
+    assert decode(json.loads(json.dumps(encode(config)))) == config
+    assert type(decode(encode(config))["rope_axes_dim"]) is tuple
+    for uncarried in ({"dtype": object()}, {1: "an int key"}, {"__tuple__": [1]}):
+        with pytest.raises(NotCacheable):
+            encode(uncarried)
