@@ -7,6 +7,8 @@ from typing import Callable
 
 import torch
 
+from .tensor_bytes import cast_ranges
+
 
 class SizedTensor:
     """numel and nbytes for anything with a ``shape`` and a ``dtype``."""
@@ -130,4 +132,12 @@ class LazyTensor(SizedTensor):
         """The same tensor cast to ``dtype`` when loaded (itself, byte range included, when the dtype matches)."""
         if dtype == self.dtype:
             return self
-        return LazyTensor(self.shape, dtype, lambda: self.load().to(dtype), self.origin)
+        return LazyTensor(self.shape, dtype, lambda: self._cast(dtype), self.origin)
+
+    def _cast(self, dtype: torch.dtype) -> torch.Tensor:
+        """This tensor's data in ``dtype``: cast straight from the input files where its bytes lie in them as they
+        are (``byte_ranges``), else loaded, then cast."""
+        ranges = self.byte_ranges() if self.numel else None
+        if ranges is None:
+            return self.load().to(dtype)
+        return cast_ranges(ranges, self.shape, self.dtype, dtype)

@@ -111,3 +111,40 @@ def test_splits_and_joins_of_safetensors_tensors(shape, dim, ranged, tmp_path, c
     save_file({name: tensor.clone().contiguous() for name, tensor in expected.items()}, tmp_path / "theirs.safetensors")
     assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
     assert counted.bytes["copy_file_range"] == (sum(t.nbytes for t in expected.values()) if ranged else 0)
+
+
+def test_casts_are_read_from_a_memory_map_to_the_bit(tmp_path):
+    """A cast of a tensor whose bytes lie in a file (cast_ranges: from a memory map of the file) equals torch's own
+    cast of the loaded tensor, at offsets and sizes that fall anywhere in the file's pages."""
+    generator = torch.Generator().manual_seed(1)
+    truth = {"odd": torch.randn(4099, generator=generator), "scalar": torch.tensor(3.3),
+             "wide": torch.randn(3, 70001, generator=generator) * 1e4,
+             "specials": torch.tensor([float("nan"), float("inf"), -0.0, 1e-40, 65504.0, 1e39]),
+             "half": torch.randn(513, generator=generator).half(), "brain": torch.randn(77, generator=generator).bfloat16()}
+    save_file(truth, tmp_path / "input.safetensors")
+    with SafetensorsCheckpoint(tmp_path / "input.safetensors") as source:
+        for name, stored in source.items():
+            assert stored.byte_ranges() is not None
+            for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+                if dtype != stored.dtype:
+                    cast = stored.to(dtype).load()
+                    expected = truth[name].to(dtype)
+                    assert cast.dtype == dtype and cast.shape == expected.shape, (name, dtype)
+                    assert torch.equal(cast.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)), \
+                        (name, dtype)  # bit for bit: NaN, -0.0 and subnormals too
+
+
+def test_a_cast_from_a_damaged_record_is_refused(tmp_path, cli):
+    """bf16 SAT weights exported to fp32 are cast from the mapped record: a flipped byte fails its CRC-32."""
+    original = build_tiny_transformer("5b", num_layers=2, seed=6)
+    run = write_sat_run(tmp_path / "inputs" / "run", original.state_dict())
+    base = config_folder(tmp_path / "inputs" / "base", original)
+    states = next(run.run_dir.glob("*/mp_rank_00_model_states.pt"))
+    archive, tree = load_torch_file(states)
+    stored = tree["module"][QKV]
+    archive.close()
+    data = bytearray(states.read_bytes())
+    data[record_data_offset(states, f"data/{stored.key}") + 7] ^= 0x04
+    states.write_bytes(bytes(data))
+    assert_refused(cli, tmp_path, export_args(run, base, tmp_path / "out", "fp32"), "fails its CRC-32 check",
+                   inputs=[run.run_dir, base])
