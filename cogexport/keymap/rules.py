@@ -174,11 +174,11 @@ class _ChunkRanges:
                 self._found = [tensor.byte_ranges() for tensor in self._inputs]
         if any(found is None for found in self._found):
             return None
-        runs = [(found, tensor.nbytes // count, piece) for found, tensor, count in
-                zip(self._found, self._inputs, self._chunks) for piece in range(count)]
-        return joined_ranges([part for index in chunk_list
-                              for part in slice_ranges(runs[index][0], runs[index][2] * runs[index][1],
-                                                       runs[index][1])])
+        chunks = []  # (the input's ranges, the chunk's first byte, its length), chunks of all inputs in order
+        for found, tensor, count in zip(self._found, self._inputs, self._chunks):
+            size = tensor.nbytes // count
+            chunks += [(found, piece * size, size) for piece in range(count)]
+        return joined_ranges([part for index in chunk_list for part in slice_ranges(*chunks[index])])
 
 
 class _SharedChunks:
