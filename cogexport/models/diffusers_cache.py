@@ -112,8 +112,11 @@ def _cache_folder() -> Path | None:
     torch = _installed_version("torch")
     if diffusers is None or torch is None:
         return None
-    root = Path(configured) if configured else \
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cogexport"
+    try:
+        root = Path(configured) if configured else \
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cogexport"
+    except (RuntimeError, KeyError):  # no home folder to be found (a bare container): no cache
+        return None
     return root / f"diffusers-{diffusers}-torch-{torch}-cogexport-{__version__}"
 
 
