@@ -33,10 +33,10 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (BENCH_MODELS, FLOOR, ROOT, SCRIPTS, WORKERS_1, Measurement, bench_checkpoint,  # noqa: E402
-                          bench_model_bytes, bench_truth, check_variants_identical, floor_reads, floor_tool,
-                          goal_lines, measure_tree, print_scaling, print_table, run_json, scaling_tools, summarize,
-                          time_alternately, tree_bytes, with_workers)
+from benchmarking import (BENCH_MODELS, FLOOR, ROOT, SCRIPTS, START, WORKERS_1, Measurement,  # noqa: E402
+                          bench_checkpoint, bench_model_bytes, bench_truth, check_variants_identical, floor_reads,
+                          floor_tool, goal_lines, measure_tree, print_scaling, print_table, run_json, scaling_tools,
+                          start_tool, summarize, time_alternately, tree_bytes, with_workers)
 
 SKIP_CRC = "_COGEXPORT_SKIP_CRC_FOR_BENCHMARK"  # read by cogexport/checkpoint/zip_records.py; for the row below only
 OURS, OURS_UNCHECKED = "cogexport consolidate", "cogexport consolidate, CRC checks off"
@@ -139,6 +139,7 @@ def checked_tools(checkpoint: Path, work_dir: Path, env: dict, model_bytes: int,
             check_variants_identical(variants, output, tool_env)
     dd, _ = floor_tool(floor_reads(optimizer_files(checkpoint), model_bytes), floor["written_bytes"], output)
     commands[FLOOR] = (dd, env)
+    commands[START] = (start_tool(commands[OURS][0]), commands[OURS][1])
     return commands, checks, variants, floor
 
 

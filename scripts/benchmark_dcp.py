@@ -36,9 +36,9 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (BENCH_HEAD, BENCH_LAYERS, FLOOR, ROOT, SCRIPTS, WORKERS_1,  # noqa: E402
+from benchmarking import (BENCH_HEAD, BENCH_LAYERS, FLOOR, ROOT, SCRIPTS, START, WORKERS_1,  # noqa: E402
                           check_variants_identical, floor_reads, floor_tool, goal_lines, measure_tree, print_scaling,
-                          print_table, scaling_tools, summarize, time_alternately, tree_bytes)
+                          print_table, scaling_tools, start_tool, summarize, time_alternately, tree_bytes)
 
 WIDTHS = {"bench": 4096, "bench-small": 1024}
 
@@ -192,6 +192,7 @@ def main(work_dir: Path, runs: int, model: str, save: str, as_json: bool, scalin
     commands = tools(checkpoint, output)
     floor, _ = floor_tool(floor_reads(weight_files(checkpoint), size), written, output)
     commands[FLOOR] = floor
+    commands[START] = start_tool(next(iter(commands.values())))
     samples: dict[str, list] = {}
     for _ in range(runs):
         for name, command in commands.items():

@@ -45,9 +45,10 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (FLOOR, ROOT, WORKERS_1, check_variants_identical, floor_reads, floor_tool,  # noqa: E402
-                          goal_lines, measure_tree, print_scaling, print_table, retarget, run_json, scaling_tools,
-                          summarize, time_alternately, tree_bytes, with_workers)
+from benchmarking import (FLOOR, NO_CACHE, ROOT, START, WORKERS_1, check_variants_identical, floor_reads,  # noqa: E402
+                          floor_tool, goal_lines, measure_tree, print_scaling, print_table, retarget, run_json,
+                          scaling_tools, start_tool, summarize, time_alternately, tree_bytes, with_workers,
+                          without_diffusers_cache)
 
 VARIANT, FULL_LAYERS = "2b", 30
 SAT_PREFIX = "model.diffusion_model."
@@ -302,11 +303,15 @@ def with_floor_and_scaling(commands: dict, setup: dict, work: Path, params: int,
     read = 2 * params  # the transformer's bf16 bytes in the SAT file
     sat_file = Path(setup["run_dir"]) / str(ITERATION) / MODEL_STATES
     workers_1 = with_workers(retarget(ours_command, ours_output, work / "out-w1"), 1)
+    uncached = without_diffusers_cache(retarget(ours_command, ours_output, work / "out-uncached"))
     main_rows = {"cogexport": commands["cogexport"], WORKERS_1: (workers_1, work / "out-w1"),
+                 NO_CACHE: (uncached, work / "out-uncached"),
                  FLOOR: floor_tool(floor_reads([sat_file], read), written, work / "out-floor"),
+                 START: (start_tool(ours_command), work / "out-start"),
                  "reference path": commands["reference path"]}
     variants = scaling_tools(ours_command, ours_output, work / "out-scaling") if scaling else {}
-    check_variants_identical({WORKERS_1: main_rows[WORKERS_1], **variants}, ours_output)
+    check_variants_identical({WORKERS_1: main_rows[WORKERS_1], NO_CACHE: main_rows[NO_CACHE], **variants},
+                             ours_output)
     shutil.rmtree(ours_output, ignore_errors=True)
     return main_rows, variants, {"read_bytes": read, "written_bytes": written}
 

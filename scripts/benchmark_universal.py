@@ -32,9 +32,9 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (BENCH_MODELS, FLOOR, ROOT, WORKERS_1, bench_checkpoint, bench_model_bytes,  # noqa: E402
+from benchmarking import (BENCH_MODELS, FLOOR, ROOT, START, WORKERS_1, bench_checkpoint, bench_model_bytes,  # noqa: E402
                           bench_truth, check_variants_identical, floor_reads, floor_tool, goal_lines, measure_tree,
-                          print_scaling, print_table, run_json, scaling_tools, summarize, tree_bytes)
+                          print_scaling, print_table, run_json, scaling_tools, start_tool, summarize, tree_bytes)
 
 
 class TruthMismatch(Exception):
@@ -171,6 +171,8 @@ def checked_tools(checkpoint: Path, work_dir: Path, env: dict, scaling: bool) ->
             check_variants_identical(variants, output, env)
         shutil.rmtree(output.parent, ignore_errors=True)
     commands[FLOOR] = universal_floor(checkpoint, floor["written_bytes"], work_dir / "out-floor")
+    ours_command, ours_output = commands["cogexport universal"]
+    commands[START] = (start_tool(ours_command), ours_output)
     return commands, checks, variants, floor
 
 

@@ -27,9 +27,10 @@ from typing import Callable
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (FLOOR, ROOT, WORKERS_1, check_variants_identical, floor_reads, floor_tool,  # noqa: E402
-                          goal_lines, measure, print_scaling, print_table, retarget, run_json, scaling_tools, summarize,
-                          time_alternately, tree_bytes, with_workers)
+from benchmarking import (FLOOR, NO_CACHE, ROOT, START, WORKERS_1, check_variants_identical, floor_reads,  # noqa: E402
+                          floor_tool, goal_lines, measure, print_scaling, print_table, retarget, run_json,
+                          scaling_tools, start_tool, summarize, time_alternately, tree_bytes, with_workers,
+                          without_diffusers_cache)
 
 DEFAULT_WORK = ROOT / ".bench"
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -273,11 +274,14 @@ class FamilyBenchmark:
         ours_command, ours_output = commands["cogexport"]
         written = tree_bytes(ours_output)
         workers_1 = with_workers(retarget(ours_command, ours_output, work / "out-w1"), 1)
+        uncached = without_diffusers_cache(retarget(ours_command, ours_output, work / "out-uncached"))
         rows = {"cogexport": commands["cogexport"], WORKERS_1: (workers_1, work / "out-w1"),
+                NO_CACHE: (uncached, work / "out-uncached"),
                 FLOOR: floor_tool(floor_reads([release], read), written, work / "out-floor"),
+                START: (start_tool(ours_command), work / "out-start"),
                 **{name: tool for name, tool in commands.items() if name != "cogexport"}}
         variants = scaling_tools(ours_command, ours_output, work / "out-scaling") if scaling else {}
-        check_variants_identical({WORKERS_1: rows[WORKERS_1], **variants}, ours_output)
+        check_variants_identical({WORKERS_1: rows[WORKERS_1], NO_CACHE: rows[NO_CACHE], **variants}, ours_output)
         shutil.rmtree(ours_output, ignore_errors=True)
         return rows, variants, written
 
