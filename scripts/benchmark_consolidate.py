@@ -33,9 +33,9 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (BENCH_MODELS, FLOOR, ROOT, SCRIPTS, START, WORKERS_1, Measurement,  # noqa: E402
+from benchmarking import (BENCH_MODELS, ROOT, SCRIPTS, START, WORKERS_1, Measurement,  # noqa: E402
                           bench_checkpoint, bench_model_bytes, bench_truth, check_variants_identical, floor_reads,
-                          floor_tool, goal_lines, measure_tree, print_scaling, print_table, run_json, scaling_tools,
+                          floor_rows, goal_lines, measure_tree, print_scaling, print_table, run_json, scaling_tools,
                           start_tool, summarize, time_alternately, tree_bytes, with_workers)
 
 SKIP_CRC = "_COGEXPORT_SKIP_CRC_FOR_BENCHMARK"  # read by cogexport/checkpoint/zip_records.py; for the row below only
@@ -137,8 +137,9 @@ def checked_tools(checkpoint: Path, work_dir: Path, env: dict, model_bytes: int,
             floor = {"read_bytes": model_bytes, "written_bytes": tree_bytes(output)}
             variants = scaling_tools(command, output, work_dir / "output-scaling") if scaling else {}
             check_variants_identical(variants, output, tool_env)
-    dd, _ = floor_tool(floor_reads(optimizer_files(checkpoint), model_bytes), floor["written_bytes"], output)
-    commands[FLOOR] = (dd, env)
+    for name, (command, _) in floor_rows(floor_reads(optimizer_files(checkpoint), model_bytes), floor["written_bytes"],
+                                     output).items():
+        commands[name] = (command, env)
     commands[START] = (start_tool(commands[OURS][0]), commands[OURS][1])
     return commands, checks, variants, floor
 

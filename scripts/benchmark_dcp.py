@@ -36,8 +36,8 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (BENCH_HEAD, BENCH_LAYERS, FLOOR, ROOT, SCRIPTS, START, WORKERS_1,  # noqa: E402
-                          check_variants_identical, floor_reads, floor_tool, goal_lines, measure_tree, print_scaling,
+from benchmarking import (BENCH_HEAD, BENCH_LAYERS, ROOT, SCRIPTS, START, WORKERS_1,  # noqa: E402
+                          check_variants_identical, floor_reads, floor_rows, goal_lines, measure_tree, print_scaling,
                           print_table, scaling_tools, start_tool, summarize, time_alternately, tree_bytes)
 
 WIDTHS = {"bench": 4096, "bench-small": 1024}
@@ -190,8 +190,8 @@ def main(work_dir: Path, runs: int, model: str, save: str, as_json: bool, scalin
     size = model_bytes(model)
     written, variants = reference_run(checkpoint, work_dir / "output-reference", work_dir / "output-scaling", scaling)
     commands = tools(checkpoint, output)
-    floor, _ = floor_tool(floor_reads(weight_files(checkpoint), size), written, output)
-    commands[FLOOR] = floor
+    commands.update({name: command for name, (command, _) in
+                     floor_rows(floor_reads(weight_files(checkpoint), size), written, output).items()})
     commands[START] = start_tool(next(iter(commands.values())))
     samples: dict[str, list] = {}
     for _ in range(runs):

@@ -45,8 +45,8 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarking import (FLOOR, NO_CACHE, ROOT, START, WORKERS_1, check_variants_identical, floor_reads,  # noqa: E402
-                          floor_tool, goal_lines, measure_tree, print_scaling, print_table, retarget, run_json,
+from benchmarking import (NO_CACHE, ROOT, START, WORKERS_1, check_variants_identical, floor_reads,  # noqa: E402
+                          floor_rows, goal_lines, measure_tree, print_scaling, print_table, retarget, run_json,
                           scaling_tools, start_tool, summarize, time_alternately, tree_bytes, with_workers,
                           without_diffusers_cache)
 
@@ -306,7 +306,7 @@ def with_floor_and_scaling(commands: dict, setup: dict, work: Path, params: int,
     uncached = without_diffusers_cache(retarget(ours_command, ours_output, work / "out-uncached"))
     main_rows = {"cogexport": commands["cogexport"], WORKERS_1: (workers_1, work / "out-w1"),
                  NO_CACHE: (uncached, work / "out-uncached"),
-                 FLOOR: floor_tool(floor_reads([sat_file], read), written, work / "out-floor"),
+                 **floor_rows(floor_reads([sat_file], read), written, work / "out-floor"),
                  START: (start_tool(ours_command), work / "out-start"),
                  "reference path": commands["reference path"]}
     variants = scaling_tools(ours_command, ours_output, work / "out-scaling") if scaling else {}

@@ -341,6 +341,46 @@ def floor_tool(reads: list[tuple[Path, int]], write_bytes: int, output: Path) ->
     return ["bash", "-c", " && ".join(steps)], output
 
 
+KERNEL_FLOOR = "I/O floor (kernel copy, as cp)"
+# The kernel-copy floor: the bytes written are copied file to file by copy_file_range (what cp does here, and what
+# cogexport does with unchanged tensors); the bytes read but not written go through one buffer, as a reader's must.
+_KERNEL_COPY = r"""
+import os, sys
+output, left = sys.argv[1], int(sys.argv[2])
+os.makedirs(output, exist_ok=True)
+buffer = memoryview(bytearray(16 << 20))
+for index in range(3, len(sys.argv), 2):
+    path, count = sys.argv[index], int(sys.argv[index + 1])
+    written, source = min(left, count), os.open(path, os.O_RDONLY)
+    left -= written
+    if written:
+        target = os.open(f"{output}/floor-{index}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        done = 0
+        while done < written:
+            done += os.copy_file_range(source, target, min(1 << 30, written - done), done, done)
+        os.close(target)
+    position = written
+    while position < count:
+        position += os.preadv(source, [buffer[:min(len(buffer), count - position)]], position)
+    os.close(source)
+with open(f"{output}/floor-rest", "wb") as handle:  # more written than read: zeros, as dd's /dev/zero
+    while left > 0:
+        left -= handle.write(buffer[:min(len(buffer), left)])
+"""
+
+
+def kernel_floor_tool(reads: list[tuple[Path, int]], write_bytes: int, output: Path) -> tuple[list[str], Path]:
+    """The I/O floor of a job as ``floor_tool``'s, with the bytes written copied in the kernel (copy_file_range,
+    cp's way here) instead of through dd's buffer: the faster floor where nothing needs to pass through user space."""
+    pairs = [str(item) for path, count in reads for item in (path, count)]
+    return [sys.executable, "-c", _KERNEL_COPY, str(output), str(write_bytes), *pairs], output
+
+
+def floor_rows(reads: list[tuple[Path, int]], write_bytes: int, output: Path) -> dict[str, tuple[list[str], Path]]:
+    """Both floors of a job, by row name, writing into ``output``."""
+    return {FLOOR: floor_tool(reads, write_bytes, output), KERNEL_FLOOR: kernel_floor_tool(reads, write_bytes, output)}
+
+
 def tree_bytes(folder: Path, suffixes: tuple[str, ...] = (".safetensors", ".pt", ".bin")) -> int:
     """Bytes of the data files under ``folder`` (hard links counted once)."""
     seen, total = set(), 0
@@ -420,7 +460,7 @@ def check_variants_identical(variants: dict[str, tuple[list[str], Path]], refere
 
 def goal_lines(rows: list[dict], others: list[str], ours: str = "cogexport") -> list[str]:
     """Issue 22's goals against this run's medians: wall <= 0.6x the fastest other tool's and <= 1.5x the I/O
-    floor's; peak PSS <= 0.25x the fp32 model."""
+    floor's (the faster of the two floors, where both ran); peak PSS <= 0.25x the fp32 model."""
     by_tool = {row["tool"]: row for row in rows}
     mine = by_tool[ours]
     lines = []
@@ -428,12 +468,14 @@ def goal_lines(rows: list[dict], others: list[str], ours: str = "cogexport") -> 
     if fastest is not None:
         lines.append(f"{ours} / fastest other tool ({fastest['tool']}): {mine['seconds'] / fastest['seconds']:.2f}x "
                      "wall (goal: at most 0.6x)")
-    if FLOOR in by_tool:
-        lines.append(f"{ours} / {FLOOR}: {mine['seconds'] / by_tool[FLOOR]['seconds']:.2f}x wall (goal: at most 1.5x)")
+    floor = min((by_tool[name] for name in (FLOOR, KERNEL_FLOOR) if name in by_tool), key=lambda row: row["seconds"],
+                default=None)
+    if floor is not None:  # the faster floor of the run
+        lines.append(f"{ours} / {floor['tool']}: {mine['seconds'] / floor['seconds']:.2f}x wall (goal: at most 1.5x)")
         if START in by_tool:
             net = mine["seconds"] - by_tool[START]["seconds"]
-            lines.append(f"{ours} less its start ({by_tool[START]['seconds']:.1f} s) / {FLOOR}: "
-                         f"{net / by_tool[FLOOR]['seconds']:.2f}x wall (the work alone)")
+            lines.append(f"{ours} less its start ({by_tool[START]['seconds']:.1f} s) / {floor['tool']}: "
+                         f"{net / floor['seconds']:.2f}x wall (the work alone)")
     memory = mine.get("peak_pss_x_model", mine["peak_rss_x_model"])
     lines.append(f"{ours} peak memory: {memory:.2f}x the fp32 model (goal: at most 0.25x)")
     return lines

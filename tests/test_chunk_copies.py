@@ -120,7 +120,8 @@ def test_casts_are_read_from_a_memory_map_to_the_bit(tmp_path):
     truth = {"odd": torch.randn(4099, generator=generator), "scalar": torch.tensor(3.3),
              "wide": torch.randn(3, 70001, generator=generator) * 1e4,
              "specials": torch.tensor([float("nan"), float("inf"), -0.0, 1e-40, 65504.0, 1e39]),
-             "half": torch.randn(513, generator=generator).half(), "brain": torch.randn(77, generator=generator).bfloat16()}
+             "half": torch.randn(513, generator=generator).half(),
+             "brain": torch.randn(77, generator=generator).bfloat16()}
     save_file(truth, tmp_path / "input.safetensors")
     with SafetensorsCheckpoint(tmp_path / "input.safetensors") as source:
         for name, stored in source.items():

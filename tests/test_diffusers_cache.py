@@ -20,7 +20,8 @@ import json, sys
 from cogexport.__main__ import _run_command_line
 sys.argv = ["cogexport", *sys.argv[1:]]
 code = _run_command_line()
-print(json.dumps({"code": code, "imported": sorted(m for m in ("diffusers", "transformers", "peft") if m in sys.modules)}))
+imported = sorted(name for name in ("diffusers", "transformers", "peft") if name in sys.modules)
+print(json.dumps({"code": code, "imported": imported}))
 """
 
 

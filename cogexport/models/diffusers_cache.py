@@ -3,10 +3,10 @@
 An export plans against the real Diffusers class: its constructor's defaults, and the model it builds from a config
 (on the meta device: its config.json text and its state_dict's names, shapes and dtypes). Importing Diffusers for
 that takes seconds (it brings torch._dynamo, and transformers and peft where they are installed): more than copying
-a few GB. These facts depend only on the installed Diffusers and torch (their versions and the hashes of their files, from
-pip's records), cogexport's version, the class and the config, so each answer is kept as JSON under those and found
-again by them; an answer that cannot be read back exactly (a damaged file, another key in it) is made anew. A
-Diffusers installed in editable mode is never cached: its code may change under the same record.
+a few GB. These facts depend only on the installed Diffusers and torch (their versions and the hashes of their
+files, from pip's records), cogexport's version, the class and the config, so each answer is kept as JSON under those
+and found again by them; an answer that cannot be read back exactly (a damaged file, another key in it) is made
+anew. A Diffusers installed in editable mode is never cached: its code may change under the same record.
 
 Where: ``$COGEXPORT_CACHE_DIR``, else ``$XDG_CACHE_HOME/cogexport``, else ``~/.cache/cogexport``; an empty
 ``COGEXPORT_CACHE_DIR`` turns the cache off. Writes are atomic (a whole file or none) and failures to write are
