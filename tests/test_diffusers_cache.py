@@ -59,7 +59,7 @@ def test_a_remembered_export_writes_the_same_bytes_without_importing_diffusers(s
     assert folder_bytes(tmp_path / "first") == expected and folder_bytes(tmp_path / "again") == expected
 
 
-@pytest.mark.parametrize("spoil", ["truncated", "another key", "not an object"])
+@pytest.mark.parametrize("spoil", ["truncated", "another key", "not an object", "an answer short of a field"])
 def test_a_spoiled_cache_entry_is_made_anew(spoil, sat_run, tmp_path):
     run, base = sat_run
     cache = tmp_path / "cache"
@@ -69,7 +69,8 @@ def test_a_spoiled_cache_entry_is_made_anew(spoil, sat_run, tmp_path):
         text = entry.read_text()
         spoiled = {"truncated": text[: len(text) // 2],
                    "another key": json.dumps({**json.loads(text), "key": "{}"}),
-                   "not an object": "[1, 2]"}[spoil]
+                   "not an object": "[1, 2]",
+                   "an answer short of a field": json.dumps({**json.loads(text), "answer": {"counts": {}}})}[spoil]
         entry.write_text(spoiled)
     told = export_in_fresh_process(run, base, tmp_path / "again", cache=str(cache))
     assert "diffusers" in told["imported"]  # nothing spoiled was taken

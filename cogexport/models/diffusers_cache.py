@@ -57,9 +57,9 @@ def decode(value: Any) -> Any:
     return value
 
 
-def remembered(kind: str, key: Mapping[str, Any], make: Callable[[], dict]) -> dict:
-    """The answer ``make()`` gives for ``key`` (JSON-able, both), from the cache when it holds it, else made and
-    kept. ``kind`` names what is asked ("defaults", "target")."""
+def remembered(kind: str, key: Mapping[str, Any], make: Callable[[], dict], fields: tuple[str, ...] = ()) -> dict:
+    """The answer ``make()`` gives for ``key`` (JSON-able, both), from the cache when it holds it (with every one of
+    ``fields``), else made and kept. ``kind`` names what is asked ("defaults", "target")."""
     folder = _cache_folder()
     try:
         encoded_key = encode(dict(key))
@@ -70,7 +70,7 @@ def remembered(kind: str, key: Mapping[str, Any], make: Callable[[], dict]) -> d
     text_key = json.dumps({"kind": kind, "key": encoded_key}, sort_keys=True)
     path = folder / f"{kind}-{hashlib.sha256(text_key.encode()).hexdigest()[:32]}.json"
     found = _read(path, text_key)
-    if found is not None:
+    if found is not None and all(name in found for name in fields):
         return found
     answer = make()
     _write(path, {"key": text_key, "answer": answer})

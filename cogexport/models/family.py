@@ -200,7 +200,7 @@ def class_defaults(class_name: str) -> dict:
     """A Diffusers class's constructor defaults (what its config holds for arguments a variant leaves alone), kept
     on disk per Diffusers version (diffusers_cache.py) where JSON carries them exactly; a new dict each call."""
     answer = _remembered_defaults(class_name)
-    return decode(answer["defaults"]) if "defaults" in answer else _live_defaults(class_name)
+    return decode(answer["defaults"]) if answer["defaults"] is not None else _live_defaults(class_name)
 
 
 @cache
@@ -208,10 +208,10 @@ def _remembered_defaults(class_name: str) -> dict:
     def ask_diffusers() -> dict:
         try:
             return {"defaults": encode(_live_defaults(class_name))}
-        except NotCacheable:
-            return {"uncacheable": True}
+        except NotCacheable:  # a default JSON cannot carry: asked of the class each time
+            return {"defaults": None}
 
-    return remembered("defaults", {"class": class_name}, ask_diffusers)
+    return remembered("defaults", {"class": class_name}, ask_diffusers, fields=("defaults",))
 
 
 def _live_defaults(class_name: str) -> dict:

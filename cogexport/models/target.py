@@ -29,7 +29,8 @@ class TargetModel:
 
 def build_target(class_name: str, config: Mapping[str, object]) -> TargetModel:
     """The model ``class_name`` builds from ``config`` (a CogExportError if it cannot)."""
-    answer = remembered("target", {"class": class_name, "config": dict(config)}, lambda: _build(class_name, config))
+    answer = remembered("target", {"class": class_name, "config": dict(config)}, lambda: _build(class_name, config),
+                        fields=("config", "config_json", "schema", "dtypes", "counts"))
     return TargetModel(class_name, decode(answer["config"]), answer["config_json"],
                        {name: torch.Size(shape) for name, shape in answer["schema"].items()},
                        {name: getattr(torch, dtype) for name, dtype in answer["dtypes"].items()},
