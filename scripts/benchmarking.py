@@ -281,6 +281,7 @@ def run_json(command: list[str]) -> dict:
 def print_table(rows: list[dict], first_column: str, first_width: int, label) -> None:
     """The human-readable table every benchmark prints: memory is peak PSS when measured (else peak RSS)."""
     pss = all("pss_ratio_vs_cogexport" in row for row in rows)
+    first_width = max(first_width, *(len(label(row)) + 1 for row in rows))
     memory = "peak_pss_bytes" if pss else "peak_rss_bytes"
     name = "PSS" if pss else "RSS"
     tree = f" {'peak RSS':>9} {'procs':>5}" if pss else ""
