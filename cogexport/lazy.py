@@ -138,6 +138,6 @@ class LazyTensor(SizedTensor):
         """This tensor's data in ``dtype``: cast straight from the input files where its bytes lie in them as they
         are (``byte_ranges``), else loaded, then cast."""
         ranges = self.byte_ranges() if self.numel else None
-        if ranges is None:
+        if ranges is None or any(part.length % self.dtype.itemsize for part in ranges):  # whole elements only
             return self.load().to(dtype)
         return cast_ranges(ranges, self.shape, self.dtype, dtype)
