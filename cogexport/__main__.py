@@ -6,10 +6,12 @@ import sys
 
 
 def run() -> None:
-    """Run the command line, then leave at once. Tearing down the interpreter after a command (torch's modules and
-    objects) takes about half a second here, a sixth of a 2 GB consolidate; by the time the command returns its
-    output is written, closed and published, and its report printed, so nothing is left for a normal exit to do
-    but the two streams flushed below. An uncaught error still ends the normal way, with its traceback."""
+    """Run the command line, then leave at once. By the time a command returns its output is written, closed and
+    published, and its report printed, so nothing is left for a normal exit to do but the two streams flushed below,
+    and tearing the interpreter down costs: about half a second for torch's modules (a sixth of a 2 GB consolidate),
+    and in a torchrun rank gloo's threads, torn down with it, now and then abort the process ("terminate called
+    without an active exception", about one run in fifteen on a loaded 2-core machine), which would fail a job whose
+    output is already published. An uncaught error still ends the normal way, with its traceback."""
     code = _run_command_line()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,5 +1,5 @@
-"""What every command of the command line shares: one line and exit code 2 for a user's mistake, the exit of a
-torchrun rank, and the arguments and options several commands take."""
+"""What every command of the command line shares: one line and exit code 2 for a user's mistake, the report of
+rank 0 alone in a torchrun job, and the arguments and options several commands take."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import click
 
 from .allocation import reuse_freed_tensor_memory
 from .errors import CogExportError, one_line
-from .write.ranks import join_job, launched_by_torchrun
+from .write.ranks import join_job
 
 
 def user_errors_exit_2(command):
@@ -32,21 +32,19 @@ def user_errors_exit_2(command):
                     result = command(*args, **kwargs)
         except CogExportError as error:
             click.echo(f"cogexport: error: {error}", err=True)
-            exit_now(2)
+            sys.exit(2)
         except OSError as error:  # the machine's answer about a path (permissions, disk full): not a bug of ours
             where = f": {error.filename}" if error.filename else ""
             click.echo(f"cogexport: error: {one_line(f'{error.strerror or error}{where}')}", err=True)
-            exit_now(2)
+            sys.exit(2)
         except Exception as error:
             if not is_key_map_error(error):
                 raise
             click.echo(f"cogexport: error: key maps: {one_line(str(error))}", err=True)
-            exit_now(2)
+            sys.exit(2)
         except KeyboardInterrupt:
             click.echo("cogexport: interrupted; nothing was written", err=True)
-            exit_now(130)
-        if launched_by_torchrun():
-            exit_now(0)
+            sys.exit(130)
         return result
 
     return run
@@ -59,18 +57,6 @@ def is_key_map_error(error: Exception) -> bool:
     from .models.family import FamilyError
 
     return isinstance(error, (FamilyError, TableError))
-
-
-def exit_now(code: int) -> None:
-    """End the command. A rank of a torchrun job leaves at once, its output flushed, once its part and the job's
-    collectives are done: gloo's threads, torn down with the interpreter, now and then abort the process
-    ("terminate called without an active exception", about one run in fifteen on a loaded 2-core machine), which
-    would fail a job whose output is already published."""
-    if not launched_by_torchrun():
-        sys.exit(code)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import torch
 from .errors import CogExportError
 
 if TYPE_CHECKING:
-    from .lazy import ByteRange, ByteRanges
+    from .lazy import ByteRanges
 
 
 def tensor_buffer(tensor: torch.Tensor) -> memoryview:
@@ -32,6 +32,54 @@ def pread_into(fd: int, buffer: memoryview, offset: int) -> None:
         done += got
 
 
+@contextmanager
+def opened(path: str) -> Iterator[int]:
+    """A read-only descriptor of the file ``path``; a file that cannot be opened is one line naming it."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError as error:
+        raise CogExportError(f"cannot read {path}: {error.strerror}") from None
+    try:
+        yield descriptor
+    finally:
+        os.close(descriptor)
+
+
+def pread_exactly(path: str, descriptor: int, buffer: memoryview, offset: int) -> None:
+    """``pread_into`` of the open file ``path``, its failures one line naming the file."""
+    try:
+        pread_into(descriptor, buffer, offset)
+    except EOFError as error:
+        raise CogExportError(f"{path}: {error} (truncated?); copy it again") from None
+    except OSError as error:
+        raise CogExportError(f"cannot read {path}: {error.strerror}") from None
+
+
+class MappedWindow:
+    """``length`` bytes at ``offset`` of an open file as a memory view (the page cache itself, nothing copied), used
+    as a context manager. Made here, so that a file system that cannot map raises OSError or ValueError before any
+    use: shared and read-only, pre-faulted; or (``private``) private and writable, only so that torch takes the view
+    without a warning: nothing writes to it, and a write would change a private copy, never the file."""
+
+    def __init__(self, descriptor: int, offset: int, length: int, private: bool = False) -> None:
+        aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
+        if private:
+            flags, protection = mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE
+        else:
+            flags, protection = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), mmap.PROT_READ
+        self._mapped = mmap.mmap(descriptor, offset - aligned + length, flags=flags, prot=protection, offset=aligned)
+        self._view = memoryview(self._mapped)
+        self._window = self._view[offset - aligned:]
+
+    def __enter__(self) -> memoryview:
+        return self._window
+
+    def __exit__(self, *exc) -> None:  # views released before unmapping, even when their user raised
+        self._window.release()
+        self._view.release()
+        self._mapped.close()
+
+
 def read_ranges(ranges: "ByteRanges", shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """A new tensor of ``shape`` and ``dtype`` whose bytes are ``ranges`` end to end, each range's check (a
     record's CRC-32) passed the bytes read, as a copy of them would pass them."""
@@ -39,18 +87,8 @@ def read_ranges(ranges: "ByteRanges", shape: torch.Size, dtype: torch.dtype) -> 
     buffer, position = tensor_buffer(tensor), 0
     for part in ranges:
         piece = buffer[position:position + part.length]
-        try:
-            descriptor = os.open(part.path, os.O_RDONLY)
-        except OSError as error:
-            raise CogExportError(f"cannot read {part.path}: {error.strerror}") from None
-        try:
-            pread_into(descriptor, piece, part.offset)
-        except EOFError:
-            raise CogExportError(f"{part.path} ends early (truncated?); copy it again") from None
-        except OSError as error:
-            raise CogExportError(f"cannot read {part.path}: {error.strerror}") from None
-        finally:
-            os.close(descriptor)
+        with opened(part.path) as descriptor:
+            pread_exactly(part.path, descriptor, piece, part.offset)
         if part.check is not None:
             part.check(0, piece)
         position += part.length
@@ -66,35 +104,13 @@ def cast_ranges(ranges: "ByteRanges", shape: torch.Size, stored: torch.dtype, dt
     flat, position = out.view(-1), 0
     for part in ranges:
         count = part.length // stored.itemsize
-        with _mapped(part) as view:
+        with opened(part.path) as descriptor:
+            if os.fstat(descriptor).st_size < part.offset + part.length:
+                raise CogExportError(f"{part.path} ends early (truncated?); copy it again")
+            window = MappedWindow(descriptor, part.offset, part.length, private=True)
+        with window as view:
             if part.check is not None:
                 part.check(0, view)
             flat[position:position + count].copy_(torch.frombuffer(view, dtype=stored, count=count))
         position += count
     return out
-
-
-@contextmanager
-def _mapped(part: "ByteRange") -> Iterator[memoryview]:
-    """The bytes of ``part`` as a memory view of its file. The map is private and writable only so that torch takes
-    it without a warning; nothing writes to it (a write would change a private copy, never the file)."""
-    try:
-        descriptor = os.open(part.path, os.O_RDONLY)
-    except OSError as error:
-        raise CogExportError(f"cannot read {part.path}: {error.strerror}") from None
-    try:
-        if os.fstat(descriptor).st_size < part.offset + part.length:
-            raise CogExportError(f"{part.path} ends early (truncated?); copy it again")
-        aligned = part.offset - part.offset % mmap.ALLOCATIONGRANULARITY
-        mapped = mmap.mmap(descriptor, part.offset - aligned + part.length, flags=mmap.MAP_PRIVATE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=aligned)
-    finally:
-        os.close(descriptor)
-    view = memoryview(mapped)
-    window = view[part.offset - aligned:]
-    try:
-        yield window
-    finally:
-        window.release()
-        view.release()
-        mapped.close()

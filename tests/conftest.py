@@ -92,3 +92,12 @@ def assert_same_tensors(actual: dict[str, torch.Tensor], expected: dict[str, tor
 def component_weights(folder: Path, component: str) -> dict[str, torch.Tensor]:
     """The tensors of a pipeline folder's component saved unsharded (diffusion_pytorch_model.safetensors)."""
     return load_file(folder / component / "diffusion_pytorch_model.safetensors")
+
+
+@pytest.fixture
+def counted():
+    """The process-wide tally of bytes copied file to file (cogexport/write/byte_copy.py), from zero."""
+    from cogexport.write import byte_copy
+
+    byte_copy.COUNTS.reset()
+    yield byte_copy.COUNTS

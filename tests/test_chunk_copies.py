@@ -17,7 +17,6 @@ from cogexport.checkpoint.safetensors_files import SafetensorsCheckpoint
 from cogexport.checkpoint.torch_archive import load_torch_file
 from cogexport.keymap.pattern import KeyPattern
 from cogexport.keymap.rules import Regroup
-from cogexport.write import byte_copy
 from cogexport.write.safetensors_file import write_safetensors
 
 QKV = "model.diffusion_model.transformer.layers.0.attention.query_key_value.weight"
@@ -25,10 +24,17 @@ SPLIT = ("transformer_blocks.0.attn1.to_q.weight", "transformer_blocks.0.attn1.t
          "transformer_blocks.0.attn1.to_v.weight")
 
 
-@pytest.fixture(autouse=True)
-def counted():
-    byte_copy.COUNTS.reset()
-    yield byte_copy.COUNTS
+
+
+def flip_byte_in_qkv(run, at: int, mask: int) -> None:
+    """Flip bits of the byte ``at`` bytes into the fused q/k/v record of the run's model states file."""
+    states = next(run.run_dir.glob("*/mp_rank_00_model_states.pt"))
+    archive, tree = load_torch_file(states)
+    stored = tree["module"][QKV]
+    archive.close()
+    data = bytearray(states.read_bytes())
+    data[record_data_offset(states, f"data/{stored.key}") + at] ^= mask
+    states.write_bytes(bytes(data))
 
 
 def fp32_sat_run(folder: Path):
@@ -57,14 +63,8 @@ def test_a_split_qkv_is_copied_in_the_kernel_and_checked(tmp_path, cli, counted)
 def test_a_damaged_byte_under_a_copied_split_is_refused(tmp_path, cli):
     """A byte of the fused q/k/v record flipped where k is cut from: the copy of k fails the record's CRC-32."""
     run, base = fp32_sat_run(tmp_path / "inputs")
-    states = next(run.run_dir.glob("*/mp_rank_00_model_states.pt"))
-    archive, tree = load_torch_file(states)
-    stored = tree["module"][QKV]
-    archive.close()
-    position = record_data_offset(states, f"data/{stored.key}") + stored.nbytes // 3 + 5  # inside k's third
-    data = bytearray(states.read_bytes())
-    data[position] ^= 0x10
-    states.write_bytes(bytes(data))
+    qkv_bytes = 3 * run.expected[SPLIT[1]].nbytes
+    flip_byte_in_qkv(run, qkv_bytes // 3 + 5, 0x10)  # inside k's third
     assert_refused(cli, tmp_path, export_args(run, base, tmp_path / "out", "fp32"), "fails its CRC-32 check",
                    inputs=[run.run_dir, base])
 
@@ -140,12 +140,6 @@ def test_a_cast_from_a_damaged_record_is_refused(tmp_path, cli):
     original = build_tiny_transformer("5b", num_layers=2, seed=6)
     run = write_sat_run(tmp_path / "inputs" / "run", original.state_dict())
     base = config_folder(tmp_path / "inputs" / "base", original)
-    states = next(run.run_dir.glob("*/mp_rank_00_model_states.pt"))
-    archive, tree = load_torch_file(states)
-    stored = tree["module"][QKV]
-    archive.close()
-    data = bytearray(states.read_bytes())
-    data[record_data_offset(states, f"data/{stored.key}") + 7] ^= 0x04
-    states.write_bytes(bytes(data))
+    flip_byte_in_qkv(run, 7, 0x04)
     assert_refused(cli, tmp_path, export_args(run, base, tmp_path / "out", "fp32"), "fails its CRC-32 check",
                    inputs=[run.run_dir, base])

@@ -44,9 +44,8 @@ def renamed(tensors: dict, prefix: str = "model.") -> dict:
 
 
 @pytest.fixture(autouse=True)
-def counted():
-    byte_copy.COUNTS.reset()
-    yield byte_copy.COUNTS
+def reset_counts(counted):
+    """Every test here starts with the copy counts at zero (conftest's ``counted``)."""
 
 
 def test_unchanged_safetensors_tensors_are_copied_in_the_kernel(tmp_path, counted):

@@ -66,7 +66,8 @@ class Regroup:
         order = [i for chunk_list in self.target_chunks for i in chunk_list]
         position = {chunk: index for index, chunk in enumerate(order)}
         offsets = [sum(self.source_chunks[:j]) for j in range(len(self.sources))]
-        back = tuple(tuple(position[offsets[j] + m] for m in range(count)) for j, count in enumerate(self.source_chunks))
+        back = tuple(tuple(position[offsets[j] + m] for m in range(count))
+                     for j, count in enumerate(self.source_chunks))
         flipped = tuple((name, tuple((b, a) for a, b in pairs)) for name, pairs in self.value_maps)
         views = None if self.views is None else (self.views[1], self.views[0])
         return Regroup(self.kind, self.targets, tuple(len(c) for c in self.target_chunks), self.sources, back, self.dim,
@@ -164,21 +165,28 @@ class _ChunkRanges:
 
     def __init__(self, inputs: list[LazyTensor], chunks: tuple[int, ...]) -> None:
         self._inputs, self._chunks = inputs, chunks
-        self._found: list[ByteRanges | None] | None = None
+        self._table: list[tuple[ByteRanges, int, int]] | None = None  # per chunk: its input's ranges, start, length
+        self._asked = False
         self._lock = threading.Lock()
 
     def of(self, chunk_list: tuple[int, ...]) -> ByteRanges | None:
         """The byte ranges of these chunks end to end, or None if an input's bytes are not in a file as they are."""
         with self._lock:
-            if self._found is None:
-                self._found = [tensor.byte_ranges() for tensor in self._inputs]
-        if any(found is None for found in self._found):
+            if not self._asked:
+                self._table, self._asked = self._chunk_table(), True
+        if self._table is None:
             return None
-        chunks = []  # (the input's ranges, the chunk's first byte, its length), chunks of all inputs in order
-        for found, tensor, count in zip(self._found, self._inputs, self._chunks):
+        return joined_ranges([part for index in chunk_list for part in slice_ranges(*self._table[index])])
+
+    def _chunk_table(self) -> list[tuple[ByteRanges, int, int]] | None:
+        table = []  # the chunks of all inputs, in order
+        for tensor, count in zip(self._inputs, self._chunks):
+            found = tensor.byte_ranges()
+            if found is None:
+                return None
             size = tensor.nbytes // count
-            chunks += [(found, piece * size, size) for piece in range(count)]
-        return joined_ranges([part for index in chunk_list for part in slice_ranges(*chunks[index])])
+            table += [(found, piece * size, size) for piece in range(count)]
+        return table
 
 
 class _SharedChunks:

@@ -13,7 +13,6 @@ this process; a plain read where the file cannot be mapped): an output is never 
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import threading
 from collections import Counter
@@ -21,6 +20,7 @@ from typing import Callable
 
 from ..errors import CogExportError
 from ..lazy import ByteRange
+from ..tensor_bytes import MappedWindow, opened, pread_exactly
 
 METHODS = ("copy_file_range", "sendfile", "read_write")
 CHECKED_CHUNK = 8 << 20  # bytes copied, then read back and checked, at a time
@@ -60,15 +60,11 @@ def copy_range(source: ByteRange, destination: int, destination_offset: int,
     """Copy ``source``'s bytes into the open file ``destination`` at ``destination_offset``; leaves the destination's
     file position after them. Returns the method that copied the (first) bytes. ``methods``: which to try, in order
     (default: ``METHODS``)."""
-    try:
-        descriptor = os.open(source.path, os.O_RDONLY)
-    except OSError as error:
-        raise CogExportError(f"cannot read {source.path}: {error.strerror}") from None
-    try:
-        return _RangeCopy(source, descriptor, destination, destination_offset).run(list(methods or METHODS))
-    finally:
-        os.close(descriptor)
-        os.lseek(destination, destination_offset + source.length, os.SEEK_SET)
+    with opened(source.path) as descriptor:
+        try:
+            return _RangeCopy(source, descriptor, destination, destination_offset).run(list(methods or METHODS))
+        finally:
+            os.lseek(destination, destination_offset + source.length, os.SEEK_SET)
 
 
 class _RangeCopy:
@@ -131,31 +127,22 @@ class _RangeCopy:
 
     def _check_copied(self, start: int, count: int) -> None:
         """Pass the bytes just copied (still in the page cache) to the format's check, mapped, not copied."""
-        offset = self.source.offset + start
-        aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
         try:
-            mapped = mmap.mmap(self.descriptor, offset - aligned + count, prot=mmap.PROT_READ,
-                               flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), offset=aligned)
+            window = MappedWindow(self.descriptor, self.source.offset + start, count)
         except (OSError, ValueError):  # a file system that cannot map: read the bytes back instead
             for position in range(start, start + count, len(self.buffer)):
                 piece = self.buffer[:min(len(self.buffer), start + count - position)]
-                _pread_exactly(self.source, self.descriptor, self.source.offset + position, piece)
+                pread_exactly(self.source.path, self.descriptor, piece, self.source.offset + position)
                 self.source.check(position, piece)
             return
-        view = memoryview(mapped)
-        window = view[offset - aligned:]
-        try:
-            self.source.check(start, window)
-        finally:  # released before unmapping even when the check raised (its traceback still names the window)
-            window.release()
-            view.release()
-            mapped.close()
+        with window as view:
+            self.source.check(start, view)
 
     def _read_write(self, start: int, count: int) -> None:
         """Through user space: each piece read (and checked, where the format has a checksum), then written."""
         for position in range(start, start + count, len(self.buffer)):
             piece = self.buffer[:min(len(self.buffer), start + count - position)]
-            _pread_exactly(self.source, self.descriptor, self.source.offset + position, piece)
+            pread_exactly(self.source.path, self.descriptor, piece, self.source.offset + position)
             if self.source.check is not None:
                 self.source.check(position, piece)
             written = 0
@@ -167,21 +154,15 @@ class _RangeCopy:
 def stream_range(source: ByteRange, write: Callable[[memoryview], object]) -> None:
     """Pass ``source``'s bytes to ``write`` a chunk at a time through one buffer (checked where the format has a
     checksum), for a writer that must see the bytes (a zip record's CRC-32 is computed as it is written)."""
-    try:
-        descriptor = os.open(source.path, os.O_RDONLY)
-    except OSError as error:
-        raise CogExportError(f"cannot read {source.path}: {error.strerror}") from None
-    try:
+    with opened(source.path) as descriptor:
         buffer = memoryview(bytearray(min(CHECKED_CHUNK, source.length)))
         for position in range(0, source.length, len(buffer)):
             piece = buffer[:min(len(buffer), source.length - position)]
-            _pread_exactly(source, descriptor, source.offset + position, piece)
+            pread_exactly(source.path, descriptor, piece, source.offset + position)
             if source.check is not None:
                 source.check(position, piece)
             write(piece)
             COUNTS.add("streamed", len(piece), first_chunk=not position)
-    finally:
-        os.close(descriptor)
 
 
 def _kernel_copy(method: str, descriptor: int, offset: int, count: int, destination: int,
@@ -192,18 +173,6 @@ def _kernel_copy(method: str, descriptor: int, offset: int, count: int, destinat
         os.lseek(destination, destination_offset, os.SEEK_SET)
         return os.sendfile(destination, descriptor, offset, count)
     raise ValueError(f"unknown copy method {method!r}")
-
-
-def _pread_exactly(source: ByteRange, descriptor: int, offset: int, piece: memoryview) -> None:
-    done = 0
-    while done < len(piece):
-        try:
-            got = os.preadv(descriptor, [piece[done:]], offset + done)
-        except OSError as error:
-            raise CogExportError(f"cannot read {source.path}: {error.strerror}") from None
-        if got == 0:
-            raise CogExportError(f"{source.path} ends {len(piece) - done} bytes early (truncated?); copy it again")
-        done += got
 
 
 def _read_or_write_error(source: ByteRange, error: OSError) -> Exception:
