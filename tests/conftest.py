@@ -3,8 +3,10 @@ contract, and compare tensors to the bit."""
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,8 +20,11 @@ from safetensors.torch import load_file
 from cogexport.cli import main
 
 # What exports learn of Diffusers' classes (cogexport/models/diffusers_cache.py) goes to a folder of this test process
-# and the processes it starts, not the user's ~/.cache: each run of the suite starts by asking Diffusers itself.
-os.environ.setdefault("COGEXPORT_CACHE_DIR", tempfile.mkdtemp(prefix="cogexport-test-cache-"))
+# and the processes it starts, not the user's ~/.cache: each run of the suite starts by asking Diffusers itself. The
+# process that makes the folder (pytest's first; its xdist workers inherit the variable) removes it when it ends.
+if "COGEXPORT_CACHE_DIR" not in os.environ:
+    os.environ["COGEXPORT_CACHE_DIR"] = tempfile.mkdtemp(prefix="cogexport-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["COGEXPORT_CACHE_DIR"], ignore_errors=True)
 
 
 class CliResult:

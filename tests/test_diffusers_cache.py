@@ -10,9 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from cogvideox_fixtures import build_tiny_transformer, config_folder, write_sat_run
+from cogvideox_fixtures import build_tiny_transformer, config_folder, tiny_pipeline, write_sat_run
+from diffusers import CogVideoXTransformer3DModel
+from fixtures import SCRIPTS
 
 from cogexport.models.diffusers_cache import NotCacheable, decode, encode
+
+sys.path.insert(0, str(SCRIPTS))
+from tiny_models import randomize_  # noqa: E402
 
 # Runs the command line in a fresh interpreter, then says which of these packages the run imported.
 RUN_AND_TELL_IMPORTS = """
@@ -25,10 +30,11 @@ print(json.dumps({"code": code, "imported": imported}))
 """
 
 
-def export_in_fresh_process(run: Path, base: Path, output: Path, cache: str) -> dict:
+def export_in_fresh_process(run: Path, base: Path, output: Path, cache: str,
+                            options: tuple[str, ...] = ("--component", "transformer")) -> dict:
     env = {**os.environ, "COGEXPORT_CACHE_DIR": cache}
     done = subprocess.run([sys.executable, "-c", RUN_AND_TELL_IMPORTS, str(run), str(output), "--base", str(base),
-                           "--component", "transformer"], capture_output=True, text=True, env=env)
+                           *options], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     told = json.loads(done.stdout.strip().splitlines()[-1])
     assert told["code"] == 0, done.stderr
@@ -36,7 +42,9 @@ def export_in_fresh_process(run: Path, base: Path, output: Path, cache: str) -> 
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in sorted(folder.iterdir()) if path.name != "README.md"}
+    """Every file under ``folder`` but its model card (which names the command's output folder)."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*"))
+            if path.is_file() and path.name != "README.md"}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +64,22 @@ def test_a_remembered_export_writes_the_same_bytes_without_importing_diffusers(s
     assert again["imported"] == []
     assert sorted(p.name.split("-")[0] for p in next(cache.iterdir()).iterdir()) == ["defaults", "target"]
     expected = folder_bytes(tmp_path / "off")
+    assert folder_bytes(tmp_path / "first") == expected and folder_bytes(tmp_path / "again") == expected
+
+
+def test_a_remembered_pipeline_export_writes_the_same_folder_without_importing_diffusers(tmp_path):
+    base = tiny_pipeline("t2v")
+    model = CogVideoXTransformer3DModel.from_config(CogVideoXTransformer3DModel.load_config(base / "transformer"))
+    run = write_sat_run(tmp_path / "run", randomize_(model, 5).state_dict()).run_dir
+    cache = tmp_path / "cache"
+    for name, where in (("off", ""), ("first", str(cache))):
+        assert "diffusers" in export_in_fresh_process(run, base, tmp_path / name, where, options=())["imported"]
+    again = export_in_fresh_process(run, base, tmp_path / "again", str(cache), options=())
+    assert again["imported"] == []
+    assert sorted(p.name.split("-")[0] for p in next(cache.iterdir()).iterdir()) == \
+        ["defaults", "model_index_entry", "pipeline", "scheduler", "target"]
+    expected = folder_bytes(tmp_path / "off")
+    assert {"model_index.json", "scheduler/scheduler_config.json", "transformer/config.json"} <= set(expected)
     assert folder_bytes(tmp_path / "first") == expected and folder_bytes(tmp_path / "again") == expected
 
 

@@ -120,6 +120,17 @@ def _cache_folder() -> Path | None:
     return root / f"diffusers-{diffusers}-torch-{torch}-cogexport-{__version__}"
 
 
+def diffusers_version() -> str:
+    """``diffusers.__version__`` (what a config's ``_diffusers_version`` holds), read from the installed package's
+    metadata, which importing Diffusers to ask would cost seconds; an editable Diffusers, whose metadata may be older
+    than its code, is asked."""
+    if _installed_version("diffusers") is not None:
+        return metadata.version("diffusers")
+    import diffusers
+
+    return diffusers.__version__
+
+
 def _installed_version(package: str) -> str | None:
     """An installed package's version and a digest of its files' list (pip's RECORD, which holds each file's hash: a
     reinstall of another build under the same version differs), or None if that cannot tell its code (an editable

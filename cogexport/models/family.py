@@ -239,6 +239,12 @@ def model_class(class_name: str) -> type:
 def model_index_entry(class_name: str) -> list[str]:
     """[library, class] as a pipeline's save_pretrained writes a model component into model_index.json: "diffusers"
     for Diffusers' own models, the pipeline module's name for a pipeline's own model (["ltx2", "LTX2Vocoder"])."""
+    answer = remembered("model_index_entry", {"class": class_name},
+                        lambda: {"entry": _live_model_index_entry(class_name)}, fields=("entry",))
+    return list(answer["entry"])
+
+
+def _live_model_index_entry(class_name: str) -> list[str]:
     import diffusers
 
     if getattr(diffusers, class_name, None) is not None:

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..errors import CogExportError
+from .diffusers_cache import diffusers_version
 
 _NEEDED = ("x_embedder.proj.weight", "proj_out.weight", "context_embedder.proj_in.weight",
            "context_embedder_2.linear_1.weight", "image_embedder.norm_in.weight",
@@ -172,12 +173,10 @@ def original_config(config: Mapping[str, Any], task: str | None) -> dict | None:
     the VAE, whose original config cogexport does not derive."""
     if "num_attention_heads" not in config:
         return None
-    import diffusers
-
     heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
     resolution = {size: name for name, size in TARGET_SIZES.items()}.get(config["target_size"])
     return {
-        "_class_name": ORIGINAL_CLASS, "_diffusers_version": diffusers.__version__, **FIXED_ORIGINAL,
+        "_class_name": ORIGINAL_CLASS, "_diffusers_version": diffusers_version(), **FIXED_ORIGINAL,
         "heads_num": heads, "hidden_size": heads * head_dim, "ideal_resolution": resolution,
         "ideal_task": task or config["task_type"], "in_channels": (config["in_channels"] - 1) // 2,
         "mlp_width_ratio": _number(config["mlp_ratio"]), "mm_double_blocks_depth": config["num_layers"],

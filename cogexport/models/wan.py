@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..errors import CogExportError
+from .diffusers_cache import diffusers_version
 
 _NEEDED = ("patch_embedding.weight", "proj_out.weight", "condition_embedder.text_embedder.linear_1.weight")
 IMAGE_EMBEDDER = "condition_embedder.image_embedder."
@@ -136,10 +137,9 @@ def diffusers_config(original: Mapping[str, Any], facts: Mapping[str, Any], wher
 def original_config(config: Mapping[str, Any], task: str) -> dict:
     """The WanModel config.json the Wan repo writes beside its weights (WanModel is a Diffusers ConfigMixin, hence
     the version key), for a WanTransformer3DModel config."""
-    import diffusers
-
     original = {
-        "_class_name": ORIGINAL_CLASS, "_diffusers_version": diffusers.__version__, "dim": config["num_attention_heads"] * config["attention_head_dim"],
+        "_class_name": ORIGINAL_CLASS, "_diffusers_version": diffusers_version(),
+        "dim": config["num_attention_heads"] * config["attention_head_dim"],
         "eps": config["eps"], "ffn_dim": config["ffn_dim"], "freq_dim": config["freq_dim"],
         "in_dim": config["in_channels"], "model_type": task, "num_heads": config["num_attention_heads"],
         "num_layers": config["num_layers"], "out_dim": config["out_channels"], "text_len": 512,

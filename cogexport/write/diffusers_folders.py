@@ -13,9 +13,10 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-
 from ..errors import CogExportError
 from ..lazy import LazyTensor
+from ..models.diffusers_cache import diffusers_version
+from ..models.pipeline_facts import PipelineSignature, SchedulerConfig
 from .folder_plan import PlannedFile, TextFile, json_text, shard_files
 from .shards import ShardPlan, plan_shards
 
@@ -62,26 +63,17 @@ def write_config_json(path: Path, config: Mapping[str, object]) -> None:
     path.write_text(json_text(config), encoding="utf-8")
 
 
-def model_index_file(pipeline_class: str, components: Mapping[str, list],
+def model_index_file(signature: PipelineSignature, pipeline_class: str, components: Mapping[str, list],
                      config: Mapping[str, object] | None = None) -> TextFile:
     """model_index.json as the pipeline's save_pretrained writes it: every component the class takes (absent ones as
     [null, null]) and its config values (``config``, else the class's defaults)."""
-    import inspect
-
-    import diffusers
-
-    pipeline = getattr(diffusers, pipeline_class)
-    expected, optional = pipeline._get_signature_keys(pipeline)
-    defaults = {name: p.default for name, p in inspect.signature(pipeline.__init__).parameters.items()}
-    values = {name: (config or {}).get(name, defaults.get(name)) for name in optional}
-    entries = {name: list(components.get(name, [None, None])) for name in expected}
+    values = {name: (config or {}).get(name, signature.defaults.get(name)) for name in signature.config_names}
+    entries = {name: list(components.get(name, [None, None])) for name in signature.components}
     return TextFile("model_index.json", json_text({"_class_name": pipeline_class,
-                                                   "_diffusers_version": diffusers.__version__, **entries, **values}))
+                                                   "_diffusers_version": diffusers_version(),
+                                                   **entries, **values}))
 
 
-def scheduler_file(folder: str, class_name: str, config: Mapping[str, object]) -> TextFile:
-    """The scheduler's config as its save_pretrained writes it (the scheduler is built: a bad config fails here)."""
-    import diffusers
-
-    scheduler = getattr(diffusers, class_name)(**config)
-    return TextFile(f"{folder}/{scheduler.config_name}", scheduler.to_json_string())
+def scheduler_file(folder: str, scheduler: SchedulerConfig) -> TextFile:
+    """The scheduler's config as its save_pretrained writes it."""
+    return TextFile(f"{folder}/{scheduler.file_name}", scheduler.json)
