@@ -293,3 +293,42 @@ def test_single_file_compare_refuses_a_difference(single_file_exports, tmp_path,
         (ours / "config.json").write_text(json.dumps({**config, "num_layers": 3}))
     with pytest.raises(click.ClickException, match=message):
         compare_outputs(ours, reference)
+
+
+# the benchmark at scale: benchmark_at_scale.judge, against the release by Diffusers' converter's names -------------
+
+def test_at_scale_judge_accepts_cogexports_output(single_file_exports):
+    from benchmark_at_scale import judge
+
+    work, _ = single_file_exports
+    checked = judge(work / "release" / "diffusion_pytorch_model.safetensors", work / "cogexport")
+    assert checked["tensors"] == len(load_file(work / "cogexport" / "diffusion_pytorch_model.safetensors"))
+    assert checked["kept_fp32"] > 0
+
+
+@pytest.mark.parametrize("spoiled, message", [
+    ("value", "blocks.0.attn1.to_q.weight differs"), ("kept fp32 value", "differs"), ("kept fp32 as bf16", "differs"),
+    ("missing", "names differ"), ("extra", "names differ"),
+])
+def test_at_scale_judge_refuses_a_difference(single_file_exports, tmp_path, spoiled, message):
+    import click
+    from benchmark_at_scale import judge
+
+    work, _ = single_file_exports
+    ours = shutil.copytree(work / "cogexport", tmp_path / "ours")
+    path = ours / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(path)
+    kept = next(name for name, tensor in tensors.items() if tensor.dtype == torch.float32)
+    if spoiled == "value":
+        spoil(path, "blocks.0.attn1.to_q.weight", flip_first)
+    elif spoiled == "kept fp32 value":
+        spoil(path, kept, flip_first)
+    elif spoiled == "kept fp32 as bf16":
+        spoil(path, kept, lambda tensor: tensor.to(torch.bfloat16))
+    elif spoiled == "missing":
+        del tensors["blocks.0.attn1.to_k.bias"]
+        save_file(tensors, path)
+    else:
+        save_file({**tensors, "blocks.9.attn1.to_k.bias": torch.zeros(2, dtype=torch.bfloat16)}, path)
+    with pytest.raises(click.ClickException, match=message):
+        judge(work / "release" / "diffusion_pytorch_model.safetensors", ours)
