@@ -57,6 +57,8 @@ def test_model_card_says_what_was_done(tmp_path):
     export(tmp_path / "run", tmp_path / "out", base=base, command="cogexport run out --base base",
            base_model="someone/tiny-cogvideox-i2v")
     card = ModelCard.load(tmp_path / "out" / "README.md")
+    # huggingface_hub's own card writes it back unchanged: cogexport writes what ModelCard would
+    assert str(card) == (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
     assert card.data.library_name == "diffusers"
     assert card.data.base_model == "someone/tiny-cogvideox-i2v"
     assert card.data.to_dict()["base_model_relation"] == "finetune"

@@ -1,14 +1,16 @@
-"""The README.md model card of an exported folder, built with huggingface_hub's ModelCard.
+"""The README.md model card of an exported folder: its metadata block written by huggingface_hub's ModelCardData.
 
 Its metadata is what the Hub reads (library, base model and how this model relates to it, pipeline tag);
-its text says how the folder was made: the command, the source checkpoint and step, and the dtype policy.
+its text says how the folder was made: the command, the source checkpoint and step, and the dtype policy. The card is
+the text ModelCard(...) would give back (it only parses the block and writes it again the same way); ModelCard
+itself is not imported, since it brings in huggingface_hub's Hub client, about 0.1 s of every export's start.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub.repocard_data import ModelCardData
 
 
 @dataclass
@@ -51,4 +53,4 @@ def model_card(facts: CardFacts) -> str:
         *[f"- {line}" for line in facts.details],
         "",
     ]
-    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))
+    return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)
