@@ -126,7 +126,7 @@ def prepare(work: Path, layers: int) -> dict:
     """Make the SAT run (once) and, below full size, the --base config folder cogexport needs."""
     name = f"bench-sat-{VARIANT}-{'full' if layers == FULL_LAYERS else f'{layers}layers'}"
     run_dir, marker, base = work / name, work / f"{name}.done", work / f"{name}-base"
-    if not marker.exists():
+    if not marker.exists() or not run_dir.is_dir():  # a marker left by a run since removed is no run
         shutil.rmtree(run_dir, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
         click.echo(f"making the {VARIANT} SAT run with {layers} layers in {run_dir} (full size: ~3.4 GB, about a "
