@@ -9,7 +9,7 @@ to a bf16 Diffusers transformer folder. No other tool can run it here: Diffusers
 state dict, more than this machine's 24 GiB; so the rows are cogexport, cogexport --workers 1, its start and both I/O
 floors of the same job (the bytes read and written, copied by dd and in the kernel).
 
-Made once in --work-dir: the release, random weights written a tensor at a time (benchmark_wan.py's way). Before
+Made once in --work-dir by benchmark_wan.py's maker: the release, random weights written a tensor at a time. Before
 anything is timed, cogexport's output is judged tensor by tensor, in a helper process, one tensor in memory at a time:
 its names are the ones Diffusers' own single-file converter (convert_wan_transformer_to_diffusers, which renames
 only, run on the names) gives the release's tensors, and each tensor equals the release's cast to the dtype Diffusers
@@ -34,29 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmarking import (START, WORKERS_1, floor_reads, floor_rows, goal_lines, measure, measure_tree,  # noqa: E402
                           print_table, retarget, run_json, start_tool, summarize, time_alternately, tree_bytes,
                           with_workers)
-from single_file_benchmark import (DEFAULT_WORK, meta_model, original_names, release_setup,  # noqa: E402
-                                   write_random_safetensors)
+from benchmark_wan import prepare as prepare_wan_release  # noqa: E402
+from single_file_benchmark import DEFAULT_WORK  # noqa: E402
 
 VARIANT = "Wan2.1-T2V-14B"
 FULL_LAYERS = 40
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
-
-
-def prepare(work: Path, layers: int) -> dict:
-    """The original layout of the 14B config with ``layers`` blocks, random fp32 weights, made once."""
-    from cogexport.models import wan
-    from cogexport.models.family import family_named
-    from cogexport.write.diffusers_folders import write_config_json
-
-    family = family_named("wan")
-    model = meta_model(family.transformer.class_name,
-                       {**family.transformer_config(family.variant_named(VARIANT)), "num_layers": layers})
-    folder = work / f"bench-wan21-t2v-14b-{layers}layers"
-    write_random_safetensors(folder / "release" / WEIGHTS, [("", original_names(model, "wan/original_transformer"))],
-                             {"format": "pt"}, dtype="float32")
-    write_config_json(folder / "release" / "config.json", wan.original_config(dict(model.config), "t2v"))
-    return release_setup(folder / "release", folder / "release" / WEIGHTS, folder / "diffusers-config", model)
 
 
 def judge(release: Path, output: Path) -> dict:
@@ -143,7 +127,7 @@ def run(script: list[str], work: Path, runs: int, as_json: bool) -> None:
 def main(layers: int, work_dir: Path, runs: int, as_json: bool, prepare_only: bool,
          judge_paths: tuple[Path, Path] | None) -> None:
     if prepare_only:
-        click.echo(json.dumps(prepare(work_dir, layers)))
+        click.echo(json.dumps(prepare_wan_release(work_dir, layers, VARIANT)))
     elif judge_paths:
         click.echo(json.dumps(judge(*judge_paths)))
     else:

@@ -37,17 +37,17 @@ FULL_LAYERS = 30
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
-def prepare(work: Path, layers: int) -> dict:
-    """The original layout's files of the published 1.3B config (with ``layers`` blocks), random fp32 weights drawn
-    a tensor at a time, made once; and a Diffusers config folder for the reference path."""
+def prepare(work: Path, layers: int, variant: str = VARIANT) -> dict:
+    """The original layout's files of a published T2V config (``variant``, with ``layers`` blocks), random fp32
+    weights drawn a tensor at a time, made once; and a Diffusers config folder for the reference path."""
     from cogexport.models import wan
     from cogexport.models.family import family_named
     from cogexport.write.diffusers_folders import write_config_json
 
     family = family_named("wan")
     model = meta_model(family.transformer.class_name,
-                       {**family.transformer_config(family.variant_named(VARIANT)), "num_layers": layers})
-    folder = work / f"bench-wan21-t2v-1.3b-{layers}layers"
+                       {**family.transformer_config(family.variant_named(variant)), "num_layers": layers})
+    folder = work / f"bench-{variant.lower().replace('wan2.1-', 'wan21-')}-{layers}layers"
     # the original names, by the original table run backwards (renames only: each tensor passes through untouched)
     write_random_safetensors(folder / "release" / WEIGHTS, [("", original_names(model, "wan/original_transformer"))],
                              {"format": "pt"}, dtype="float32")

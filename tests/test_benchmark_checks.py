@@ -249,6 +249,27 @@ def single_file_exports(tmp_path_factory):
     return work, setup
 
 
+def spoil_wan_output(path, spoiled: str) -> None:
+    """Spoil a tiny Wan export's weights file in one place, as ``spoiled`` says."""
+    tensors = load_file(path)
+    kept = next(name for name, tensor in tensors.items() if tensor.dtype == torch.float32)
+    if spoiled == "value":
+        spoil(path, "blocks.0.attn1.to_q.weight", flip_first)
+    elif spoiled == "kept fp32 value":
+        spoil(path, kept, flip_first)
+    elif spoiled == "kept fp32 as bf16":
+        spoil(path, kept, lambda tensor: tensor.to(torch.bfloat16))
+    elif spoiled == "shape":
+        spoil(path, "blocks.0.attn1.to_q.bias", lambda tensor: tensor[:-1])
+    elif spoiled == "missing":
+        del tensors["blocks.0.attn1.to_k.bias"]
+        save_file(tensors, path)
+    elif spoiled == "extra":
+        save_file({**tensors, "blocks.9.attn1.to_k.bias": torch.zeros(2, dtype=torch.bfloat16)}, path)
+    else:
+        raise ValueError(spoiled)
+
+
 def test_single_file_compare_accepts_the_two_tools_outputs(single_file_exports):
     from single_file_benchmark import compare_outputs
 
@@ -271,23 +292,11 @@ def test_single_file_compare_refuses_a_difference(single_file_exports, tmp_path,
     work, _ = single_file_exports
     ours = shutil.copytree(work / "cogexport", tmp_path / "ours")
     reference = shutil.copytree(work / "reference", tmp_path / "reference")
-    path = ours / "diffusion_pytorch_model.safetensors"
-    tensors = load_file(path)
-    kept = next(name for name, tensor in tensors.items() if tensor.dtype == torch.float32)
-    if spoiled == "value":
-        spoil(path, "blocks.0.attn1.to_q.weight", flip_first)
-    elif spoiled == "kept fp32 value":
-        spoil(path, kept, flip_first)
-    elif spoiled == "dtype":  # the reference path must write bf16
+    if spoiled == "dtype":  # the reference path must write bf16
         spoil(reference / "diffusion_pytorch_model.safetensors", "blocks.0.attn1.to_q.weight",
               lambda tensor: tensor.float())
-    elif spoiled == "shape":
-        spoil(path, "blocks.0.attn1.to_q.bias", lambda tensor: tensor[:-1])
-    elif spoiled == "missing":
-        del tensors["blocks.0.attn1.to_k.bias"]
-        save_file(tensors, path)
-    elif spoiled == "extra":
-        save_file({**tensors, "blocks.9.attn1.to_k.bias": torch.zeros(2, dtype=torch.bfloat16)}, path)
+    elif spoiled != "config":
+        spoil_wan_output(ours / "diffusion_pytorch_model.safetensors", spoiled)
     else:
         config = json.loads((ours / "config.json").read_text())
         (ours / "config.json").write_text(json.dumps({**config, "num_layers": 3}))
@@ -316,19 +325,6 @@ def test_at_scale_judge_refuses_a_difference(single_file_exports, tmp_path, spoi
 
     work, _ = single_file_exports
     ours = shutil.copytree(work / "cogexport", tmp_path / "ours")
-    path = ours / "diffusion_pytorch_model.safetensors"
-    tensors = load_file(path)
-    kept = next(name for name, tensor in tensors.items() if tensor.dtype == torch.float32)
-    if spoiled == "value":
-        spoil(path, "blocks.0.attn1.to_q.weight", flip_first)
-    elif spoiled == "kept fp32 value":
-        spoil(path, kept, flip_first)
-    elif spoiled == "kept fp32 as bf16":
-        spoil(path, kept, lambda tensor: tensor.to(torch.bfloat16))
-    elif spoiled == "missing":
-        del tensors["blocks.0.attn1.to_k.bias"]
-        save_file(tensors, path)
-    else:
-        save_file({**tensors, "blocks.9.attn1.to_k.bias": torch.zeros(2, dtype=torch.bfloat16)}, path)
+    spoil_wan_output(ours / "diffusion_pytorch_model.safetensors", spoiled)
     with pytest.raises(click.ClickException, match=message):
         judge(work / "release" / "diffusion_pytorch_model.safetensors", ours)
