@@ -4,6 +4,7 @@ of it reads just its own bytes."""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from conftest import assert_refused
 from safetensors.torch import load_file, save_file
 from test_io_floor import record_data_offset
 
+from cogexport import tensor_bytes
 from cogexport.checkpoint.safetensors_files import SafetensorsCheckpoint
 from cogexport.checkpoint.torch_archive import load_torch_file
 from cogexport.keymap.pattern import KeyPattern
@@ -27,13 +29,16 @@ SPLIT = ("transformer_blocks.0.attn1.to_q.weight", "transformer_blocks.0.attn1.t
 
 
 def flip_byte_in_qkv(run, at: int, mask: int) -> None:
-    """Flip bits of the byte ``at`` bytes into the fused q/k/v record of the run's model states file."""
+    """Flip bits of the byte ``at`` bytes into the fused q/k/v record of the run's model states file (``at`` < 0:
+    from the record's end)."""
     states = next(run.run_dir.glob("*/mp_rank_00_model_states.pt"))
     archive, tree = load_torch_file(states)
     stored = tree["module"][QKV]
     archive.close()
+    with zipfile.ZipFile(states) as opened:
+        size = next(i for i in opened.infolist() if i.filename.endswith(f"data/{stored.key}")).file_size
     data = bytearray(states.read_bytes())
-    data[record_data_offset(states, f"data/{stored.key}") + at] ^= mask
+    data[record_data_offset(states, f"data/{stored.key}") + at % size] ^= mask
     states.write_bytes(bytes(data))
 
 
@@ -69,9 +74,13 @@ def test_a_damaged_byte_under_a_copied_split_is_refused(tmp_path, cli):
                    inputs=[run.run_dir, base])
 
 
-def test_a_cast_split_reads_its_own_bytes(tmp_path, cli, counted):
-    """fp32 to bf16: q, k and v are cast, so loaded, each from its third of the fused record; only the tensors kept in
-    fp32 are copied."""
+@pytest.mark.parametrize("window", [None, 64])
+def test_a_cast_split_reads_its_own_bytes(window, tmp_path, cli, counted, monkeypatch):
+    """fp32 to bf16: q, k and v are cast, so loaded, each from its third of the fused record (mapped whole, or 64
+    bytes at a time, each window's bytes told to the record's CRC-32 check in turn); only the tensors kept in fp32 are
+    copied."""
+    if window is not None:
+        monkeypatch.setattr(tensor_bytes, "CAST_WINDOW", window)
     run, base = fp32_sat_run(tmp_path)
     result = cli(*export_args(run, base, tmp_path / "out", "bf16"))
     assert result.exit_code == 0, result.stderr
@@ -113,9 +122,13 @@ def test_splits_and_joins_of_safetensors_tensors(shape, dim, ranged, tmp_path, c
     assert counted.bytes["copy_file_range"] == (sum(t.nbytes for t in expected.values()) if ranged else 0)
 
 
-def test_casts_are_read_from_a_memory_map_to_the_bit(tmp_path):
+@pytest.mark.parametrize("window", [None, 6000])
+def test_casts_are_read_from_a_memory_map_to_the_bit(window, tmp_path, monkeypatch):
     """A cast of a tensor whose bytes lie in a file (cast_ranges: from a memory map of the file) equals torch's own
-    cast of the loaded tensor, at offsets and sizes that fall anywhere in the file's pages."""
+    cast of the loaded tensor, at offsets and sizes that fall anywhere in the file's pages; mapped whole, or a window
+    at a time (6000 bytes: most tensors here take several)."""
+    if window is not None:
+        monkeypatch.setattr(tensor_bytes, "CAST_WINDOW", window)
     generator = torch.Generator().manual_seed(1)
     truth = {"odd": torch.randn(4099, generator=generator), "scalar": torch.tensor(3.3),
              "wide": torch.randn(3, 70001, generator=generator) * 1e4,
@@ -135,11 +148,15 @@ def test_casts_are_read_from_a_memory_map_to_the_bit(tmp_path):
                         (name, dtype)  # bit for bit: NaN, -0.0 and subnormals too
 
 
-def test_a_cast_from_a_damaged_record_is_refused(tmp_path, cli):
-    """bf16 SAT weights exported to fp32 are cast from the mapped record: a flipped byte fails its CRC-32."""
+@pytest.mark.parametrize("window, at", [(None, 7), (64, 7), (64, -5)])
+def test_a_cast_from_a_damaged_record_is_refused(window, at, tmp_path, cli, monkeypatch):
+    """bf16 SAT weights exported to fp32 are cast from the mapped record: a flipped byte fails its CRC-32, in the
+    first or the last of the windows a record is mapped in (64 bytes: the record takes many)."""
+    if window is not None:
+        monkeypatch.setattr(tensor_bytes, "CAST_WINDOW", window)
     original = build_tiny_transformer("5b", num_layers=2, seed=6)
     run = write_sat_run(tmp_path / "inputs" / "run", original.state_dict())
     base = config_folder(tmp_path / "inputs" / "base", original)
-    flip_byte_in_qkv(run, 7, 0x04)
+    flip_byte_in_qkv(run, at, 0x04)
     assert_refused(cli, tmp_path, export_args(run, base, tmp_path / "out", "fp32"), "fails its CRC-32 check",
                    inputs=[run.run_dir, base])
