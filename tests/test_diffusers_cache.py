@@ -111,3 +111,22 @@ def test_json_carries_a_config_exactly():
     for uncarried in ({"dtype": object()}, {1: "an int key"}, {"__tuple__": [1]}):
         with pytest.raises(NotCacheable):
             encode(uncarried)
+
+
+def test_an_answer_json_cannot_carry_is_made_each_time_and_not_kept(tmp_path, monkeypatch):
+    from cogexport.models.diffusers_cache import remembered
+
+    monkeypatch.setenv("COGEXPORT_CACHE_DIR", str(tmp_path / "cache"))
+    made = []
+
+    def make() -> dict:
+        made.append(1)
+        return {"defaults": {"kind": {"a set"}}}  # a set: JSON has none
+
+    for _ in range(2):
+        assert remembered("defaults", {"class": "Nothing"}, make) == {"defaults": {"kind": {"a set"}}}
+    assert len(made) == 2
+    assert not [path for path in (tmp_path / "cache").rglob("*.json")]
+    kept = remembered("defaults", {"class": "Tuples"}, lambda: {"defaults": {"sizes": (1, 2)}})
+    again = remembered("defaults", {"class": "Tuples"}, lambda: pytest.fail("asked again"))
+    assert kept == again and type(again["defaults"]["sizes"]) is tuple

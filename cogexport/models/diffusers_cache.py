@@ -58,8 +58,10 @@ def decode(value: Any) -> Any:
 
 
 def remembered(kind: str, key: Mapping[str, Any], make: Callable[[], dict], fields: tuple[str, ...] = ()) -> dict:
-    """The answer ``make()`` gives for ``key`` (JSON-able, both), from the cache when it holds it (with every one of
-    ``fields``), else made and kept. ``kind`` names what is asked ("defaults", "target")."""
+    """The answer ``make()`` gives for ``key``, from the cache when it holds it (with every one of ``fields``), else
+    made and kept. Key and answer are kept as ``encode`` writes them and come back as ``decode`` reads them (tuples as
+    tuples); an answer or key holding a value JSON cannot carry exactly is made each time and never kept. ``kind``
+    names what is asked ("defaults", "target")."""
     folder = _cache_folder()
     try:
         encoded_key = encode(dict(key))
@@ -71,9 +73,12 @@ def remembered(kind: str, key: Mapping[str, Any], make: Callable[[], dict], fiel
     path = folder / f"{kind}-{hashlib.sha256(text_key.encode()).hexdigest()[:32]}.json"
     found = _read(path, text_key)
     if found is not None and all(name in found for name in fields):
-        return found
+        return decode(found)
     answer = make()
-    _write(path, {"key": text_key, "answer": answer})
+    try:
+        _write(path, {"key": text_key, "answer": encode(answer)})
+    except NotCacheable:
+        pass  # asked again next time
     return answer
 
 

@@ -10,6 +10,7 @@ families from here and never asks which family it has.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import json
@@ -25,7 +26,7 @@ else:  # pragma: no cover
 
 from ..errors import CogExportError
 from ..keymap.roots import family_folders, key_map_roots
-from .diffusers_cache import NotCacheable, decode, encode, remembered
+from .diffusers_cache import remembered
 from .shapes import FamilyShapes
 
 FAMILY_FILE = "family.toml"
@@ -199,19 +200,13 @@ class ModelFamily:
 def class_defaults(class_name: str) -> dict:
     """A Diffusers class's constructor defaults (what its config holds for arguments a variant leaves alone), kept
     on disk per Diffusers version (diffusers_cache.py) where JSON carries them exactly; a new dict each call."""
-    answer = _remembered_defaults(class_name)
-    return decode(answer["defaults"]) if answer["defaults"] is not None else _live_defaults(class_name)
+    return copy.deepcopy(_remembered_defaults(class_name))
 
 
 @cache
 def _remembered_defaults(class_name: str) -> dict:
-    def ask_diffusers() -> dict:
-        try:
-            return {"defaults": encode(_live_defaults(class_name))}
-        except NotCacheable:  # a default JSON cannot carry: asked of the class each time
-            return {"defaults": None}
-
-    return remembered("defaults", {"class": class_name}, ask_diffusers, fields=("defaults",))
+    return remembered("defaults", {"class": class_name}, lambda: {"defaults": _live_defaults(class_name)},
+                      fields=("defaults",))["defaults"]
 
 
 def _live_defaults(class_name: str) -> dict:

@@ -8,7 +8,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Mapping
 
-from .diffusers_cache import NotCacheable, decode, encode, remembered
+from .diffusers_cache import remembered
 
 
 @dataclass(frozen=True)
@@ -27,25 +27,19 @@ class SchedulerConfig:
 
 
 def pipeline_signature(pipeline_class: str) -> PipelineSignature:
-    answer = remembered("pipeline", {"class": pipeline_class}, lambda: _ask_pipeline(pipeline_class, encode),
+    answer = remembered("pipeline", {"class": pipeline_class}, lambda: _ask_pipeline(pipeline_class),
                         fields=("components", "config_names", "defaults"))
-    if answer["defaults"] is None:  # a default JSON cannot carry: asked of the class each time
-        answer = _ask_pipeline(pipeline_class, lambda defaults: defaults)
-    return PipelineSignature(tuple(answer["components"]), tuple(answer["config_names"]), decode(answer["defaults"]))
+    return PipelineSignature(tuple(answer["components"]), tuple(answer["config_names"]), answer["defaults"])
 
 
-def _ask_pipeline(pipeline_class: str, keep_defaults) -> dict:
+def _ask_pipeline(pipeline_class: str) -> dict:
     import diffusers
 
     pipeline = getattr(diffusers, pipeline_class)
     components, config_names = pipeline._get_signature_keys(pipeline)
     parameters = inspect.signature(pipeline.__init__).parameters
     defaults = {name: parameters[name].default for name in config_names if name in parameters}
-    try:
-        kept = keep_defaults(defaults)
-    except NotCacheable:
-        kept = None
-    return {"components": list(components), "config_names": list(config_names), "defaults": kept}
+    return {"components": list(components), "config_names": list(config_names), "defaults": defaults}
 
 
 def scheduler_config(class_name: str, config: Mapping[str, object]) -> SchedulerConfig:

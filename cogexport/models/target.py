@@ -6,12 +6,12 @@ config need not import Diffusers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Mapping
 
 import torch
 
 from ..errors import CogExportError
-from .diffusers_cache import NotCacheable, decode, encode, remembered
+from .diffusers_cache import remembered
 
 
 @dataclass
@@ -29,21 +29,16 @@ class TargetModel:
 
 def build_target(class_name: str, config: Mapping[str, object]) -> TargetModel:
     """The model ``class_name`` builds from ``config`` (a CogExportError if it cannot)."""
-    try:
-        answer = remembered("target", {"class": class_name, "config": dict(config)},
-                            lambda: _build(class_name, config, encode),
-                            fields=("config", "config_json", "schema", "dtypes", "counts"))
-    except NotCacheable:  # the built config holds a value JSON cannot carry: asked of the class, not kept
-        answer = _build(class_name, config, dict)
-    return TargetModel(class_name, decode(answer["config"]), answer["config_json"],
+    answer = remembered("target", {"class": class_name, "config": dict(config)}, lambda: _build(class_name, config),
+                        fields=("config", "config_json", "schema", "dtypes", "counts"))
+    return TargetModel(class_name, answer["config"], answer["config_json"],
                        {name: torch.Size(shape) for name, shape in answer["schema"].items()},
                        {name: getattr(torch, dtype) for name, dtype in answer["dtypes"].items()},
                        dict(answer["counts"]))
 
 
-def _build(class_name: str, config: Mapping[str, object], keep_config: Callable[[dict], Any]) -> dict:
-    """Build the model on the meta device and tell what an export needs of it, its config as ``keep_config`` keeps it
-    (``encode``: as JSON, which raises NotCacheable for a value JSON cannot carry)."""
+def _build(class_name: str, config: Mapping[str, object]) -> dict:
+    """Build the model on the meta device and tell what an export needs of it."""
     from .family import model_class as class_named
 
     model_class = class_named(class_name)
@@ -56,7 +51,7 @@ def _build(class_name: str, config: Mapping[str, object], keep_config: Callable[
     counts = {}
     if "up_block_types" in model.config:
         counts["num_up_blocks"] = len(model.config["up_block_types"])
-    return {"config": keep_config(dict(model.config)), "config_json": model.to_json_string(),
+    return {"config": dict(model.config), "config_json": model.to_json_string(),
             "schema": {name: list(tensor.shape) for name, tensor in state.items()},
             "dtypes": {name: str(tensor.dtype).removeprefix("torch.") for name, tensor in state.items()},
             "counts": counts}
