@@ -144,6 +144,63 @@ def test_a_copied_record_that_fails_its_crc_is_refused(tmp_path, cli, monkeypatc
                    "fails its CRC-32 check", inputs=[weights])
 
 
+def test_copied_chunks_are_checked_in_a_helper_thread_behind_the_copies(tmp_path, monkeypatch, counted):
+    """A writer's kernel copies hand their CRC-32 checks to one helper thread, each chunk's check running while the
+    next chunk is copied: every byte is still checked, in copy order, and the output is still save_file's."""
+    monkeypatch.setattr(byte_copy, "CHECKED_CHUNK", 4096)  # the 300 x 64 fp32 weight: 19 chunks
+    truth = saved_state_dict(tmp_path / "weights.pt")
+    seen, check_copied = [], byte_copy.check_copied
+
+    def watched(source, start, count, descriptor=None):
+        seen.append((threading.current_thread().name, source.offset + start, count))
+        check_copied(source, start, count, descriptor)
+
+    monkeypatch.setattr(byte_copy, "check_copied", watched)
+    with TorchStateDictCheckpoint(tmp_path / "weights.pt") as source:
+        write_safetensors(tmp_path / "ours.safetensors", dict(source), {"format": "pt"})
+    save_file(truth, tmp_path / "theirs.safetensors", metadata={"format": "pt"})
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    assert {name for name, _, _ in seen} == {"cogexport-check_0"}
+    assert sum(count for _, _, count in seen) == sum(t.nbytes for t in truth.values()) == counted.bytes["copy_file_range"]
+    weight = [offset for _, offset, count in seen if count == 4096]
+    assert len(weight) >= 18 and weight == sorted(weight)
+
+
+@pytest.mark.parametrize("record", ["data/0", "data/3"])
+def test_the_last_chunk_checked_behind_the_copies_is_waited_for(tmp_path, monkeypatch, record):
+    """Damage in any record, the last one copied included (its check is the one still running when the copies
+    end), fails the write: the writer waits for every check before it finishes the file."""
+    monkeypatch.setattr(byte_copy, "CHECKED_CHUNK", 4096)
+    weights = tmp_path / "weights.pt"
+    saved_state_dict(weights)
+    with zipfile.ZipFile(weights) as archive:
+        size = next(i for i in archive.infolist() if i.filename.endswith(record)).file_size
+    data = bytearray(weights.read_bytes())
+    data[record_data_offset(weights, record) + size - 1] ^= 0x01  # the record's very last byte
+    weights.write_bytes(bytes(data))
+    with TorchStateDictCheckpoint(weights) as source, pytest.raises(CogExportError, match="CRC-32"):
+        write_safetensors(tmp_path / "ours.safetensors", dict(source), {"format": "pt"})
+
+
+def test_trailing_checks_keep_the_writers_own_error():
+    """Leaving on the writer's error waits for the check in flight and raises the writer's error, not the check's."""
+    finished = []
+
+    def failing_check():
+        time.sleep(0.05)
+        finished.append(True)
+        raise CogExportError("the check's error")
+
+    with pytest.raises(OSError, match="the writer's error"):
+        with byte_copy.TrailingChecks() as checks:
+            checks.run(failing_check)
+            raise OSError("the writer's error")
+    assert finished == [True]
+    with pytest.raises(CogExportError, match="the check's error"):
+        with byte_copy.TrailingChecks() as checks:
+            checks.run(failing_check)
+
+
 def test_a_streamed_record_that_fails_its_crc_is_refused(tmp_path):
     """A torch.save output computes its records' CRC-32 from the bytes, so ranges pass through user space: still
     checked against the input's CRC-32."""

@@ -7,7 +7,9 @@ systems that share blocks); where it is refused (another file system on older ke
 
 A range whose format stores a checksum (a torch.save record's CRC-32) is copied a chunk at a time, and each chunk,
 still in the page cache, is passed to the reader's check through a read-only memory map of the input (no copy into
-this process; a plain read where the file cannot be mapped): an output is never made of bytes that fail it.
+this process; a plain read where the file cannot be mapped): an output is never made of bytes that fail it. A writer
+may hand the checks to ``TrailingChecks``, which runs each one in a helper thread while the kernel copies the next
+chunk, and waits for them all before the writer finishes its file.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import errno
 import os
 import threading
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Callable
 
 from ..errors import CogExportError
@@ -51,18 +55,55 @@ class CopyCounts:
 COUNTS = CopyCounts()
 
 
+class TrailingChecks:
+    """The checks of copied chunks, each run in one helper thread while the next chunk is copied: a kernel copy and
+    a CRC-32 of mapped page cache both release the GIL, so on two cores the check costs no time of its own. One
+    check is in flight at a time (the one before it is waited for first), so what it maps stays one chunk.
+
+    A writer uses it as a context manager around the copies of one file and calls ``drain()`` before it finishes
+    the file: that waits for the last check and raises what it raised, so no file is finished with bytes that failed
+    a check. Leaving on an error waits for the check in flight and keeps the writer's error."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+
+    def run(self, check: Callable[[], None]) -> None:
+        self.drain()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="cogexport-check")
+        self._pending = self._pool.submit(check)
+
+    def drain(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def __enter__(self) -> "TrailingChecks":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        try:
+            if kind is None:
+                self.drain()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+
 class _Unsupported(Exception):
     """This method cannot copy between these two files; the next one is tried."""
 
 
 def copy_range(source: ByteRange, destination: int, destination_offset: int,
-               methods: tuple[str, ...] | None = None) -> str:
+               methods: tuple[str, ...] | None = None, checks: TrailingChecks | None = None) -> str:
     """Copy ``source``'s bytes into the open file ``destination`` at ``destination_offset``; leaves the destination's
     file position after them. Returns the method that copied the (first) bytes. ``methods``: which to try, in order
-    (default: ``METHODS``)."""
+    (default: ``METHODS``). ``checks``: where the checks of kernel-copied chunks run (default: here, each before the
+    next chunk is copied); with ``TrailingChecks``, some may still be running when this returns."""
     with opened(source.path) as descriptor:
         try:
-            return _RangeCopy(source, descriptor, destination, destination_offset).run(list(methods or METHODS))
+            return _RangeCopy(source, descriptor, destination, destination_offset, checks).run(list(methods or METHODS))
         finally:
             os.lseek(destination, destination_offset + source.length, os.SEEK_SET)
 
@@ -70,9 +111,11 @@ def copy_range(source: ByteRange, destination: int, destination_offset: int,
 class _RangeCopy:
     """One range from an open source to an open destination; positions count from the range's first byte."""
 
-    def __init__(self, source: ByteRange, descriptor: int, destination: int, destination_offset: int) -> None:
+    def __init__(self, source: ByteRange, descriptor: int, destination: int, destination_offset: int,
+                 checks: TrailingChecks | None = None) -> None:
         self.source, self.descriptor = source, descriptor
         self.destination, self.destination_offset = destination, destination_offset
+        self.checks = checks
         self._buffer: memoryview | None = None
 
     @property
@@ -120,23 +163,12 @@ class _RangeCopy:
             copied += got
         if copied == 0 and count:
             raise _Unsupported()
-        if self.source.check is not None:
-            self._check_copied(start, copied)
+        if self.source.check is not None and self.checks is not None:
+            self.checks.run(partial(check_copied, self.source, start, copied))
+        elif self.source.check is not None:
+            check_copied(self.source, start, copied, self.descriptor)
         if copied < count:
             self._read_write(start + copied, count - copied)
-
-    def _check_copied(self, start: int, count: int) -> None:
-        """Pass the bytes just copied (still in the page cache) to the format's check, mapped, not copied."""
-        try:
-            window = MappedWindow(self.descriptor, self.source.offset + start, count)
-        except (OSError, ValueError):  # a file system that cannot map: read the bytes back instead
-            for position in range(start, start + count, len(self.buffer)):
-                piece = self.buffer[:min(len(self.buffer), start + count - position)]
-                pread_exactly(self.source.path, self.descriptor, piece, self.source.offset + position)
-                self.source.check(position, piece)
-            return
-        with window as view:
-            self.source.check(start, view)
 
     def _read_write(self, start: int, count: int) -> None:
         """Through user space: each piece read (and checked, where the format has a checksum), then written."""
@@ -149,6 +181,31 @@ class _RangeCopy:
             while written < len(piece):
                 written += os.pwrite(self.destination, piece[written:],
                                      self.destination_offset + position + written)
+
+
+def check_copied(source: ByteRange, start: int, count: int, descriptor: int | None = None) -> None:
+    """Pass ``count`` bytes of ``source`` from ``start``, just copied and still in the page cache, to its check:
+    mapped, not copied; read back through a buffer where the file cannot be mapped. ``descriptor``: the source,
+    open (else it is opened here, for a check that outlives the copy's descriptor)."""
+    if descriptor is None:
+        with opened(source.path) as own:
+            _check_open_file(source, start, count, own)
+    else:
+        _check_open_file(source, start, count, descriptor)
+
+
+def _check_open_file(source: ByteRange, start: int, count: int, descriptor: int) -> None:
+    try:
+        window = MappedWindow(descriptor, source.offset + start, count)
+    except (OSError, ValueError):  # a file system that cannot map: read the bytes back instead
+        buffer = memoryview(bytearray(min(CHECKED_CHUNK, count)))
+        for position in range(start, start + count, len(buffer)):
+            piece = buffer[:min(len(buffer), start + count - position)]
+            pread_exactly(source.path, descriptor, piece, source.offset + position)
+            source.check(position, piece)
+        return
+    with window as view:
+        source.check(start, view)
 
 
 def stream_range(source: ByteRange, write: Callable[[memoryview], object]) -> None:

@@ -19,7 +19,7 @@ import torch
 from ..lazy import LazyTensor
 from ..safetensors_dtypes import SAFETENSORS_DTYPES
 from ..tensor_bytes import tensor_buffer
-from .byte_copy import copy_range
+from .byte_copy import TrailingChecks, copy_range
 from .io_engine import Payload, TensorFeed
 
 # The order safetensors stores dtypes in (its Dtype enum, descending).
@@ -70,13 +70,15 @@ def write_safetensors(path: Path, tensors: Mapping[str, LazyTensor], metadata: M
     with ExitStack() as stack:
         if payloads is None:
             payloads = iter(stack.enter_context(TensorFeed(write_order(tensors))))
+        checks = stack.enter_context(TrailingChecks())
         handle = stack.enter_context(open(path, "wb", buffering=0))
         write_all(handle, memoryview(header))
         for name in storage_order(tensors):
-            write_payload(handle, next(payloads))
+            write_payload(handle, next(payloads), checks)
             written += tensors[name].nbytes
             if on_tensor is not None:
                 on_tensor(name, tensors[name].nbytes)
+        checks.drain()
     return written
 
 
@@ -85,13 +87,13 @@ def write_order(tensors: Mapping[str, LazyTensor]) -> list[LazyTensor]:
     return [tensors[name] for name in storage_order(tensors)]
 
 
-def write_payload(handle, payload: Payload) -> None:
+def write_payload(handle, payload: Payload, checks: TrailingChecks | None = None) -> None:
     """A tensor's bytes at the file's position: copied from the input files (byte ranges, end to end) or from
-    memory."""
+    memory. ``checks``: where the copies' checks run (see ``copy_range``)."""
     if isinstance(payload, tuple):
         position = handle.tell()
         for part in payload:
-            copy_range(part, handle.fileno(), position)
+            copy_range(part, handle.fileno(), position, checks=checks)
             position += part.length
     else:
         write_all(handle, tensor_buffer(payload.contiguous()))
