@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Callable
@@ -28,6 +28,7 @@ from ..tensor_bytes import MappedWindow, opened, pread_exactly
 
 METHODS = ("copy_file_range", "sendfile", "read_write")
 CHECKED_CHUNK = 8 << 20  # bytes copied, then read back and checked, at a time
+_WAITING_CHECKS = 16  # checks queued behind the copies at most (TrailingChecks)
 _UNCHECKED_CHUNK = 1 << 30  # under the kernel's limit of one call (2 GiB - 4 KiB)
 # What a file system or kernel answers when it cannot do a kind of copy (the next kind may still work).
 _UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EBADF}
@@ -56,28 +57,30 @@ COUNTS = CopyCounts()
 
 
 class TrailingChecks:
-    """The checks of copied chunks, each run in one helper thread while the next chunk is copied: a kernel copy and
-    a CRC-32 of mapped page cache both release the GIL, so on two cores the check costs no time of its own. One
-    check is in flight at a time (the one before it is waited for first), so what it maps stays one chunk.
+    """The checks of copied chunks, run in turn by one helper thread while the writer copies on: a kernel copy and a
+    CRC-32 of mapped page cache both release the GIL, so on two cores the checks cost no time of their own. Up to
+    ``_WAITING_CHECKS`` wait their turn (a small tensor's check can outlast the next small copy; a queue evens that
+    out); a waiting check holds nothing, and only the running one maps its chunk.
 
     A writer uses it as a context manager around the copies of one file and calls ``drain()`` before it finishes
-    the file: that waits for the last check and raises what it raised, so no file is finished with bytes that failed
-    a check. Leaving on an error waits for the check in flight and keeps the writer's error."""
+    the file: that waits for every check and raises what the first failing one raised, so no file is finished with
+    bytes that failed a check. Leaving on an error waits for the running check, drops the waiting ones and keeps the
+    writer's error."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: Future | None = None
+        self._pending: deque[Future] = deque()
 
     def run(self, check: Callable[[], None]) -> None:
-        self.drain()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="cogexport-check")
-        self._pending = self._pool.submit(check)
+        self._pending.append(self._pool.submit(check))
+        while len(self._pending) > _WAITING_CHECKS:
+            self._pending.popleft().result()
 
     def drain(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        while self._pending:
+            self._pending.popleft().result()
 
     def __enter__(self) -> "TrailingChecks":
         return self
@@ -88,7 +91,7 @@ class TrailingChecks:
                 self.drain()
         finally:
             if self._pool is not None:
-                self._pool.shutdown(wait=True)
+                self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _Unsupported(Exception):
