@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -106,3 +107,32 @@ def counted():
 
     byte_copy.COUNTS.reset()
     yield byte_copy.COUNTS
+
+
+# Runs the command line in a fresh interpreter, then says which of these packages the run imported.
+_RUN_AND_TELL_IMPORTS = """
+import json, sys
+from cogexport.__main__ import _run_command_line
+sys.argv = ["cogexport", *sys.argv[1:]]
+code = _run_command_line()
+imported = sorted(name for name in ("diffusers", "transformers", "peft") if name in sys.modules)
+print(json.dumps({"code": code, "imported": imported}))
+"""
+
+
+def command_in_fresh_process(args: list, cache: str) -> dict:
+    """``cogexport ARGS`` in a fresh interpreter with ``COGEXPORT_CACHE_DIR=cache`` (empty: the Diffusers cache
+    off); its exit code (which must be 0) and which of diffusers, transformers and peft it imported."""
+    env = {**os.environ, "COGEXPORT_CACHE_DIR": cache}
+    done = subprocess.run([sys.executable, "-c", _RUN_AND_TELL_IMPORTS, *map(str, args)], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    told = json.loads(done.stdout.strip().splitlines()[-1])
+    assert told["code"] == 0, done.stderr
+    return told
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` but its model card (which names the command's output folder)."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*"))
+            if path.is_file() and path.name != "README.md"}

@@ -4,13 +4,12 @@ finds it there writes the same bytes without importing Diffusers, and anything e
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from cogvideox_fixtures import build_tiny_transformer, config_folder, tiny_pipeline, write_sat_run
+from conftest import command_in_fresh_process, folder_bytes
 from diffusers import CogVideoXTransformer3DModel
 from fixtures import SCRIPTS
 
@@ -19,32 +18,9 @@ from cogexport.models.diffusers_cache import NotCacheable, decode, encode
 sys.path.insert(0, str(SCRIPTS))
 from tiny_models import randomize_  # noqa: E402
 
-# Runs the command line in a fresh interpreter, then says which of these packages the run imported.
-RUN_AND_TELL_IMPORTS = """
-import json, sys
-from cogexport.__main__ import _run_command_line
-sys.argv = ["cogexport", *sys.argv[1:]]
-code = _run_command_line()
-imported = sorted(name for name in ("diffusers", "transformers", "peft") if name in sys.modules)
-print(json.dumps({"code": code, "imported": imported}))
-"""
-
-
 def export_in_fresh_process(run: Path, base: Path, output: Path, cache: str,
                             options: tuple[str, ...] = ("--component", "transformer")) -> dict:
-    env = {**os.environ, "COGEXPORT_CACHE_DIR": cache}
-    done = subprocess.run([sys.executable, "-c", RUN_AND_TELL_IMPORTS, str(run), str(output), "--base", str(base),
-                           *options], capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr
-    told = json.loads(done.stdout.strip().splitlines()[-1])
-    assert told["code"] == 0, done.stderr
-    return told
-
-
-def folder_bytes(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` but its model card (which names the command's output folder)."""
-    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*"))
-            if path.is_file() and path.name != "README.md"}
+    return command_in_fresh_process([run, output, "--base", base, *options], cache)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import json
 
 import pytest
 import torch
+from conftest import command_in_fresh_process, folder_bytes
 from safetensors.torch import load_file, save_file
 from wan_fixtures import EXPERTS, same_files, weights
 from wan_variants_fixtures import SHAPE_CLASSES, build_tiny_variant, judged, tiny_variant_pipeline
@@ -107,6 +108,21 @@ def test_animate_release_with_its_blur_kernels(saved, tmp_path, cli):
     passed_through = set(judged_with_kernels(original, kernels)) - set(load_file(root / "fp32" /
                                                                                "diffusion_pytorch_model.safetensors"))
     assert passed_through == set(kernels)
+
+
+def test_a_remembered_animate_export_imports_no_diffusers(saved, tmp_path):
+    """Animate's config takes the motion encoder's channel table of Diffusers' module: kept in the Diffusers cache
+    with what the class tells, so the second export imports no Diffusers and writes what the cache off writes."""
+    _, root = saved("animate")
+    export_original(root / "fp32", tmp_path / "original", dtype="fp32")
+    cache = tmp_path / "cache"
+    told = {run: command_in_fresh_process([tmp_path / "original", tmp_path / run], cache="" if run == "off" else cache)
+            for run in ("off", "first", "again")}
+    assert "diffusers" in told["first"]["imported"] and told["again"]["imported"] == []
+    assert any(path.name.startswith("constant-") for path in cache.rglob("*.json"))
+    expected = folder_bytes(tmp_path / "off")
+    assert folder_bytes(tmp_path / "first") == expected and folder_bytes(tmp_path / "again") == expected
+    assert expected == folder_bytes(root / "bf16") | {"config.json": (root / "fp32" / "config.json").read_bytes()}
 
 
 def judged_with_kernels(original, kernels):

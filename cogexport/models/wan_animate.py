@@ -14,10 +14,12 @@ import torch
 
 from ..errors import CogExportError
 from . import wan
+from .diffusers_cache import remembered
 from .original_config import original_config_beside
 
 ORIGINAL_CLASS = "WanAnimateModel"
 _MOTION, _FACE = "motion_encoder.", "face_encoder."
+_CHANNEL_SIZES = "diffusers.models.transformers.transformer_wan_animate.WAN_ANIMATE_MOTION_ENCODER_CHANNEL_SIZES"
 _NEEDED = ("pose_patch_embedding.weight", f"{_MOTION}motion_synthesis_weight", f"{_MOTION}conv_in.weight",
            f"{_MOTION}conv_out.weight", f"{_FACE}conv1_local.weight", f"{_FACE}conv2.weight")
 # the config values the motion and face modules take, all read off the shapes
@@ -34,12 +36,23 @@ def _count(shapes: Mapping[str, torch.Size], prefix: str) -> int:
 def _channel_sizes(shapes: Mapping[str, torch.Size], size: int, blocks: int) -> dict[str, int] | None:
     """The motion encoder's channels per feature-map size, as the class's default table with the sizes these
     shapes use; None when that is the default table itself."""
-    from diffusers.models.transformers.transformer_wan_animate import WAN_ANIMATE_MOTION_ENCODER_CHANNEL_SIZES
-
+    default = _default_channel_sizes()
     used = {str(size): shapes[f"{_MOTION}conv_in.weight"][0]}
     used.update({str(size >> (i + 1)): shapes[f"{_MOTION}res_blocks.{i}.conv2.weight"][0] for i in range(blocks)})
-    sizes = {**WAN_ANIMATE_MOTION_ENCODER_CHANNEL_SIZES, **used}
-    return None if sizes == WAN_ANIMATE_MOTION_ENCODER_CHANNEL_SIZES else sizes
+    sizes = {**default, **used}
+    return None if sizes == default else sizes
+
+
+def _default_channel_sizes() -> dict[str, int]:
+    """Diffusers' default table of the motion encoder's channels (a constant of its module, not of the class's
+    signature), kept in the Diffusers cache with what the class tells, so that a remembered export imports no
+    Diffusers."""
+    def ask() -> dict:
+        from diffusers.models.transformers import transformer_wan_animate
+
+        return {"sizes": dict(transformer_wan_animate.WAN_ANIMATE_MOTION_ENCODER_CHANNEL_SIZES)}
+
+    return remembered("constant", {"name": _CHANNEL_SIZES}, ask, ("sizes",))["sizes"]
 
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
