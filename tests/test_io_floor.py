@@ -10,11 +10,13 @@ import sys
 import threading
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import assert_refused, leftovers
+from isal.isal_zlib import crc32 as isal_crc32
 from safetensors.torch import load_file, save_file
 
 from cogexport.checkpoint.safetensors_files import SafetensorsCheckpoint
@@ -199,6 +201,21 @@ def test_trailing_checks_keep_the_writers_own_error():
     with pytest.raises(CogExportError, match="the check's error"):
         with byte_copy.TrailingChecks() as checks:
             checks.run(failing_check)
+
+
+def test_a_written_archive_sums_its_records_by_isal_and_zlib_agrees(tmp_path):
+    """While a torch.save archive is written, zipfile sums its records with ISA-L's CRC-32, and is given zlib's back
+    after; zlib's own check of every record (zipfile.testzip) and torch.load agree with what was written."""
+    truth = saved_state_dict(tmp_path / "weights.pt")
+    summed_by_isal = []
+    with TorchStateDictCheckpoint(tmp_path / "weights.pt") as source:
+        write_torch_archive(tmp_path / "copy.pt", dict(source),
+                            on_tensor=lambda name, nbytes: summed_by_isal.append(zipfile.crc32 is isal_crc32))
+    assert summed_by_isal == [True] * len(truth) and zipfile.crc32 is zlib.crc32
+    with zipfile.ZipFile(tmp_path / "copy.pt") as archive:
+        assert archive.testzip() is None
+    loaded = torch.load(tmp_path / "copy.pt")
+    assert loaded.keys() == truth.keys() and all(torch.equal(loaded[k], truth[k]) for k in truth)
 
 
 def test_a_streamed_record_that_fails_its_crc_is_refused(tmp_path):

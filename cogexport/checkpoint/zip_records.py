@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .byte_window import ByteWindow
+from ..crc32 import crc32
 from ..errors import CogExportError, quoted
 from ..pending_checks import before_publishing
 from ..tensor_bytes import pread_into
@@ -36,10 +37,6 @@ _UTF8_NAMES = 0x800
 _ZIP64_EXTRA = 0x0001
 _CHUNK = 8 << 20  # bytes read at a time when finishing a record
 
-try:  # ISA-L's CRC-32 (carry-less multiplication) runs several times faster than zlib's: same values
-    from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - a platform without isal wheels
-    from zlib import crc32
 
 # A private switch for measuring what the CRC checks cost (scripts/benchmark_consolidate.py); never for users.
 _SKIP_CRC_VARIABLE = "_COGEXPORT_SKIP_CRC_FOR_BENCHMARK"

@@ -9,12 +9,13 @@ import hashlib
 import pickle
 import struct
 import zipfile
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
+from ..crc32 import crc32
 from ..lazy import LazyTensor
 from ..tensor_bytes import tensor_buffer
 from .byte_copy import stream_range
@@ -100,6 +101,7 @@ def write_torch_archive(path: Path, tree: Any, on_tensor: Callable[[str, int], N
     with ExitStack() as stack:
         if payloads is None:
             payloads = iter(stack.enter_context(TensorFeed([record.tensor for record in records])))
+        stack.enter_context(_records_summed_by_isal())
         archive = stack.enter_context(zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True))
         _write_small(archive, f"{root}/data.pkl", pickled)
         _write_small(archive, f"{root}/.format_version", b"1")
@@ -109,6 +111,18 @@ def write_torch_archive(path: Path, tree: Any, on_tensor: Callable[[str, int], N
             _write_record(archive, f"{root}/data/{record.key}", record.tensor, next(payloads), on_tensor)
         _write_small(archive, f"{root}/version", b"3\n")
         _write_small(archive, f"{root}/.data/serialization_id", _serialization_id(path.name, pickled))
+
+
+@contextmanager
+def _records_summed_by_isal():
+    """zipfile computes each record's CRC-32 as it is written with the function its module holds as ``crc32``
+    (zlib's); while an archive is written here it holds ISA-L's, which gives the same values 3.5x as fast (1.2 s of a
+    6.6 GB universal checkpoint). Put back after; a thread that meets either function computes the same CRC-32."""
+    previous, zipfile.crc32 = zipfile.crc32, crc32
+    try:
+        yield
+    finally:
+        zipfile.crc32 = previous
 
 
 def lazy_leaves(tree: Any) -> list[LazyTensor]:
