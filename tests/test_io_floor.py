@@ -153,9 +153,9 @@ def test_copied_chunks_are_checked_in_a_helper_thread_behind_the_copies(tmp_path
     truth = saved_state_dict(tmp_path / "weights.pt")
     seen, check_copied = [], byte_copy.check_copied
 
-    def watched(source, start, count, descriptor=None):
+    def watched(source, start, count):
         seen.append((threading.current_thread().name, source.offset + start, count))
-        check_copied(source, start, count, descriptor)
+        check_copied(source, start, count)
 
     monkeypatch.setattr(byte_copy, "check_copied", watched)
     with TorchStateDictCheckpoint(tmp_path / "weights.pt") as source:

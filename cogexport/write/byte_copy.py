@@ -7,9 +7,9 @@ systems that share blocks); where it is refused (another file system on older ke
 
 A range whose format stores a checksum (a torch.save record's CRC-32) is copied a chunk at a time, and each chunk,
 still in the page cache, is passed to the reader's check through a read-only memory map of the input (no copy into
-this process; a plain read where the file cannot be mapped): an output is never made of bytes that fail it. A writer
-may hand the checks to ``TrailingChecks``, which runs each one in a helper thread while the kernel copies the next
-chunk, and waits for them all before the writer finishes its file.
+this process; a plain read where the file cannot be mapped): an output is never made of bytes that fail it. The
+checks run in a helper thread (``TrailingChecks``) while the kernel copies the next chunk, and are all waited for
+before a copy returns, or, where a writer hands its own over, before the writer finishes its file.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import errno
 import os
 import threading
 from collections import Counter, deque
+from contextlib import ExitStack
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Callable
@@ -102,11 +103,13 @@ def copy_range(source: ByteRange, destination: int, destination_offset: int,
                methods: tuple[str, ...] | None = None, checks: TrailingChecks | None = None) -> str:
     """Copy ``source``'s bytes into the open file ``destination`` at ``destination_offset``; leaves the destination's
     file position after them. Returns the method that copied the (first) bytes. ``methods``: which to try, in order
-    (default: ``METHODS``). ``checks``: where the checks of kernel-copied chunks run (default: here, each before the
-    next chunk is copied); with ``TrailingChecks``, some may still be running when this returns."""
-    with opened(source.path) as descriptor:
+    (default: ``METHODS``). ``checks``: where the checks of kernel-copied chunks run, a writer's for a whole file
+    (some may still be running when this returns); by default, ones of this copy's own, all passed before it returns."""
+    with opened(source.path) as descriptor, ExitStack() as stack:
+        own_checks = checks if checks is not None else stack.enter_context(TrailingChecks())
         try:
-            return _RangeCopy(source, descriptor, destination, destination_offset, checks).run(list(methods or METHODS))
+            return _RangeCopy(source, descriptor, destination, destination_offset, own_checks).run(
+                list(methods or METHODS))
         finally:
             os.lseek(destination, destination_offset + source.length, os.SEEK_SET)
 
@@ -115,7 +118,7 @@ class _RangeCopy:
     """One range from an open source to an open destination; positions count from the range's first byte."""
 
     def __init__(self, source: ByteRange, descriptor: int, destination: int, destination_offset: int,
-                 checks: TrailingChecks | None = None) -> None:
+                 checks: TrailingChecks) -> None:
         self.source, self.descriptor = source, descriptor
         self.destination, self.destination_offset = destination, destination_offset
         self.checks = checks
@@ -166,10 +169,8 @@ class _RangeCopy:
             copied += got
         if copied == 0 and count:
             raise _Unsupported()
-        if self.source.check is not None and self.checks is not None:
+        if self.source.check is not None:
             self.checks.run(partial(check_copied, self.source, start, copied))
-        elif self.source.check is not None:
-            check_copied(self.source, start, copied, self.descriptor)
         if copied < count:
             self._read_write(start + copied, count - copied)
 
@@ -186,14 +187,11 @@ class _RangeCopy:
                                      self.destination_offset + position + written)
 
 
-def check_copied(source: ByteRange, start: int, count: int, descriptor: int | None = None) -> None:
+def check_copied(source: ByteRange, start: int, count: int) -> None:
     """Pass ``count`` bytes of ``source`` from ``start``, just copied and still in the page cache, to its check:
-    mapped, not copied; read back through a buffer where the file cannot be mapped. ``descriptor``: the source,
-    open (else it is opened here, for a check that outlives the copy's descriptor)."""
-    if descriptor is None:
-        with opened(source.path) as own:
-            _check_open_file(source, start, count, own)
-    else:
+    mapped, not copied; read back through a buffer where the file cannot be mapped. The file is opened here: the
+    check runs behind the copy, which may have closed its own descriptor by then."""
+    with opened(source.path) as descriptor:
         _check_open_file(source, start, count, descriptor)
 
 
