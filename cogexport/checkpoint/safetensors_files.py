@@ -18,8 +18,8 @@ import torch
 
 from ..errors import CogExportError, quoted
 from ..lazy import ByteRange, LazyTensor
-from ..tensor_bytes import pread_into, tensor_buffer
 from ..safetensors_dtypes import SAFETENSORS_DTYPES
+from ..tensor_bytes import pread_into, tensor_buffer
 from .base import CheckpointInfo, LazyCheckpoint
 
 _DTYPES = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()}
@@ -162,6 +162,27 @@ def read_header(file: Path, descriptor: int) -> tuple[dict[str, tuple[torch.dtyp
     """A safetensors file's tensors (dtype, shape, absolute byte offset) and ``__metadata__``, checked as strictly
     as the safetensors library checks them: a JSON object of known dtypes and integer shapes and offsets whose
     byte ranges match the shapes and tile the data exactly (no overlap, no gap, nothing past the end)."""
+    header, data_start, data_size = _header_object(file, descriptor)
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _corrupt(file, "__metadata__ is not an object of strings")
+    entries, ranges = {}, []
+    for name, entry in header.items():
+        dtype, shape, offsets = _checked_entry(file, name, entry)
+        entries[name] = (dtype, torch.Size(shape), data_start + offsets[0])
+        ranges.append((offsets[0], offsets[1], name))
+    _check_tiling(file, ranges, data_size)
+    return entries, metadata
+
+
+def _corrupt(file: Path, what: str) -> CogExportError:
+    return CogExportError(f"{file} has a corrupt safetensors header: {what}; copy the file again")
+
+
+def _header_object(file: Path, descriptor: int) -> tuple[dict, int, int]:
+    """The header's JSON object, where the data starts and how many bytes of data the file holds."""
     size = os.fstat(descriptor).st_size
     prefix = os.pread(descriptor, 8, 0)
     if len(prefix) < 8:
@@ -169,53 +190,48 @@ def read_header(file: Path, descriptor: int) -> tuple[dict[str, tuple[torch.dtyp
     (header_size,) = struct.unpack("<Q", prefix)
     if header_size > min(_MAX_HEADER, size - 8):
         raise CogExportError(f"{file} is not a safetensors file, or it is truncated")
-
-    def corrupt(what: str) -> CogExportError:
-        return CogExportError(f"{file} has a corrupt safetensors header: {what}; copy the file again")
-
     try:
         header = json.loads(os.pread(descriptor, header_size, 8).decode("utf-8"),
                             object_pairs_hook=_unique_keys, parse_constant=_no_constants)
     except (ValueError, RecursionError) as error:
-        raise corrupt(f"not valid JSON ({quoted(str(error), 100)})") from None
+        raise _corrupt(file, f"not valid JSON ({quoted(str(error), 100)})") from None
     if not isinstance(header, dict):
         kind = {type(None): "null", list: "an array", str: "a string", bool: "a boolean"}.get(type(header), "a number")
-        raise corrupt(f"JSON {kind}, not an object")
-    metadata = header.pop("__metadata__", None)
-    if metadata is None:
-        metadata = {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise corrupt("__metadata__ is not an object of strings")
-    data_start, data_size = 8 + header_size, size - 8 - header_size
-    entries, ranges = {}, []
-    for name, entry in header.items():
-        if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
-            raise corrupt(f"entry {quoted(name)} is not a tensor (dtype, shape, data_offsets)")
-        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if not isinstance(dtype, str) or dtype not in _DTYPES:
-            raise corrupt(f"tensor {quoted(name)} has dtype {quoted(dtype)}, which cogexport does not read")
-        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-            raise corrupt(f"tensor {quoted(name)} has shape {quoted(shape)}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
-                and offsets[0] <= offsets[1]):
-            raise corrupt(f"tensor {quoted(name)} has data_offsets {quoted(offsets)}")
-        dtype, needed = _DTYPES[dtype], math.prod(shape) * _DTYPES[dtype].itemsize
-        if offsets[1] - offsets[0] != needed or any(d >= 2**62 for d in shape):
-            raise corrupt(f"tensor {quoted(name)} spans {offsets[1] - offsets[0]} bytes but its shape "
-                          f"{quoted(shape)} and dtype need {needed}")
-        entries[name] = (dtype, torch.Size(shape), data_start + offsets[0])
-        ranges.append((offsets[0], offsets[1], name))
+        raise _corrupt(file, f"JSON {kind}, not an object")
+    return header, 8 + header_size, size - 8 - header_size
+
+
+def _checked_entry(file: Path, name: str, entry: object) -> tuple[torch.dtype, list[int], list[int]]:
+    """One tensor's dtype, shape and data offsets, each of the right kind, the offsets spanning what the shape needs."""
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        raise _corrupt(file, f"entry {quoted(name)} is not a tensor (dtype, shape, data_offsets)")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise _corrupt(file, f"tensor {quoted(name)} has dtype {quoted(dtype)}, which cogexport does not read")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise _corrupt(file, f"tensor {quoted(name)} has shape {quoted(shape)}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+            and offsets[0] <= offsets[1]):
+        raise _corrupt(file, f"tensor {quoted(name)} has data_offsets {quoted(offsets)}")
+    dtype, needed = _DTYPES[dtype], math.prod(shape) * _DTYPES[dtype].itemsize
+    if offsets[1] - offsets[0] != needed or any(d >= 2**62 for d in shape):
+        raise _corrupt(file, f"tensor {quoted(name)} spans {offsets[1] - offsets[0]} bytes but its shape "
+                             f"{quoted(shape)} and dtype need {needed}")
+    return dtype, shape, offsets
+
+
+def _check_tiling(file: Path, ranges: list[tuple[int, int, str]], data_size: int) -> None:
+    """The tensors' byte ranges cover the data exactly: no overlap, no gap, nothing past the end of the file."""
     position = 0
     for start, stop, name in sorted(ranges):
         if start != position:
             what = "overlaps the tensor before it" if start < position else f"leaves a gap of {start - position} bytes"
-            raise corrupt(f"tensor {quoted(name)} {what}")
+            raise _corrupt(file, f"tensor {quoted(name)} {what}")
         position = stop
     if position != data_size:
         what = "the file is truncated" if position > data_size else f"{data_size - position} bytes after the last tensor"
         raise CogExportError(f"{file} is truncated or corrupt: the tensors end at byte {position} of {data_size} "
                              f"({what}); copy the file again")
-    return entries, metadata
 
 
 def _is_count(value: object) -> bool:
