@@ -218,6 +218,37 @@ def test_a_written_archive_sums_its_records_by_isal_and_zlib_agrees(tmp_path):
     assert loaded.keys() == truth.keys() and all(torch.equal(loaded[k], truth[k]) for k in truth)
 
 
+def test_archives_written_at_once_in_two_threads_leave_zlibs_crc32_in_place(tmp_path):
+    """Two archives written in threads, the second started while the first is written and finished after it: every
+    record of both is summed by ISA-L's CRC-32, and zipfile holds zlib's once both are written (each writer putting
+    back the function it found would leave ISA-L's there: the second found it)."""
+    truth = saved_state_dict(tmp_path / "weights.pt")
+    first_started, second_started, first_done = threading.Event(), threading.Event(), threading.Event()
+    summed_by_isal: dict[str, list[bool]] = {"first": [], "second": []}
+
+    def on_tensor(which: str, mine: threading.Event, other: threading.Event):
+        def seen(name: str, nbytes: int) -> None:
+            summed_by_isal[which].append(zipfile.crc32 is isal_crc32)
+            mine.set()
+            assert other.wait(30), "the other writer never reached its point"
+        return seen
+
+    def write(which: str, mine: threading.Event, other: threading.Event) -> None:
+        with TorchStateDictCheckpoint(tmp_path / "weights.pt") as source:
+            write_torch_archive(tmp_path / f"{which}.pt", dict(source), on_tensor=on_tensor(which, mine, other))
+
+    first = threading.Thread(target=lambda: (write("first", first_started, second_started), first_done.set()))
+    first.start()
+    assert first_started.wait(30)
+    write("second", second_started, first_done)  # its records after the first's: the first writer is done
+    first.join()
+    assert summed_by_isal == {"first": [True] * len(truth), "second": [True] * len(truth)}
+    assert zipfile.crc32 is zlib.crc32
+    for which in summed_by_isal:
+        loaded = torch.load(tmp_path / f"{which}.pt")
+        assert all(torch.equal(loaded[k], truth[k]) for k in truth)
+
+
 def test_a_streamed_record_that_fails_its_crc_is_refused(tmp_path):
     """A torch.save output computes its records' CRC-32 from the bytes, so ranges pass through user space: still
     checked against the input's CRC-32."""
