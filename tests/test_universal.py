@@ -18,6 +18,7 @@ from conftest import leftovers, snapshot
 from fixtures import SCRIPTS, DeepSpeedVariant, GroundTruth, deepspeed_checkpoint, run_rank_script
 
 from cogexport.checkpoint import open_checkpoint
+from cogexport.errors import CogExportError
 from cogexport.universal import universal
 
 RESUMES = [
@@ -192,6 +193,29 @@ def test_memory_is_one_parameter_at_a_time(tmp_path):
         read = sum(source.bytes_read().values()) - read_before
         elements = sum(source[name].numel for name in names)
     assert read == 3 * 4 * elements
+
+
+def test_masters_and_optimizer_states_pass_as_stored_and_checked(tmp_path, counted):
+    """Every fp32 master and Adam state goes from the ranks' files into its record without being loaded (streamed
+    from the page cache), each against its record's CRC-32: a damaged byte of an exp_avg is refused, nothing
+    written."""
+    variant = DeepSpeedVariant(2, "bf16", 3)
+    checkpoint = deepspeed_checkpoint(variant).checkpoint
+    with open_checkpoint(checkpoint) as source:
+        elements = sum(source[name].numel for name in source.info.trainable)
+        last = source.info.trainable[-1]
+        (damaged_range, *_) = source.optimizer_states(last)["exp_avg"].byte_ranges()
+    universal(checkpoint, tmp_path / "ours")
+    assert 0 <= counted.bytes["streamed"] - 3 * 4 * elements < 100  # beside them, only the steps (a scalar each)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(checkpoint, damaged)
+    target = damaged / Path(damaged_range.path).relative_to(checkpoint)
+    data = bytearray(target.read_bytes())
+    data[damaged_range.offset + damaged_range.length // 2] ^= 0x10
+    target.write_bytes(bytes(data))
+    with pytest.raises(CogExportError, match="CRC-32"):
+        universal(damaged, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists() and leftovers(tmp_path) == []
 
 
 def test_bad_input(cli, tmp_path):
