@@ -65,22 +65,9 @@ class PartitionedGroup:
 
     def master_ranges(self, name: str) -> ByteRanges | None:
         """Where the fp32 master of ``name`` lies in the ranks' files, piece by piece (for a copy file to file)."""
-        return self._ranges(name, self.masters, torch.float32)
-
-    def state_ranges(self, name: str, key: str) -> ByteRanges | None:
-        """Where optimizer state ``key`` (exp_avg, ...) of ``name`` lies in the ranks' files, as ``master_ranges``;
-        None where a rank's file lacks it (reading it then says so)."""
-        partitions = [states.get(key) for states in self.states]
-        if not all(isinstance(partition, StoredTensor) for partition in partitions):
+        if not all(master.is_contiguous and master.dtype == torch.float32 for master in self.masters):
             return None
-        return self._ranges(name, partitions, partitions[0].dtype)
-
-    def _ranges(self, name: str, partitions: list[StoredTensor], dtype: torch.dtype) -> ByteRanges | None:
-        """The pieces of ``name`` in ``partitions``, end to end, where every partition is stored contiguous in
-        ``dtype`` (its bytes are then the tensor's, as ``layout.gather`` would read them)."""
-        if not all(partition.is_contiguous and partition.dtype == dtype for partition in partitions):
-            return None
-        return joined_ranges([partitions[rank].flat_range(start, stop)
+        return joined_ranges([self.masters[rank].flat_range(start, stop)
                               for rank, start, stop in self.layout.partition_pieces(name)])
 
     def state_names(self) -> list[str]:
@@ -331,7 +318,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         group = self._group_of[name]
         shape = group.layout.slots[name].shape
         return {key: LazyTensor(shape, group.states[0][key].dtype, lambda key=key: group.state(name, key),
-                                f"{key} of {name}", group.state_ranges(name, key)) for key in group.state_names()}
+                                f"{key} of {name}") for key in group.state_names()}
 
     # ZeRO-1/2 ---------------------------------------------------------------------------------------------
     def _open_zero12(self, states: dict, module: dict, config: dict, strict: bool) -> None:
