@@ -136,3 +136,12 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` but its model card (which names the command's output folder)."""
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*"))
             if path.is_file() and path.name != "README.md"}
+
+
+def fresh_python(code: str, env: dict | None = None) -> str:
+    """What ``code`` prints, run in a fresh interpreter (where imports really happen)."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=None if env is None else {**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+

@@ -1,18 +1,12 @@
-"""A run's start: the cyclic collector is paused while the modules are imported and is never left paused; the
-command line freezes what its start made. Each case runs in a fresh interpreter, where the imports really happen."""
+"""A run's start: ``import cogexport`` imports nothing heavy until the package is used; the command line sets torch's
+environment before torch is imported; the cyclic collector is paused while the modules are imported and is never left
+paused; the command line freezes what its start made. And the package's functions keep their names however its
+modules are imported. Each case runs in a fresh interpreter, where the imports really happen."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-
-
-def fresh_python(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+from conftest import fresh_python
 
 
 @pytest.mark.parametrize("collecting", [True, False])
@@ -27,3 +21,41 @@ def test_the_command_line_is_imported_then_its_start_frozen_and_the_collector_ru
     code = ("import gc; from cogexport.__main__ import _command_line; main = _command_line(); "
             "print(gc.isenabled(), gc.get_freeze_count() > 100_000, main.name)")
     assert fresh_python(code).split() == ["True", "True", "main"]
+
+
+def test_importing_the_package_imports_torch_only_when_it_is_used():
+    code = ("import sys, cogexport; before = 'torch' in sys.modules; cogexport.open_checkpoint; "
+            "print(before, 'torch' in sys.modules)")
+    assert fresh_python(code) == "False True"
+
+
+@pytest.mark.parametrize("users_value", [None, "1"])
+def test_the_command_line_turns_off_torchs_search_for_device_backends_unless_the_user_set_it(users_value):
+    """Set before torch is imported (torch reads it as it loads): a search of every installed package's entry points,
+    0.07 s of a start, for backends a CPU tool never uses."""
+    code = ("import os, sys; from cogexport.__main__ import _run_command_line; sys.argv = ['cogexport', '--version']; "
+            "before = 'torch' in sys.modules; _run_command_line(); "
+            "print(before, os.environ['TORCH_DEVICE_BACKEND_AUTOLOAD'], 'torch' in sys.modules)")
+    env = {} if users_value is None else {"TORCH_DEVICE_BACKEND_AUTOLOAD": users_value}
+    printed = fresh_python(code, env).splitlines()[-1]
+    assert printed == f"False {users_value or '0'} True"
+
+
+def test_export_and_consolidate_stay_functions_when_their_modules_are_imported():
+    """They share their names with the modules doing the work (cogexport/export/, cogexport/consolidate.py), and
+    importing a module binds it on its package: a second ``cogexport.export(...)`` in one process failed with
+    "'module' object is not callable"."""
+    code = ("import cogexport\n"
+            "for call in ('export', 'consolidate', 'export', 'consolidate', 'export_original'):\n"
+            "    try:\n"
+            "        getattr(cogexport, call)('/nonexistent-checkpoint', '/tmp/never-written')\n"
+            "    except cogexport.CogExportError as error:\n"
+            "        print(call, 'refused')\n"
+            "import cogexport.export.options, cogexport.consolidate\n"
+            "print(callable(cogexport.export), callable(cogexport.consolidate))\n"
+            "from cogexport.export import ExportOptions\n"
+            "print(ExportOptions.__name__)")
+    assert fresh_python(code).splitlines() == [*(f"{call} refused" for call in ("export", "consolidate", "export",
+                                                                                "consolidate", "export_original")),
+                                               "True True", "ExportOptions"]
+
