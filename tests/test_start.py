@@ -32,7 +32,7 @@ def test_importing_the_package_imports_torch_only_when_it_is_used():
 @pytest.mark.parametrize("users_value", [None, "1"])
 def test_the_command_line_turns_off_torchs_search_for_device_backends_unless_the_user_set_it(users_value):
     """Set before torch is imported (torch reads it as it loads): a search of every installed package's entry points,
-    0.07 s of a start, for backends a CPU tool never uses."""
+    0.06 s of a start, for backends a CPU tool never uses."""
     code = ("import os, sys; from cogexport.__main__ import _run_command_line; sys.argv = ['cogexport', '--version']; "
             "before = 'torch' in sys.modules; _run_command_line(); "
             "print(before, os.environ['TORCH_DEVICE_BACKEND_AUTOLOAD'], 'torch' in sys.modules)")
