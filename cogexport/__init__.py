@@ -81,4 +81,3 @@ class _Package(_types.ModuleType):
 
 _FUNCTIONS_NAMED_LIKE_MODULES = frozenset({"export", "consolidate"})
 _sys.modules[__name__].__class__ = _Package
-

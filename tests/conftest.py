@@ -138,10 +138,11 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
             if path.is_file() and path.name != "README.md"}
 
 
-def fresh_python(code: str, env: dict | None = None) -> str:
-    """What ``code`` prints, run in a fresh interpreter (where imports really happen)."""
+def fresh_python(code: str, env: dict[str, str | None] | None = None) -> str:
+    """What ``code`` prints, run in a fresh interpreter (where imports really happen); ``env``: variables set beside
+    this process's (None: unset)."""
+    environment = {**os.environ, **(env or {})}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=None if env is None else {**os.environ, **env})
+                          env={name: value for name, value in environment.items() if value is not None})
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
-

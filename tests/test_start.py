@@ -36,8 +36,7 @@ def test_the_command_line_turns_off_torchs_search_for_device_backends_unless_the
     code = ("import os, sys; from cogexport.__main__ import _run_command_line; sys.argv = ['cogexport', '--version']; "
             "before = 'torch' in sys.modules; _run_command_line(); "
             "print(before, os.environ['TORCH_DEVICE_BACKEND_AUTOLOAD'], 'torch' in sys.modules)")
-    env = {} if users_value is None else {"TORCH_DEVICE_BACKEND_AUTOLOAD": users_value}
-    printed = fresh_python(code, env).splitlines()[-1]
+    printed = fresh_python(code, {"TORCH_DEVICE_BACKEND_AUTOLOAD": users_value}).splitlines()[-1]
     assert printed == f"False {users_value or '0'} True"
 
 
@@ -58,4 +57,3 @@ def test_export_and_consolidate_stay_functions_when_their_modules_are_imported()
     assert fresh_python(code).splitlines() == [*(f"{call} refused" for call in ("export", "consolidate", "export",
                                                                                 "consolidate", "export_original")),
                                                "True True", "ExportOptions"]
-
