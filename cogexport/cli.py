@@ -46,7 +46,7 @@ class ExportByDefault(click.Group):
 
 
 def _main_help() -> str:
-    from .export.options import family_names
+    from .exporter.options import family_names
 
     return (f"Turn video-diffusion training checkpoints and releases ({family_names()}; DeepSpeed ZeRO, PyTorch "
             "distributed, SAT, original releases, Diffusers fine-tunes, LoRA files) into Hugging Face Diffusers "
@@ -79,7 +79,7 @@ def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, worke
     when the rank files of a multi-node run sit on different disks. A DCP save, or a run folder of them (the
     newest step is read). OUTPUT is the folder to create.
     """
-    from .consolidate import consolidate as run_consolidate
+    from .consolidation import consolidate as run_consolidate
 
     result = run_consolidate(list(checkpoint), output, dtype=dtype, tag=tag, max_shard_size=max_shard_size,
                              overwrite=overwrite, workers=workers)

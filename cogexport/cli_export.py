@@ -11,14 +11,14 @@ from pathlib import Path
 import click
 
 from .cli_common import checkpoint_paths, json_option, output_path, tag_option, user_errors_exit_2, workers_option
-from .export.experts import expert_names
-from .export.options import DIRECTIONS, FP8_DTYPES, FP8_LAYOUTS, component_choices, lora_format_help, quant_help, \
+from .exporter.experts import expert_names
+from .exporter.options import DIRECTIONS, FP8_DTYPES, FP8_LAYOUTS, component_choices, lora_format_help, quant_help, \
     task_help
 from .sizes import human_bytes
 
 
 def _export_help() -> str:
-    from .export.options import family_names
+    from .exporter.options import family_names
 
     return (f"Export a training checkpoint or release ({family_names()}) to a Diffusers folder, or Diffusers weights "
             "back to the family's original layout (--to original).")
@@ -82,7 +82,7 @@ def _model_name_examples() -> str:
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
            tag, ema, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, quant, fp8_layout,
            overwrite, push_to_hub, private, workers, as_json) -> None:
-    from .export import ExportOptions, command_line, export as run_export, export_gguf, export_original
+    from .exporter import ExportOptions, command_line, export as run_export, export_gguf, export_original
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
                             keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,

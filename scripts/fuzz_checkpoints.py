@@ -794,7 +794,7 @@ def campaign(seed: int, count: int, references: bool, verbose: bool = False,
         import deepspeed.utils.zero_to_fp32  # noqa: F401  (imported once, before forking)
         from torch.distributed.checkpoint import format_utils  # noqa: F401
     import cogexport.cli  # noqa: F401
-    import cogexport.export  # noqa: F401
+    import cogexport.exporter  # noqa: F401
     torch.set_num_threads(1)
     all_sources = [s for s in sources() if not only or s.family in only]
     cases = []

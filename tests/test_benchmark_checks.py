@@ -16,9 +16,9 @@ from cogvideox_fixtures import tiny_transformer_config
 from fixtures import SCRIPTS, DeepSpeedVariant, deepspeed_checkpoint
 from safetensors.torch import load_file, save_file
 
-from cogexport.consolidate import consolidate
+from cogexport.consolidation import consolidate
 from cogexport.errors import CogExportError
-from cogexport.export import export
+from cogexport.exporter import export
 from cogexport.universal import universal
 
 sys.path.insert(0, str(SCRIPTS))

@@ -10,7 +10,7 @@ import torch
 from cogvideox_fixtures import VARIANTS, build_tiny_transformer, config_folder, diffusers_to_sat_transformer
 from wan_fixtures import same_files
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 SAT_PREFIX = "model.diffusion_model."
 

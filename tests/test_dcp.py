@@ -15,7 +15,7 @@ from test_lora import assert_all_equal, diffusers_fuse, merged
 
 from cogexport import open_checkpoint
 from cogexport.precision import PrecisionPolicy
-from cogexport.export import export
+from cogexport.exporter import export
 from cogexport.write import byte_copy
 
 # (writer, world size): ranks that do not divide the toy's sizes (13, 29, 7, 2 rows: zero-size chunks at 3 ranks),

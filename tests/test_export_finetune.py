@@ -9,7 +9,7 @@ from cogvideox_fixtures import build_tiny_transformer, config_folder, finetune, 
 from diffusers import CogVideoXTransformer3DModel
 from safetensors.torch import load_file, save_file
 
-from cogexport.export import export
+from cogexport.exporter import export
 from cogexport.precision import PrecisionPolicy
 
 

@@ -52,7 +52,7 @@ def test_pipeline_folder_loads_and_renders(model_type, tmp_path, cli):
 def test_model_card_says_what_was_done(tmp_path):
     base = tiny_pipeline("i2v")
     write_sat_run(tmp_path / "run", finetuned_weights(base, seed=3), iteration=750)
-    from cogexport.export import export
+    from cogexport.exporter import export
 
     export(tmp_path / "run", tmp_path / "out", base=base, command="cogexport run out --base base",
            base_model="someone/tiny-cogvideox-i2v")
@@ -76,7 +76,7 @@ def test_pipeline_with_a_sat_vae_file(tmp_path):
     vae = load_file(base / "vae" / "diffusion_pytorch_model.safetensors")
     vae = {name: tensor + 0.5 for name, tensor in vae.items()}  # a fine-tuned VAE
     write_sat_vae(tmp_path / "3d-vae.pt", vae, num_vae_up_blocks(vae))
-    from cogexport.export import export
+    from cogexport.exporter import export
 
     result = export(tmp_path / "run", tmp_path / "out", base=base, vae=tmp_path / "3d-vae.pt")
     assert "vae" not in result.linked
@@ -87,7 +87,7 @@ def test_pipeline_with_a_sat_vae_file(tmp_path):
 def test_a_variant_pipeline_loads_as_its_card_says(tmp_path):
     from diffusers import CogVideoXPipeline
 
-    from cogexport.export import export
+    from cogexport.exporter import export
 
     base = tiny_pipeline("t2v")
     write_sat_run(tmp_path / "run", finetuned_weights(base, seed=6))

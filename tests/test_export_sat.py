@@ -12,7 +12,7 @@ from cogvideox_fixtures import (VARIANTS, build_tiny_transformer, build_tiny_vae
 from diffusers import AutoencoderKLCogVideoX, CogVideoXTransformer3DModel
 from safetensors.torch import load_file
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 MODEL_TYPE = {"2b": "t2v", "5b": "t2v", "5b-i2v": "i2v", "1.5-5b": "t2v", "1.5-5b-i2v": "i2v"}
 

@@ -16,7 +16,7 @@ import torch
 from diffusers import UNet2DModel
 from safetensors.torch import save_file
 
-from cogexport.export.original_writers import ORIGINAL_WRITERS
+from cogexport.exporter.original_writers import ORIGINAL_WRITERS
 from cogexport.keymap.roots import add_key_map_root, remove_key_map_root
 from cogexport.models import family as family_module
 

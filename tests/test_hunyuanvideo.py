@@ -23,8 +23,8 @@ from cogexport.models.family import families, family_named
 from cogexport.models.recognize import component_tables, fitting_tables
 from cogexport.models.target import build_target
 from cogexport.precision import PrecisionPolicy
-from cogexport.export import ExportOptions
-from cogexport.export.parts import plan_transformer
+from cogexport.exporter import ExportOptions
+from cogexport.exporter.parts import plan_transformer
 
 FAMILY = family_named("hunyuanvideo")
 WEIGHTS = "diffusion_pytorch_model.safetensors"

@@ -20,8 +20,8 @@ from hunyuanvideo15_fixtures import (FIXTURE_RELEASE, FIXTURE_TRUTH, MODEL_TYPE,
                                      release_folder, tiny_config, tiny_pipeline, tiny_text_settings)
 from safetensors.torch import load_file, save_file
 
-from cogexport.export import ExportOptions
-from cogexport.export.parts import plan_transformer
+from cogexport.exporter import ExportOptions
+from cogexport.exporter.parts import plan_transformer
 from cogexport.keymap.plan import translate_shapes
 from cogexport.keymap.table import load_table
 from cogexport.lazy import LazyTensor

@@ -15,8 +15,8 @@ from kandinsky5_fixtures import (MODEL_TYPE, SHAPE_CLASSES, build_tiny_transform
                                  deepspeed_finetune, original_shapes, release_file, tiny_pipeline, tiny_text_settings)
 from safetensors.torch import load_file
 
-from cogexport.export import ExportOptions
-from cogexport.export.parts import plan_transformer
+from cogexport.exporter import ExportOptions
+from cogexport.exporter.parts import plan_transformer
 from cogexport.lazy import LazyTensor
 from cogexport.models.family import families, family_named
 from cogexport.models.recognize import component_tables, fitting_tables

@@ -17,7 +17,7 @@ from lora_helpers import merged as merged_modules
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 
 def diffusers_fuse(folder, config, weights) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from test_lora_wan import BLOCK_LAYERS, make_adapter, original
 from wan_fixtures import tiny_wan_pipeline
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 MODULES = [f"blocks.{i}.{layer}" for i in range(2) for layer in BLOCK_LAYERS]

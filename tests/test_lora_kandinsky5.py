@@ -27,7 +27,7 @@ from lora_helpers import (USUAL, assert_all_equal, assert_any_to_any_to_any, dif
                           write_peft_checkpoint_file)
 from safetensors.torch import load_file, save_file
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 OUTPUTS = ("diffusers", "peft", "comfyui", "musubi")
 OUTPUT_FILE = {"diffusers": "pytorch_lora_weights.safetensors", "peft": "adapter_model.safetensors",

@@ -27,7 +27,7 @@ from lora_helpers import assert_all_equal, peft_patterns, write_diffusers_lora
 from safetensors.torch import load_file, save_file
 from wan_fixtures import REAL_WAN
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 SIMPLETUNER_METADATA = "lora_adapter_metadata"
 

@@ -31,7 +31,7 @@ from lora_helpers import (assert_all_equal, assert_any_to_any_to_any, diffusers_
 from ltx2_fixtures import tiny_pipeline
 from safetensors.torch import load_file, save_file
 
-from cogexport.export import export, export_original
+from cogexport.exporter import export, export_original
 
 sys.path.insert(0, str(SCRIPTS))
 from make_tiny_ltx2 import build_transformer, transformer_config  # noqa: E402

@@ -30,7 +30,7 @@ from lora_helpers import (USUAL, adapter_metadata, assert_all_equal, assert_any_
                           write_finetrainers_lora, write_peft_adapter, write_peft_checkpoint_file)
 from safetensors.torch import load_file, save_file
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 sys.path.insert(0, str(SCRIPTS))
 from make_tiny_ltx_video import build_transformer  # noqa: E402

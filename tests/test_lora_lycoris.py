@@ -34,7 +34,7 @@ from cogexport.checkpoint import open_checkpoint
 from cogexport.errors import CogExportError
 from cogexport.lora import plan_output, read_adapter
 from cogexport.precision import PrecisionPolicy
-from cogexport.export import export
+from cogexport.exporter import export
 
 pytestmark = pytest.mark.skipif(not REAL_WAN.is_dir(), reason=f"the real Wan fixtures are not at {REAL_WAN}")
 lycoris_lora = pytest.importorskip("lycoris", reason="lycoris-lora (a test dependency) is not installed")

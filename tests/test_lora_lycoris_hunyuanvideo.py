@@ -21,7 +21,7 @@ from lycoris_helpers import added, comfy_delta, lycoris_loaded, musubi_delta, ra
 from safetensors.torch import load_file
 from test_lora_hunyuanvideo import block_layers
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 lycoris_lora = pytest.importorskip("lycoris", reason="lycoris-lora (a test dependency) is not installed")
 

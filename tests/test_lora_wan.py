@@ -22,7 +22,7 @@ from lora_helpers import (adapter_metadata, assert_all_equal, assert_any_to_any_
 from safetensors.torch import load_file, save_file
 from wan_fixtures import REAL_WAN
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 REAL = REAL_WAN  # a tiny real Wan 2.1 and LoRAs written by the trainers
 BASE_FOLDER = REAL / "base" / "transformer"

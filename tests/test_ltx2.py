@@ -17,7 +17,7 @@ from ltx2_fixtures import (PREFIXES, connectors_of, judged, release, release_ten
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from cogexport.export import export, export_original
+from cogexport.exporter import export, export_original
 from cogexport.keymap.plan import plan_translation
 from cogexport.keymap.table import load_table
 from cogexport.lazy import LazyTensor

@@ -42,7 +42,7 @@ def save_pretrained_of(folder, component: str, tensors: dict, out) -> None:
 @pytest.fixture(scope="module")
 def single_files(tmp_path_factory):
     """The single file cogexport writes back (--to original, fp32) from each tiny pipeline, made once per module."""
-    from cogexport.export import export_original
+    from cogexport.exporter import export_original
 
     made = {}
 
@@ -114,7 +114,7 @@ def test_two_versions_in_one_process_stay_apart(single_files, tmp_path):
     """Diffusers' conversion script (scripts/convert_ltx_to_diffusers.py) updates one global VAE rename table per
     version, so converting a 0.9.0 and a 0.9.1 VAE in one process mixes their block maps. cogexport keeps one table
     per version: both VAEs export exactly, one after the other, in this process."""
-    from cogexport.export import export
+    from cogexport.exporter import export
 
     for version in ("0.9.1", "0.9.0", "0.9.1"):
         base = tiny_pipeline("2b", version)

@@ -27,7 +27,7 @@ WEIGHTS = "diffusion_pytorch_model.safetensors"
 @pytest.fixture(scope="module")
 def dit_file(tmp_path_factory):
     """dit.safetensors as cogexport writes it back (--to original, fp32) from the tiny pipeline."""
-    from cogexport.export import export_original
+    from cogexport.exporter import export_original
 
     out = tmp_path_factory.mktemp("mochi-original") / "release"
     export_original(tiny_pipeline(), out, dtype="fp32", progress=False)
@@ -47,8 +47,8 @@ def test_written_dit_is_read_by_diffusers_back_to_the_same_tensors(dit_file):
 def test_the_last_block_is_found_at_any_depth(tmp_path):
     """The last block's names come from the target model, not from a layer count: a 3-layer Mochi both ways, judged by
     Diffusers' converter with its hard-coded 48 changed to 3."""
-    from cogexport.export import export
-    from cogexport.export import export_original
+    from cogexport.exporter import export
+    from cogexport.exporter import export_original
 
     model = build_transformer(seed=4, num_layers=3)
     model.save_pretrained(tmp_path / "diffusers")

@@ -16,7 +16,7 @@ from cogvideox_fixtures import VARIANTS, build_tiny_transformer, config_folder, 
 from diffusers import WanTransformer3DModel
 from safetensors.torch import load_file
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 
 def fp32_names(folder) -> set[str]:

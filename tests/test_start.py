@@ -41,19 +41,20 @@ def test_the_command_line_turns_off_torchs_search_for_device_backends_unless_the
 
 
 def test_export_and_consolidate_stay_functions_when_their_modules_are_imported():
-    """They share their names with the modules doing the work (cogexport/export/, cogexport/consolidate.py), and
-    importing a module binds it on its package: a second ``cogexport.export(...)`` in one process failed with
-    "'module' object is not callable"."""
+    """Importing a module binds it on its package by its name: when the modules doing the work shared their names
+    with these functions, a second ``cogexport.export(...)`` in one process failed with "'module' object is not
+    callable", and after a guard for that, ``import cogexport.export.to_diffusers as m`` failed. The modules are
+    named apart (cogexport/exporter/, cogexport/consolidation.py); both ways must work."""
     code = ("import cogexport\n"
             "for call in ('export', 'consolidate', 'export', 'consolidate', 'export_original'):\n"
             "    try:\n"
             "        getattr(cogexport, call)('/nonexistent-checkpoint', '/tmp/never-written')\n"
             "    except cogexport.CogExportError as error:\n"
             "        print(call, 'refused')\n"
-            "import cogexport.export.options, cogexport.consolidate\n"
+            "import cogexport.exporter.to_diffusers as exporting, cogexport.consolidation as consolidating\n"
             "print(callable(cogexport.export), callable(cogexport.consolidate))\n"
-            "from cogexport.export import ExportOptions\n"
-            "print(ExportOptions.__name__)")
+            "print(exporting.export is cogexport.exporter.export, consolidating.consolidate is cogexport.consolidate)\n"
+            "print(cogexport.ExportOptions is cogexport.exporter.ExportOptions)")
     assert fresh_python(code).splitlines() == [*(f"{call} refused" for call in ("export", "consolidate", "export",
                                                                                 "consolidate", "export_original")),
-                                               "True True", "ExportOptions"]
+                                               "True True", "True True", "True"]

@@ -11,8 +11,8 @@ from cogvideox_fixtures import SCRIPTS  # noqa: F401  (puts scripts/ on sys.path
 from make_sat_checkpoint import full_size_sat_meta
 
 from cogexport.errors import CogExportError
-from cogexport.export import ExportOptions
-from cogexport.export.parts import plan_transformer
+from cogexport.exporter import ExportOptions
+from cogexport.exporter.parts import plan_transformer
 from cogexport.lazy import LazyTensor
 from cogexport.models.family import family_named
 from cogexport.models.target import build_target

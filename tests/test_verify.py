@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from wan_fixtures import real_wan
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 
 def exported(tmp_path, seed=1):

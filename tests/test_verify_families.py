@@ -12,7 +12,7 @@ from ltx_video_fixtures import tiny_pipeline as ltx_pipeline
 from mochi_fixtures import tiny_pipeline as mochi_pipeline
 from safetensors.torch import load_file, save_file
 
-from cogexport.export import export_original
+from cogexport.exporter import export_original
 
 
 def original_and_export(cli, tmp_path, pipeline, *options):

@@ -26,8 +26,8 @@ from cogexport.keymap.table import load_table
 from cogexport.models.family import family_named
 from cogexport.models.recognize import read_facts
 from cogexport.models.target import build_target
-from cogexport.export import export
-from cogexport.export import export_original
+from cogexport.exporter import export
+from cogexport.exporter import export_original
 
 TASK = {"t2v": "t2v", "i2v": "i2v", "flf2v": "flf2v", "ti2v": "ti2v"}  # shape class -> the original model_type
 

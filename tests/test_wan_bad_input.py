@@ -9,7 +9,7 @@ from cogvideox_fixtures import tiny_pipeline as tiny_cogvideox_pipeline
 from conftest import assert_refused
 from wan_fixtures import EXPERTS, real_wan, tiny_wan_pipeline
 
-from cogexport.export import export_original
+from cogexport.exporter import export_original
 
 
 @pytest.fixture(scope="module")

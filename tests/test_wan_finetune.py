@@ -9,7 +9,7 @@ from diffusers import WanTransformer3DModel
 from wan_fixtures import diffusers_reads_original, wan_finetune, weights
 
 from cogexport.precision import PrecisionPolicy
-from cogexport.export import export_original
+from cogexport.exporter import export_original
 
 
 def test_finetune_exports_the_fp32_masters(tmp_path, cli):

@@ -10,7 +10,7 @@ import torch
 from diffusers import WanTransformer3DModel
 from wan_fixtures import same_files, tiny_wan_pipeline
 
-from cogexport.export import export_original
+from cogexport.exporter import export_original
 from render_pipeline import render  # scripts/, on the path through wan_fixtures
 
 LINKED = {"t2v": ["text_encoder", "tokenizer", "vae"], "ti2v": ["text_encoder", "tokenizer", "vae"],

@@ -14,8 +14,8 @@ from diffusers import AutoencoderKLWan
 from wan_fixtures import (TINY_VAE21, TINY_VAE22, build_tiny_vae, diffsynth_wan_vae_module,
                           diffusers_reads_original_vae, same_files, weights)
 
-from cogexport.export import export
-from cogexport.export import export_original
+from cogexport.exporter import export
+from cogexport.exporter import export_original
 from tiny_models import randomize_
 
 

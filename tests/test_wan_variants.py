@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from wan_fixtures import EXPERTS, same_files, weights
 from wan_variants_fixtures import SHAPE_CLASSES, build_tiny_variant, judged, tiny_variant_pipeline
 
-from cogexport.export import export, export_original
+from cogexport.exporter import export, export_original
 from cogexport.keymap.plan import translate_shapes
 from cogexport.keymap.table import load_table
 from cogexport.models.family import family_named

@@ -10,7 +10,7 @@ from conftest import assert_refused
 from wan_fixtures import tiny_wan_pipeline
 from wan_variants_fixtures import tiny_config, tiny_variant_pipeline
 
-from cogexport.export import export_original
+from cogexport.exporter import export_original
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 from wan_fixtures import weights
 from wan_variants_fixtures import judged, variant_finetune
 
-from cogexport.export import export_original
+from cogexport.exporter import export_original
 
 
 def assert_exact(written: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:

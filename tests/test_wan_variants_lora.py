@@ -18,7 +18,7 @@ from lora_helpers import assert_all_equal, diffusers_fused, merged, peft_fused
 from safetensors.torch import load_file
 from wan_fixtures import REAL_WAN
 
-from cogexport.export import export
+from cogexport.exporter import export
 
 pytestmark = pytest.mark.skipif(not REAL_WAN.is_dir(), reason=f"the real Wan fixtures are not at {REAL_WAN}")
 LORA = REAL_WAN / "lora"

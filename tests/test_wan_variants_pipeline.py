@@ -13,7 +13,7 @@ from conftest import assert_refusal
 from wan_fixtures import same_files
 from wan_variants_fixtures import tiny_variant_pipeline
 
-from cogexport.export import export, export_original
+from cogexport.exporter import export, export_original
 from render_wan_variants import render_variant  # scripts/, on the path through wan_variants_fixtures
 
 PIPELINES = {"vace": "WanVACEPipeline", "vace-a14b": "WanVACEPipeline", "animate": "WanAnimatePipeline",

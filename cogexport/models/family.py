@@ -60,7 +60,7 @@ class OriginalLayout:
     """How the family's own code stores the model: the table that runs backwards and the writer of the file."""
 
     table: str
-    # a name in cogexport/export/original_writers.py: "safetensors" (single or sharded files with the family's
+    # a name in cogexport/exporter/original_writers.py: "safetensors" (single or sharded files with the family's
     # config.json), "sat" (a SAT folder: latest + 1/mp_rank_00_model_states.pt), "model_states" (one torch.save file
     # `file` holding {"module": state dict}), "torch" (one torch.save state dict, e.g. Wan2.1_VAE.pth),
     # "single_file" (one safetensors file holding the transformer and, from a pipeline, the components the release
@@ -251,7 +251,7 @@ def _live_model_index_entry(class_name: str) -> list[str]:
 # -- loading ----------------------------------------------------------------------------------------------------
 # family.toml's sections that are not a component; every other section is one ([transformer], [vae], [audio_vae] ...)
 _SECTIONS = {"family", "lora", "pipeline", "tasks", "variant"}
-# the writers of original layouts (cogexport/export/original_writers.py); "" writes a model into another's file
+# the writers of original layouts (cogexport/exporter/original_writers.py); "" writes a model into another's file
 ORIGINAL_WRITERS = ("safetensors", "sat", "model_states", "torch", "single_file", "")
 _VARIANT_FIELDS = {"name", "hub_id", "task", "shapes", "scheduler", "pipeline", "experts", "from_base"}
 
