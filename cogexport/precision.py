@@ -8,6 +8,7 @@ components in a row, ``*`` keeps everything. Tensors that are not floating point
 from __future__ import annotations
 
 import fnmatch
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -51,9 +52,20 @@ def describe_written(tensors: Mapping[str, LazyTensor]) -> str:
 
 
 def _matches(pattern: str, name: str) -> bool:
-    wanted, parts = pattern.split("."), name.split(".")
+    """Whether some run of ``name``'s dotted parts matches ``pattern``'s globs, part for part."""
+    wanted, plain = _globs(pattern)
+    parts = name.split(".")
+    if not plain.issubset(parts):  # most names: a part without wildcards is missing, so no run can match
+        return False
     return any(all(fnmatch.fnmatchcase(part, glob) for part, glob in zip(parts[start:], wanted))
                for start in range(len(parts) - len(wanted) + 1))
+
+
+@functools.cache
+def _globs(pattern: str) -> tuple[list[str], frozenset[str]]:
+    """A pattern's globs, one per dotted part, and those of them without wildcards (each matches only itself)."""
+    wanted = pattern.split(".")
+    return wanted, frozenset(glob for glob in wanted if not any(character in glob for character in "*?["))
 
 
 @dataclass(frozen=True)

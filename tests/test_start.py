@@ -1,6 +1,6 @@
 """A run's start: ``import cogexport`` imports nothing heavy until the package is used; the command line sets torch's
 environment before torch is imported; the cyclic collector is paused while the modules are imported and is never left
-paused; the command line freezes what its start made. And the package's functions keep their names however its
+paused; the command line freezes what its start made, and leaves out what only some jobs need. And the package's functions keep their names however its
 modules are imported. Each case runs in a fresh interpreter, where the imports really happen."""
 
 from __future__ import annotations
@@ -26,6 +26,14 @@ def test_the_command_line_is_imported_then_its_start_frozen_and_the_collector_ru
 def test_importing_the_package_imports_torch_only_when_it_is_used():
     code = ("import sys, cogexport; before = 'torch' in sys.modules; cogexport.open_checkpoint; "
             "print(before, 'torch' in sys.modules)")
+    assert fresh_python(code) == "False True"
+
+
+def test_the_export_commands_start_leaves_the_gguf_package_to_gguf_jobs():
+    """Importing ``gguf`` is 20 ms of a start; only ``--to gguf`` needs it (and imports it when it plans)."""
+    code = ("import sys; from cogexport.__main__ import _command_line; _command_line(); import cogexport.cli_export; "
+            "from cogexport.quantize import ggml_type; before = 'gguf' in sys.modules; ggml_type('Q4_K'); "
+            "print(before, 'gguf' in sys.modules)")
     assert fresh_python(code) == "False True"
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import gguf
+if TYPE_CHECKING:
+    import gguf
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,14 @@ WRITABLE = ("F32", "F16", "BF16", "Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "Q6_K"
 
 def ggml_type(name: str) -> GgmlType:
     """The type called ``name`` (``Q4_K``, ``F16``, ...), any GGML type the gguf package knows."""
+    import gguf  # 20 ms of a start: imported when a type is first asked for, by GGUF jobs only
+
     code = gguf.GGMLQuantizationType[name]
     block, block_bytes = gguf.GGML_QUANT_SIZES[code]
     return GgmlType(name, code, block, block_bytes)
 
 
 def ggml_type_of(code: int) -> GgmlType:
+    import gguf
+
     return ggml_type(gguf.GGMLQuantizationType(code).name)

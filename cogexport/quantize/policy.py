@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Mapping
 
-import gguf
 import torch
 
 if sys.version_info >= (3, 11):
@@ -60,6 +59,8 @@ class Preset:
 
     @property
     def file_type(self) -> int:
+        import gguf  # imported by GGUF jobs only (see formats.ggml_type)
+
         return int(gguf.LlamaFileType[f"MOSTLY_{self.name}"])
 
 
