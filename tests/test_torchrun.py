@@ -1,5 +1,5 @@
 """``torchrun --nproc-per-node N -m cogexport ...``: 2 and 3 gloo ranks on CPU write the same bytes as one process
-(consolidate, universal, a pipeline export), each rank its share of the files; a rank killed mid-run, a rank that
+(consolidate, universal, a pipeline export, GGUF and fp8 files), each rank its share of the files; a rank killed mid-run, a rank that
 fails, and ranks that planned different outputs all leave nothing published and no staging folder.
 
 The ranks are real processes launched by torch's own launcher (``python -m torch.distributed.run``)."""
@@ -80,6 +80,17 @@ def test_pipeline_export_on_two_ranks_writes_the_same_bytes(tmp_path):
     assert distributed == single
     assert "README.md" in single and "transformer/diffusion_pytorch_model.safetensors.index.json" in single
     assert (tmp_path / "out" / "text_encoder").is_dir()  # taken from --base by rank 0
+
+
+@pytest.mark.parametrize("job", [("--to", "gguf", "--quant", "Q4_K_M"), ("--to", "original", "--dtype", "fp8")])
+def test_quantized_exports_of_a_two_expert_pipeline_on_two_ranks_write_the_same_bytes(tmp_path, job):
+    """One file per expert, one expert per rank. A GGUF plan holds its tensors inside a plan object: the ranks once
+    compared its repr, which names each tensor's loader at an address of its own process, and never agreed."""
+    from wan_fixtures import tiny_wan_pipeline
+
+    single, distributed = single_then_torchrun(2, tmp_path / "out", tiny_wan_pipeline("t2v-a14b"), *job)
+    assert distributed == single
+    assert len([name for name in single if name.endswith((".gguf", ".safetensors"))]) >= 2
 
 
 def uneven_weights(path: Path) -> None:

@@ -258,6 +258,11 @@ def _fingerprint(value: Any) -> Any:
         return tuple(_fingerprint(item) for item in value)
     if isinstance(value, Path):
         return "path", value.name
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a GGUF plan, its tensors, ...: field by
+        # field, as a file's own fields, so that the tensors in it count by shape and dtype (their reprs name
+        # their loaders, at addresses of this process, and no two ranks would agree)
+        return type(value).__name__, tuple((item.name, _fingerprint(getattr(value, item.name)))
+                                           for item in dataclasses.fields(value))
     return repr(value)
 
 
