@@ -62,9 +62,9 @@ def _matches(pattern: str, name: str) -> bool:
 
 
 @functools.cache
-def _globs(pattern: str) -> tuple[list[str], frozenset[str]]:
+def _globs(pattern: str) -> tuple[tuple[str, ...], frozenset[str]]:
     """A pattern's globs, one per dotted part, and those of them without wildcards (each matches only itself)."""
-    wanted = pattern.split(".")
+    wanted = tuple(pattern.split("."))
     return wanted, frozenset(glob for glob in wanted if not any(character in glob for character in "*?["))
 
 
