@@ -374,3 +374,16 @@ def test_a_kill_signal_during_the_clean_up_does_not_stop_it(tmp_path, monkeypatc
         signal.signal(signal.SIGTERM, previous)
     assert stopped.value.code == 128 + signal.SIGTERM
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("cores, local_processes, writer_core, expected",
+                         [(2, "1", True, 1), (2, "1", False, 2), (16, "1", True, 8), (16, "4", True, 3),
+                          (16, "4", False, 4), (1, "1", True, 1)])
+def test_default_workers_share_the_cores(monkeypatch, cores, local_processes, writer_core, expected):
+    """One loader per core but the writer's (none kept for a writer of quantized bytes, whose loads are the work),
+    the cores shared among a torchrun job's processes on the machine, at least one and at most eight."""
+    from cogexport.write import io_engine
+
+    monkeypatch.setattr(io_engine.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local_processes)
+    assert io_engine.default_workers(writer_core) == expected

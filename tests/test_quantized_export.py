@@ -97,6 +97,38 @@ def test_gguf_of_a_lora_run_is_fused_first(cli, tmp_path):
     assert np.array_equal(stored["blocks.1.ffn.2.weight"].reshape(ffn.shape), ffn.half().numpy())
 
 
+def test_gguf_quantized_by_worker_threads_is_the_one_thread_file_and_a_bad_value_is_refused(cli, tmp_path,
+                                                                                              monkeypatch):
+    """With --workers, tensors are quantized ahead in threads and handed to the writer in the file's order: the file
+    one thread writes in turn, byte for byte. A NaN met by a worker is one line naming its tensor, nothing written."""
+    import threading
+
+    from cogexport.write import gguf_file as writer
+
+    model = FAMILIES["wan"].build()
+    model.save_pretrained(tmp_path / "model")
+    quantized_in, quantize = [], writer.stored_bytes
+    monkeypatch.setattr(writer, "stored_bytes", lambda t: quantized_in.append(threading.current_thread().name)
+                        or quantize(t))
+    threads = {}
+    for workers in ("1", "3"):
+        quantized_in.clear()
+        result = cli(tmp_path / "model", tmp_path / f"w{workers}", "--to", "gguf", "--quant", "Q4_K_M",
+                     "--workers", workers)
+        assert result.exit_code == 0, result.stderr
+        threads[workers] = {name.split("_")[0] for name in quantized_in}
+    assert threads == {"1": {"MainThread"}, "3": {"cogexport-load"}}
+    assert gguf_file(tmp_path / "w1").read_bytes() == gguf_file(tmp_path / "w3").read_bytes()
+    state = model.state_dict()
+    state["blocks.0.ffn.net.2.weight"][3, 5] = float("nan")
+    model.load_state_dict(state)
+    model.save_pretrained(tmp_path / "bad")
+    (tmp_path / "refusal").mkdir()
+    assert_refused(cli, tmp_path / "refusal", [tmp_path / "bad", tmp_path / "refusal" / "out", "--to", "gguf",
+                                               "--quant", "Q4_K_M", "--workers", "3"],
+                   "ffn.2.weight", "NaN or infinite", inputs=[tmp_path / "bad"])
+
+
 @pytest.mark.parametrize("dtype, fp8", [("fp8", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)])
 def test_fp8_weights_times_scale_equal_the_reference_cast(saved, dtype, fp8, cli, tmp_path):
     family, model, folder = saved

@@ -21,6 +21,7 @@ from ..quantize import plan_gguf, quantization_policy
 from ..write.folder_plan import FolderPlan, TensorFile, TextFile
 from ..write.fp8_file import LEGACY_MARKER, plan_fp8
 from ..write.gguf_file import GgufFile
+from ..write.io_engine import default_workers
 from .cards import quantized_card
 from .inputs import ExportInputs
 from .options import ExportOptions, check_options
@@ -60,6 +61,8 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
         folder.add(TextFile("README.md", quantized_card(parts, folder, "GGUF", precision, notes, options,
                                                         inputs.source)))
         folder.check()
+        if options.workers is None:  # quantizing is compute: a thread per core, the writer's share is small
+            options = replace(options, workers=default_workers(writer_core=False))
         return _publish(folder, parts, "GGUF transformer", precision, notes, inputs, output, options)
 
 

@@ -1,7 +1,9 @@
 """Write a GGUF file from a checked plan, one tensor at a time, with llama.cpp's own ``gguf`` writer for the container.
 
 The header (every tensor's name, type, shape and offset) depends only on the plan, so it is written first; then each
-tensor is loaded, quantized and written, and dropped before the next: memory holds one tensor and its bytes. The
+tensor is loaded, quantized and written, and dropped before the next: memory holds one tensor and its bytes. Written
+as part of a folder (``GgufFile``), the tensors are quantized ahead by the folder's worker threads (torch's
+operations release the GIL: quantizing is compute, one core a tensor), each handed to the writer in the file's order. The
 key-value data is what ComfyUI-GGUF's ``tools/convert.py`` and ``llama-quantize`` write for an image model:
 ``general.architecture``, ``general.quantization_version`` and ``general.file_type``; a tensor stored in another
 shape than its own gets ``comfy.gguf.orig_shape.<name>`` (an array of int32), which ComfyUI-GGUF's loader restores.
@@ -11,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
+import torch
 
+from ..lazy import LazyTensor
 from ..quantize import quantize_tensor
 from ..quantize.policy import GgufPlan, PlannedTensor
 
@@ -45,8 +49,16 @@ def stored_bytes(tensor: PlannedTensor) -> np.ndarray:
     return quantize_tensor(values, tensor.type.name, tensor.name).numpy()
 
 
-def write_gguf(path: Path, plan: GgufPlan, on_tensor: Callable[[str, int], None] | None = None) -> int:
-    """Stream ``plan`` into the GGUF file ``path``; returns the bytes of tensor data written.
+def quantized(tensor: PlannedTensor) -> LazyTensor:
+    """The planned tensor's bytes in the file, flat uint8, quantized when loaded: what a folder's feed loads ahead."""
+    return LazyTensor(torch.Size([tensor.nbytes]), torch.uint8,
+                      lambda: torch.from_numpy(stored_bytes(tensor)).reshape(-1), f"{tensor.name} as {tensor.type.name}")
+
+
+def write_gguf(path: Path, plan: GgufPlan, on_tensor: Callable[[str, int], None] | None = None,
+               payloads: Iterator[torch.Tensor] | None = None) -> int:
+    """Stream ``plan`` into the GGUF file ``path``; returns the bytes of tensor data written. ``payloads``: each
+    tensor's bytes in the file's order (``quantized`` loaded), else each is quantized here in turn.
 
     ``on_tensor(name, nbytes)`` is called after each tensor (progress bars). On any error the partial file is
     removed and the error raised (a bad value names its tensor: a ``CogExportError``).
@@ -59,7 +71,7 @@ def write_gguf(path: Path, plan: GgufPlan, on_tensor: Callable[[str, int], None]
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for tensor in plan.tensors:
-            data = stored_bytes(tensor)
+            data = stored_bytes(tensor) if payloads is None else next(payloads).numpy()
             writer.write_tensor_data(data)
             written += data.nbytes
             del data
@@ -88,7 +100,12 @@ class GgufFile:
     def tensor_count(self) -> int:
         return len(self.plan.tensors)
 
-    def write(self, root: Path, on_tensor: Callable[[str, int], None] | None) -> None:
+    def write_order(self) -> list[LazyTensor]:
+        """The tensors' bytes in the order they are written (the payloads ``write`` takes)."""
+        return [quantized(tensor) for tensor in self.plan.tensors]
+
+    def write(self, root: Path, on_tensor: Callable[[str, int], None] | None,
+              payloads: Iterator[torch.Tensor] | None = None) -> None:
         target = root / self.path
         target.parent.mkdir(parents=True, exist_ok=True)
-        write_gguf(target, self.plan, on_tensor)
+        write_gguf(target, self.plan, on_tensor, payloads)

@@ -29,13 +29,15 @@ MIN_BUDGET, MAX_BUDGET = 64 << 20, 1 << 30
 _LOOKAHEAD = 64  # tensors queued ahead at most, however small
 
 
-def default_workers() -> int:
-    """One worker per core this process may run on but the one its writer needs, shared with the other processes of
-    a job on this machine. On 2 cores that is one (serial): a second loader beside the writer made consolidations
-    1.4-1.5x slower there (the scaling tables of scripts/benchmark_consolidate.py and benchmark_dcp.py)."""
+def default_workers(writer_core: bool = True) -> int:
+    """One worker per core this process may run on but the one its writer needs (``writer_core``), shared with the
+    other processes of a job on this machine. On 2 cores that is one (serial): a second loader beside the writer
+    made consolidations 1.4-1.5x slower there (the scaling tables of scripts/benchmark_consolidate.py and
+    benchmark_dcp.py). Loads that compute far longer than their bytes take to write (quantizing to GGUF) leave the
+    writer no core of its own."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)  # torchrun's processes on this node
-    return max(1, min(MAX_DEFAULT_WORKERS, cores // max(1, local_processes) - 1))
+    return max(1, min(MAX_DEFAULT_WORKERS, cores // max(1, local_processes) - (1 if writer_core else 0)))
 
 
 def default_budget(total_bytes: int) -> int:
