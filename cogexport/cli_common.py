@@ -75,6 +75,6 @@ tag_option = click.option("--tag", help="Tag to read instead of the one named by
                                          "the step of a DCP run folder instead of the newest (e.g. checkpoint-500).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
 workers_option = click.option("--workers", type=click.IntRange(1), metavar="N",
-                              help="Threads reading, checking and casting tensors ahead of the writer (1: one thread "
-                                   "does all in turn) [default: one per core but the writer's]. Under torchrun, each "
-                                   "process writes its share of the files.")
+                              help="Threads reading, checking and casting (or quantizing) tensors ahead of the writer "
+                                   "(1: one thread does all in turn) [default: one per core but the writer's; one per "
+                                   "core for --to gguf]. Under torchrun, each process writes its share of the files.")
