@@ -57,6 +57,18 @@ def test_random_weights_match_llama_cpp(llama_cpp, type_name):
         assert np.array_equal(ours, reference_bytes(llama_cpp, tensor, type_name)), (type_name, seed)
 
 
+@pytest.mark.parametrize("type_name", K_TYPES)
+def test_opposite_sign_ties_match_llama_cpp(llama_cpp, type_name):
+    """Groups whose largest magnitude occurs twice with opposite signs, the negative one first or second: the
+    reference keeps the first (Q6_K's scale takes its sign), and so must the vectorised search for it."""
+    tensor = random_weights(7, 8, 1024, 0.01)
+    groups = tensor.view(8, -1, 16)
+    groups[:, 0::2, 3], groups[:, 0::2, 9] = -0.05, 0.05
+    groups[:, 1::2, 2], groups[:, 1::2, 12] = 0.05, -0.05
+    ours = quantize_tensor(tensor, type_name).numpy()
+    assert np.array_equal(ours, reference_bytes(llama_cpp, tensor, type_name))
+
+
 def cosine_data(size: int) -> np.ndarray:
     """llama.cpp's tests/test-quantize-fns.cpp data: 0.1 + 2 cos(i), in float32."""
     return (0.1 + 2.0 * np.cos(np.arange(size, dtype=np.float32))).astype(np.float32)

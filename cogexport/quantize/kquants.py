@@ -2,12 +2,25 @@
 matrix: what ``llama-quantize`` runs without ``--imatrix``), vectorised in torch over every block of a chunk.
 
 The reference decides between candidate scales by comparing float32 sums accumulated one value at a time, so the
-sums here are accumulated the same way (a loop over the values of a block, vectorised across blocks; never a
-pairwise ``sum``) and every expression keeps the C code's order of operations. ``nearest_int`` is the reference's
-own bit trick. Each function takes float32 super-blocks, shape (blocks, 256), and returns their bytes.
+sums here are accumulated the same way (``index_add_`` onto a zero row: one float32 addition per value of a group,
+in order, vectorised across groups; never a pairwise ``sum``) and every expression keeps the C code's order of
+operations (only the factors of a product are ever swapped, which is exact). ``nearest_int`` is the reference's
+own bit trick; inside the candidate searches ``torch.round`` stands in for it where its argument is known to lie in
+the range in which the trick is plain round-half-to-even (one pass instead of three). A search keeps, per group,
+only what gives its best candidate's levels (the inverse scale, and the min for Q4_K and Q5_K), and rebuilds the
+levels from it only where the stored scale turns out to be 0 (elsewhere every value is quantized again with the
+stored scales, as the reference does).
+
+Each function takes float32 super-blocks, shape (blocks, 256), and returns their bytes. Inside, a chunk's groups
+are laid out (values of a group, groups): value i of every group in row i, so that each step of a sum is one
+contiguous row. The work is a few dozen passes over arrays of the chunk's size per candidate, so the chunk should
+stay small enough for them to fit in the CPU's cache (see ``rows.CHUNK_VALUES``).
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
+from typing import Callable
 
 import numpy as np
 import torch
@@ -16,12 +29,16 @@ from .legacy import divided
 
 QK_K = 256
 _EPS = 1e-15  # the reference's GROUP_MAX_EPS: a group whose largest magnitude is below it counts as all zero
+# nearest_int's trick (adding 1.5 * 2^23) rounds half to even while |v| <= 2^22 - 1 (the bound the reference
+# asserts); past it the C result is whatever the mantissa bits say, which only the trick itself reproduces
+_TRICK_LIMIT = 4194303.0
 
 
-def nearest_int(values: torch.Tensor) -> torch.Tensor:
-    """ggml's nearest_int: round half to even through the float32 mantissa (int32 result)."""
-    shifted = (values + 12582912.0).view(torch.int32)
-    return (shifted & 0x007FFFFF) - 0x00400000
+def nearest_int(values: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """ggml's nearest_int: round half to even through the float32 mantissa (int32 result); ``in_place``: in the
+    memory of ``values`` (a temporary), which it overwrites."""
+    shifted = (values.add_(12582912.0) if in_place else values + 12582912.0).view(torch.int32)
+    return shifted.bitwise_and_(0x007FFFFF).sub_(0x00400000)
 
 
 def sqrt_f32(values: torch.Tensor) -> torch.Tensor:
@@ -34,74 +51,123 @@ def _f32(value: float) -> np.float32:
     return np.float32(value)
 
 
-def _row_sums(terms: torch.Tensor, from_zero: bool = True) -> torch.Tensor:
+@lru_cache(maxsize=8)
+def _first_row(count: int) -> torch.Tensor:
+    return torch.zeros(count, dtype=torch.long)
+
+
+def _row_sums(terms: torch.Tensor, from_zero: bool = True, into: torch.Tensor | None = None) -> torch.Tensor:
     """The sum over dim 0 of ``terms`` in row order, one float32 addition at a time (the reference's loop over the
-    values of a group), for every other index at once; ``from_zero``: the C sum starts at 0 (else at row 0)."""
-    total = terms[0] + 0.0 if from_zero else terms[0].clone()
-    for i in range(1, terms.shape[0]):
-        total.add_(terms[i])
-    return total
+    values of a group), for every other index at once; ``from_zero``: the C sum starts at 0 (else at row 0);
+    ``into``: a (1, ...) tensor to hold it. ``index_add_`` adds the rows onto its target one after another in
+    index order: a loop in C++, one call instead of one per row (but slow on a source whose rows are not
+    contiguous)."""
+    if from_zero:
+        total = terms.new_zeros((1,) + terms.shape[1:]) if into is None else into.zero_()
+        return total.index_add_(0, _first_row(terms.shape[0]), terms)[0]
+    return terms[:1].clone().index_add_(0, _first_row(terms.shape[0] - 1), terms[1:])[0]
 
 
 def _weighted_error(w: torch.Tensor, scale: torch.Tensor, levels: torch.Tensor, low: torch.Tensor,
-                    x: torch.Tensor) -> torch.Tensor:
-    """The sum over a group of w * (scale * level + min - x)^2, in the reference's order."""
-    diff = scale * levels + low - x
-    return _row_sums(w * (diff * diff))
+                    x: torch.Tensor, work: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+    """The sum over a group of w * (scale * level + min - x)^2, in the reference's order (``work``: scratch;
+    ``into``: as for _row_sums)."""
+    diff = torch.mul(levels, scale, out=work).add_(low).sub_(x)
+    return _row_sums(diff.mul_(diff).mul_(w), into=into)
 
 
-def _scale_search_start(x: torch.Tensor, w: torch.Tensor, nmax: int):
-    """make_qkx2_quants up to its search: the range, the weighted sums and the first guess and its error.
-    ``x`` and ``w`` are (n, groups): value i of every group in row i."""
-    low, high = x.amin(0), x.amax(0)
-    sum_w = _row_sums(w, from_zero=False)
-    sum_x = _row_sums(w * x, from_zero=False)
-    low = torch.where(low > 0, torch.zeros_like(low), low)
-    iscale = divided(nmax, high - low)
-    scale = torch.ones_like(iscale) / iscale
-    levels = nearest_int(iscale * (x - low)).clamp(0, nmax)
-    return low, high, sum_w, sum_x, levels, scale, _weighted_error(w, scale, levels, low, x)
+class _Qkx2Search:
+    """make_qkx2_quants's search for every group at once: what no candidate changes, scratch buffers allocated once
+    (not per candidate), and the steps of the search. ``x`` and ``w`` are (n, groups). The running choice is one
+    (5, groups) tensor, updated in one ``where`` per candidate: its rows are the error, the scale, the min, and
+    the inverse scale and min whose levels are the choice's."""
+
+    def __init__(self, x: torch.Tensor, w: torch.Tensor, nmax: int, factors: list[float]):
+        self.x, self.w, self.nmax = x, w, nmax
+        self.data_low, high = x.amin(0), x.amax(0)
+        self.zeros = torch.zeros_like(high)
+        self.low = torch.where(self.data_low > 0, self.zeros, self.data_low)
+        # a group whose max equals its (clipped) min returns at once in the reference (levels 0, scale 0); here
+        # it searches a harmless span of 1 instead (no infinities): its levels stay 0 and no candidate wins
+        self.flat = high == self.low
+        self.high = torch.where(self.flat, self.low + 1, high)
+        self.sum_w, self.sum_x = _row_sums(w, from_zero=False), _row_sums(w * x, from_zero=False)
+        # each candidate's numerator of its inverse scale, one row per candidate (a true float32 division by span)
+        self.factors = torch.tensor(factors, dtype=torch.float32)[:, None].repeat(1, x.shape[1]).unbind(0)
+        self.trial = torch.empty_like(x)
+        self.products = x.new_empty((3,) + x.shape)  # w*l, w*l*l, w*l*x: each (n, groups) contiguous
+        self.moments = x.new_empty((3, 1, x.shape[1]))  # their sums over a group
+        self.proposal = x.new_empty((5, x.shape[1]))  # a candidate, row for row like the choice
+        # the rows of these as views, taken once (each indexing is a call of its own, in every step)
+        self.product_rows, self.moment_rows = self.products.unbind(0), self.moments[:, 0].unbind(0)
+        self.proposal_rows, self.error_row = self.proposal.unbind(0), self.proposal[:1]
+        self.work = self.product_rows[0]  # free again once the products are summed
+
+    def levels(self, iscale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+        """clamp(nearest_int(iscale * (x - low)), 0, nmax) as floats, in ``self.trial``. iscale * (x - low) is
+        monotonic in x, so its extremes are at the group's min and max; at the max it is about the candidate's
+        factor (iscale = factor / (max - low)) when iscale is finite. So when it is within the trick's range at
+        every group's min (neither too large, nor NaN as with an infinite iscale), one ``round`` does the same."""
+        reach = torch.sub(self.data_low, low).mul_(iscale).abs_().max().item()
+        scaled = torch.sub(self.x, low, out=self.trial).mul_(iscale)
+        if reach <= _TRICK_LIMIT:
+            scaled.round_()
+        else:
+            scaled.copy_(nearest_int(scaled))
+        return scaled.clamp_(0, self.nmax)
+
+    def fit(self, levels: torch.Tensor, scale_into: torch.Tensor, min_into: torch.Tensor) -> torch.Tensor:
+        """The least-squares scale and min for ``levels``, written into ``scale_into`` and ``min_into`` (the min
+        clipped at 0, as the reference does); returns the determinant, which says whether the fit exists."""
+        wl = torch.mul(self.w, levels, out=self.product_rows[0])
+        torch.mul(wl, levels, out=self.product_rows[1])
+        torch.mul(wl, self.x, out=self.product_rows[2])
+        self.moments.zero_().index_add_(1, _first_row(levels.shape[0]), self.products)
+        sum_l, sum_l2, sum_xl = self.moment_rows
+        det = self.sum_w * sum_l2 - sum_l * sum_l
+        scale = (self.sum_w * sum_xl - self.sum_x * sum_l) / det
+        low = (sum_l2 * self.sum_x - sum_l * sum_xl) / det
+        clipped = low > self.zeros
+        torch.where(clipped, sum_xl / sum_l2, scale, out=scale_into)
+        torch.where(clipped, self.zeros, low, out=min_into)
+        return det
+
+    def start(self) -> torch.Tensor:
+        """The choice before any candidate: the reference's first guess, inverse scale nmax / (max - min)."""
+        iscale = divided(self.nmax, self.high - self.low)
+        scale = torch.ones_like(iscale) / iscale
+        error = _weighted_error(self.w, scale, self.levels(iscale, self.low), self.low, self.x, self.work)
+        return torch.stack([error, scale, self.low, iscale, self.low])
+
+    def step(self, choice: torch.Tensor, step: int) -> torch.Tensor:
+        """The choice after candidate ``step``: inverse scale (rmin + rdelta * step + nmax) / (max - min)."""
+        low, (_, scale, this_min, iscale, tried_low) = choice[2], self.proposal_rows
+        torch.div(self.factors[step], self.high - low, out=iscale)
+        trial = self.levels(iscale, low)
+        det = self.fit(trial, scale, this_min)
+        error = _weighted_error(self.w, scale, trial, this_min, self.x, self.work, into=self.error_row)
+        tried_low.copy_(low)
+        better = (det > self.zeros) & (error < choice[0])
+        return torch.where(better, self.proposal, choice)
 
 
 def make_qkx2_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep: int):
-    """The reference's make_qkx2_quants (squared error, use_mad false) for every group at once: levels (n, groups),
-    scale and the min to subtract (groups)."""
-    low, high, sum_w, sum_x, levels, scale, best = _scale_search_start(x, w, nmax)
-    clipped_low = low
+    """The reference's make_qkx2_quants (squared error, use_mad false) for every group at once: the scale and the
+    min to subtract (groups), and a function that rebuilds the chosen levels (n, groups)."""
+    factors = [float(_f32(rmin) + _f32(rdelta) * _f32(step) + _f32(nmax)) for step in range(nstep + 1)]
+    search = _Qkx2Search(x, w, nmax, factors)
+    choice = search.start()
     for step in range(nstep + 1):
-        factor = _f32(rmin) + _f32(rdelta) * _f32(step) + _f32(nmax)
-        iscale = divided(float(factor), high - low)
-        trial = nearest_int(iscale * (x - low)).clamp(0, nmax)
-        wl = w * trial
-        sum_l, sum_l2, sum_xl = _row_sums(torch.stack([wl, wl * trial, wl * x], dim=1))
-        det = sum_w * sum_l2 - sum_l * sum_l
-        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-        clipped = this_min > 0
-        this_min = torch.where(clipped, torch.zeros_like(this_min), this_min)
-        this_scale = torch.where(clipped, sum_xl / sum_l2, this_scale)
-        error = _weighted_error(w, this_scale, trial, this_min, x)
-        better = (det > 0) & (error < best)
-        levels = torch.where(better, trial, levels)
-        best = torch.where(better, error, best)
-        scale = torch.where(better, this_scale, scale)
-        low = torch.where(better, this_min, low)
-    # a group whose max equals its (clipped) min returns at once in the reference: levels 0, scale 0
-    flat = high == clipped_low
-    levels = torch.where(flat, torch.zeros_like(levels), levels)
-    scale = torch.where(flat, torch.zeros_like(scale), scale)
-    return levels, scale, -torch.where(flat, clipped_low, low)
+        choice = search.step(choice, step)
+    _, scale, low, chosen_iscale, chosen_low = choice
+    scale = torch.where(search.flat, search.zeros, scale)
+    return scale, -low, lambda: nearest_int((x - chosen_low).mul_(chosen_iscale), in_place=True).clamp_(0, nmax)
 
 
-def _first_max(values: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Over rows of (n, groups): the running "if (key > best) take it" of the reference, starting from 0."""
-    best_key = torch.zeros_like(key[0])
-    best_value = torch.zeros_like(values[0])
-    for i in range(key.shape[0]):
-        take = key[i] > best_key
-        best_key = torch.where(take, key[i], best_key)
-        best_value = torch.where(take, values[i], best_value)
-    return best_value, best_key
+def _positive_max(values: torch.Tensor) -> torch.Tensor:
+    """Over rows: the reference's running "if (v > best) best = v" from 0, i.e. the max, or +0 if none is > 0."""
+    highest = values.amax(0)
+    return torch.where(highest > 0, highest, torch.zeros_like(highest))
 
 
 def _byte(values: torch.Tensor) -> torch.Tensor:
@@ -120,18 +186,25 @@ def _pack_scales_mins(ls: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
     return packed.to(torch.uint8)
 
 
+def _requantized(levels: torch.Tensor, d: torch.Tensor, search_levels: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The reference skips re-quantizing a group whose stored scale ``d`` is 0 and keeps its search's levels."""
+    skipped = d == 0
+    if bool(skipped.any()):
+        return torch.where(skipped, search_levels(), levels)
+    return levels
+
+
 def _k_levels(blocks: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep: int):
     """The part Q4_K and Q5_K share: per 32-value group the weighted scale/min search, the 6-bit scales and mins
-    of each super-block, then every value re-quantized with the rounded scales. Returns (levels (blocks, 256),
+    of each super-block, then every value re-quantized with the rounded scales. Returns (levels (32, groups) int32,
     d and dmin bytes (blocks, 2 each), packed scales (blocks, 12))."""
     count = blocks.shape[0]
     groups = blocks.reshape(count * 8, 32).T.contiguous()  # (32, groups): value i of every group in row i
     average = sqrt_f32(_row_sums(groups * groups) / 32)
-    weights = average + groups.abs()
-    levels, scales, mins = make_qkx2_quants(groups, weights, nmax, rmin, rdelta, nstep)
+    weights = groups.abs().add_(average)
+    scales, mins, search_levels = make_qkx2_quants(groups, weights, nmax, rmin, rdelta, nstep)
     scales, mins = scales.reshape(count, 8).T, mins.reshape(count, 8).T
-    max_scale = _first_max(scales, scales)[0]
-    max_min = _first_max(mins, mins)[0]
+    max_scale, max_min = _positive_max(scales), _positive_max(mins)
     inv_scale = torch.where(max_scale > 0, divided(63.0, max_scale), torch.zeros_like(max_scale))
     inv_min = torch.where(max_min > 0, divided(63.0, max_min), torch.zeros_like(max_min))
     ls = _byte(nearest_int(inv_scale * scales)).clamp(max=63).T
@@ -140,72 +213,112 @@ def _k_levels(blocks: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep
     dmin16 = (max_min / 63).to(torch.float16)
     d = (d16.float()[:, None] * ls.float()).reshape(-1)  # (groups,) in group order
     dm = (dmin16.float()[:, None] * lm.float()).reshape(-1)
-    requantized = nearest_int((groups + dm) / d).clamp(0, nmax)
-    levels = torch.where(d != 0, requantized, levels)
+    levels = _requantized(nearest_int((groups + dm).div_(d), in_place=True).clamp_(0, nmax), d, search_levels)
     half = torch.stack([d16, dmin16], dim=1)[:, :, None].view(torch.uint8).reshape(count, 4)
-    return levels.T.reshape(count, QK_K), half, _pack_scales_mins(ls, lm)
+    return levels, half, _pack_scales_mins(ls, lm)
+
+
+def _k_planes(levels: torch.Tensor) -> torch.Tensor:
+    """(32, groups) levels of Q4_K / Q5_K -> uint8 (2, blocks, 4, 32): [h, b, n, l] is value l of half h of the
+    64-value chunk n of block b, so that each half is one contiguous plane in the order of the stored bytes."""
+    return levels.to(torch.uint8).reshape(32, -1, 4, 2).permute(3, 1, 2, 0).contiguous()
 
 
 def quantize_q4_k(blocks: torch.Tensor) -> torch.Tensor:
     levels, half, scales = _k_levels(blocks, 15, -1.0, 0.1, 20)
-    chunks = levels.reshape(-1, 4, 2, 32)  # four 64-value chunks: values 0-31 low nibbles, 32-63 high nibbles
-    qs = (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(-1, 128).to(torch.uint8)
+    first, second = _k_planes(levels)  # each chunk: values 0-31 in low nibbles, 32-63 in high nibbles
+    qs = (first | (second << 4)).reshape(-1, 128)
     return torch.cat([half, scales, qs], dim=1)
 
 
 def quantize_q5_k(blocks: torch.Tensor) -> torch.Tensor:
     levels, half, scales = _k_levels(blocks, 31, -0.5, 0.1, 15)
-    chunks = levels.reshape(-1, 4, 2, 32)
-    qs = ((chunks[:, :, 0] & 0xF) | ((chunks[:, :, 1] & 0xF) << 4)).reshape(-1, 128).to(torch.uint8)
-    # bit 4 of value j of chunk n goes to bit 2n of qh[j]; of value j + 32, to bit 2n + 1
-    shifts = torch.arange(4, dtype=torch.int32).reshape(1, 4, 1, 1) * 2 + torch.tensor([0, 1]).reshape(1, 1, 2, 1)
-    qh = (((chunks >> 4) & 1) << shifts).sum(dim=(1, 2)).to(torch.uint8)
+    planes = _k_planes(levels)
+    qs = ((planes[0] & 0xF) | ((planes[1] & 0xF) << 4)).reshape(-1, 128)
+    high = planes >> 4  # bit 4 of value l of half h of chunk n goes to bit 2n + h of qh[l]
+    qh = high[0, :, 0].clone()
+    for bit in range(1, 8):
+        qh |= high[bit % 2, :, bit // 2] << bit
     return torch.cat([half, scales, qh, qs], dim=1)
+
+
+def _signed_peak(x: torch.Tensor) -> torch.Tensor:
+    """Over rows of (n, groups): the first value of largest magnitude (the reference's running "if (ax > amax)").
+    From the column's max and min (fast reductions; argmax along rows is an order slower), except where they tie
+    in magnitude with opposite signs: those few columns go through argmax (the first maximal index)."""
+    highest, lowest = x.amax(0), x.amin(0)
+    magnitude_of_lowest = -lowest
+    peak = torch.where(highest >= magnitude_of_lowest, highest, lowest)
+    tied = torch.nonzero((highest == magnitude_of_lowest) & (highest > 0))[:, 0]
+    if tied.numel():
+        columns = x[:, tied]
+        peak[tied] = columns.gather(0, columns.abs().argmax(dim=0, keepdim=True))[0]
+    return peak
 
 
 def make_qx_quants(x: torch.Tensor, nmax: int):
     """The reference's make_qx_quants with rmse_type 1 and no importance weights (weights x^2), for every group at
-    once; ``x`` is (n, groups). Returns signed levels + nmax (n, groups) and the scale (groups)."""
-    peak = x.gather(0, x.abs().argmax(dim=0, keepdim=True))[0]  # the first value of largest magnitude
+    once; ``x`` is (n, groups). Returns the scale (groups) and a function that rebuilds the chosen levels, signed
+    levels + nmax (n, groups).
+
+    Every |x| is at most the group's peak magnitude, so |iscale * x| stays within about nmax + 1 and ``round`` is
+    the reference's nearest_int here, except in groups below GROUP_MAX_EPS (even 0 or subnormal), which the
+    reference skips and which are overwritten at the end."""
+    peak = _signed_peak(x)
     weights = x * x
+    weighted_x = weights * x  # the reference's w*x[i]*l multiplies w*x first: the same for every candidate
+    trial, products = torch.empty_like(x), x.new_empty((x.shape[0], 2, x.shape[1]))
+    moments = x.new_empty((1, 2, x.shape[1]))
+    product_rows, (sum_lx, sum_l2) = products.unbind(1), moments[0].unbind(0)
 
-    def fit(iscale):
-        levels = nearest_int(iscale * x).clamp(-nmax, nmax - 1)
-        sum_lx, sum_l2 = _row_sums(torch.stack([weights * x * levels, weights * levels * levels], dim=1))
-        return levels, sum_lx, sum_l2
+    def fit(iscale):  # sum_lx and sum_l2 of the levels clamp(nearest_int(iscale * x), -nmax, nmax - 1)
+        levels = torch.mul(x, iscale, out=trial).round_().clamp_(-nmax, nmax - 1)
+        torch.mul(weighted_x, levels, out=product_rows[0])
+        torch.mul(weights, levels, out=product_rows[1]).mul_(levels)
+        moments.zero_().index_add_(0, _first_row(x.shape[0]), products)
 
-    levels, sum_lx, sum_l2 = fit(divided(-nmax, peak))
+    iscale = divided(-nmax, peak)
+    fit(iscale)
     scale = torch.where(sum_l2 != 0, sum_lx / sum_l2, torch.zeros_like(sum_l2))
-    best = scale * sum_lx
-    for step in [s for s in range(-9, 10) if s != 0]:
-        factor = -(_f32(nmax) + _f32(0.1) * _f32(step))
-        trial, sum_lx, sum_l2 = fit(divided(float(factor), peak))
-        better = (sum_l2 > 0) & (sum_lx * sum_lx > best * sum_l2)
-        levels = torch.where(better, trial, levels)
-        scale = torch.where(better, sum_lx / sum_l2, scale)
-        best = torch.where(better, scale * sum_lx, best)
-    zero = x.abs().amax(0) < _EPS
-    levels = torch.where(zero, torch.full_like(levels, -nmax), levels)  # stored as 0 once nmax is added
-    scale = torch.where(zero, torch.zeros_like(scale), scale)
-    return levels + nmax, scale
+    # the running choice and each candidate, rows: inverse scale, scale, best (scale * sum_lx)
+    choice = torch.stack([iscale, scale, scale * sum_lx])
+    proposal = torch.empty_like(choice)
+    iscale, scale, best = proposal.unbind(0)
+    zeros = torch.zeros_like(peak)
+    factors = [-(_f32(nmax) + _f32(0.1) * _f32(step)) for step in range(-9, 10) if step != 0]
+    for factor in torch.tensor(factors, dtype=torch.float32)[:, None].repeat(1, x.shape[1]).unbind(0):
+        fit(torch.div(factor, peak, out=iscale))
+        torch.mul(torch.div(sum_lx, sum_l2, out=scale), sum_lx, out=best)
+        better = (sum_l2 > zeros) & (sum_lx * sum_lx > choice[2] * sum_l2)
+        choice = torch.where(better, proposal, choice)
+    chosen_iscale, scale, _ = choice
+    zero = peak.abs() < _EPS
+
+    def levels():
+        chosen = nearest_int(x * chosen_iscale, in_place=True).clamp_(-nmax, nmax - 1)
+        return torch.where(zero, torch.full_like(chosen, -nmax), chosen) + nmax  # a zero group stores 0
+
+    return torch.where(zero, torch.zeros_like(scale), scale), levels
 
 
 def quantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     count = blocks.shape[0]
     groups = blocks.reshape(count * 16, 16).T.contiguous()  # (16, groups)
-    levels, scales = make_qx_quants(groups, 32)
+    scales, search_levels = make_qx_quants(groups, 32)
     scales = scales.reshape(count, 16).T  # (16, blocks)
-    max_scale, max_abs = _first_max(scales, scales.abs())
+    max_scale = _signed_peak(scales)
     iscale = divided(-128.0, max_scale)
     d16 = (torch.ones_like(iscale) / iscale).to(torch.float16)
     small = nearest_int(iscale * scales).clamp(max=127)
     small = ((small + 128) & 0xFF) - 128  # the int8 the reference stores
     d = (d16.float()[None, :] * small.float()).T.reshape(-1)  # (groups,)
-    requantized = nearest_int(groups / d).clamp(-32, 31) + 32
-    levels = torch.where(d != 0, requantized, levels).T.reshape(count, 2, 4, 32)  # two halves of four 32-runs
-    ql = ((levels[:, :, 0:2] & 0xF) | ((levels[:, :, 2:4] & 0xF) << 4)).reshape(count, 128)
-    qh = ((levels >> 4) << (torch.arange(4, dtype=torch.int32).reshape(1, 1, 4, 1) * 2)).sum(dim=2)
-    out = torch.cat([ql.to(torch.uint8), qh.reshape(count, 64).to(torch.uint8),
-                     small.T.to(torch.int8).view(torch.uint8), d16[:, None].view(torch.uint8)], dim=1)
-    zero_block = (max_abs < _EPS)[:, None]
+    levels = _requantized(nearest_int(groups / d, in_place=True).clamp_(-32, 31).add_(32), d, search_levels)
+    # value l of quarter q of half h of a block is row l % 16 of group 16 b + 8 h + 2 q + l // 16: planes [q]
+    # (blocks, h, l // 16, l % 16), each contiguous in the order of the stored bytes
+    planes = levels.to(torch.uint8).reshape(16, count, 2, 4, 2).permute(3, 1, 2, 4, 0).contiguous()
+    low, high = planes & 0xF, planes >> 4
+    ql = torch.stack([low[0] | (low[2] << 4), low[1] | (low[3] << 4)], dim=2).reshape(count, 128)
+    qh = (high[0] | (high[1] << 2) | (high[2] << 4) | (high[3] << 6)).reshape(count, 64)
+    out = torch.cat([ql, qh, small.T.to(torch.int8).view(torch.uint8), d16[:, None].view(torch.uint8)], dim=1)
+    zero_block = (max_scale.abs() < _EPS)[:, None]
     return torch.where(zero_block, torch.zeros_like(out), out)

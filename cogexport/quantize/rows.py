@@ -21,8 +21,10 @@ _BLOCK_QUANTIZERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 # stored as infinity, so it is refused instead.
 _HALF_LIMIT = 65504.0
 _BOUNDLESS = ("F32", "BF16")
-# Values quantized at once: bounds the working memory to a few MB and keeps each vector operation in cache.
-CHUNK_VALUES = 1 << 18
+# Values quantized at once: bounds the working memory to a few MB and keeps each vector operation in cache. The K
+# types' searches make some 20 passes over arrays of a chunk's size per candidate scale: measured on a 2 MB L2,
+# 2^16 to 2^17 values is the fastest (2^18 about 10% slower, 2^15 20% slower: a fixed cost per operation).
+CHUNK_VALUES = 1 << 17
 
 
 def quantize_tensor(tensor: torch.Tensor, type_name: str, name: str = "tensor") -> torch.Tensor:
