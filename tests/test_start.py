@@ -1,7 +1,8 @@
 """A run's start: ``import cogexport`` imports nothing heavy until the package is used; the command line sets torch's
 environment before torch is imported; the cyclic collector is paused while the modules are imported and is never left
-paused; the command line freezes what its start made, and leaves out what only some jobs need. And the package's functions keep their names however its
-modules are imported. Each case runs in a fresh interpreter, where the imports really happen."""
+paused; the command line freezes what its start made, and leaves out what only some jobs need. And the package's
+functions keep their names however its modules are imported. Each case runs in a fresh interpreter, where the imports
+really happen."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """``torchrun --nproc-per-node N -m cogexport ...``: 2 and 3 gloo ranks on CPU write the same bytes as one process
-(consolidate, universal, a pipeline export, GGUF and fp8 files), each rank its share of the files; a rank killed mid-run, a rank that
-fails, and ranks that planned different outputs all leave nothing published and no staging folder.
+(consolidate, universal, a pipeline export, GGUF and fp8 files), each rank its share of the files; a rank killed
+mid-run, a rank that fails, and ranks that planned different outputs all leave nothing published and no staging
+folder.
 
 The ranks are real processes launched by torch's own launcher (``python -m torch.distributed.run``)."""
 
