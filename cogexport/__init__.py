@@ -32,8 +32,7 @@ def __getattr__(name: str):
     if name.startswith("__"):  # introspection (__wrapped__, __path__ ...) imports nothing
         raise AttributeError(f"module 'cogexport' has no attribute {name!r}")
     if name in _GIVEN_WHEN_ASKED:
-        globals()[name] = getattr(_importlib.import_module(_GIVEN_WHEN_ASKED[name], __name__), name)
-        return globals()[name]
+        return _give(name, _GIVEN_WHEN_ASKED[name])
     if not _GIVEN.keys() <= globals().keys():
         _import_the_library()
     try:  # what _GIVEN names, and the subpackages importing it brought in (cogexport.write, ...)
@@ -50,10 +49,16 @@ def _import_the_library() -> None:
     _gc.disable()
     try:
         for name, module in _GIVEN.items():
-            globals()[name] = getattr(_importlib.import_module(module, __name__), name)
+            _give(name, module)
     finally:
         if collecting:
             _gc.enable()
+
+
+def _give(name: str, module: str):
+    """Import ``name`` from this package's ``module`` and bind it here, so it is looked up once."""
+    globals()[name] = value = getattr(_importlib.import_module(module, __name__), name)
+    return value
 
 
 def export(checkpoint, output, options=None, **overrides):
