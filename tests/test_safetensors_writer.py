@@ -57,3 +57,25 @@ def test_each_tensor_is_loaded_once_and_released(tmp_path):
     tensors = {n: LazyTensor(torch.Size([4]), torch.float32, lambda n=n: loader(n)) for n in ("b", "a", "c")}
     write_safetensors(tmp_path / "out.safetensors", tensors, {"format": "pt"})
     assert loads == ["a", "b", "c"], "streamed in file order, once each"
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 5])
+@pytest.mark.parametrize("case", [*CASES, "one big tensor"])
+def test_a_file_written_in_runs_by_several_ranks_equals_save_file(tmp_path, case, ranks):
+    """Each rank's share of a single file (a run of its tensors, rank 0's with the header), written in any order into
+    the same file, as ranks of a torchrun job write them at once: save_file's bytes. Runs may be empty (more ranks
+    than tensors, one tensor holding most bytes)."""
+    from cogexport.write.folder_plan import TensorFile
+    from cogexport.write.rank_shares import FilePart, rank_share
+
+    tensors = CASES.get(case) or {"small": torch.ones(3), "big": torch.randn(4096), "tiny": torch.ones(1)}
+    save_file(tensors, tmp_path / "reference.safetensors", metadata={"format": "pt"})
+    planned = TensorFile("model.safetensors", lazy(tensors), metadata={"format": "pt"})
+    shares = [rank_share([planned], rank, ranks) for rank in range(ranks)]
+    assert all(isinstance(part, FilePart) for share in shares for part in share)
+    for share in reversed(shares):  # the last rank first: the file is begun by a rank without the header
+        for part in share:
+            part.write(tmp_path, None, iter([tensor.load() for tensor in part.write_order()]))
+    assert (tmp_path / "model.safetensors").read_bytes() == (tmp_path / "reference.safetensors").read_bytes()
+    written = sorted(index for share in shares for part in share for index in part.run)
+    assert written == list(range(len(tensors)))

@@ -1,5 +1,6 @@
 """``torchrun --nproc-per-node N -m cogexport ...``: 2 and 3 gloo ranks on CPU write the same bytes as one process
-(consolidate, universal, a pipeline export, GGUF and fp8 files), each rank its share of the files; a rank killed
+(consolidate, universal, a pipeline export, GGUF and fp8 files), each rank its share of the files, or of one file's
+tensors where there are fewer files than ranks; a rank killed
 mid-run, a rank that fails, and ranks that planned different outputs all leave nothing published and no staging
 folder.
 
@@ -94,6 +95,55 @@ def test_quantized_exports_of_a_two_expert_pipeline_on_two_ranks_write_the_same_
     assert len([name for name in single if name.endswith((".gguf", ".safetensors"))]) >= 2
 
 
+RECORD_SHARES = """import os
+from pathlib import Path
+from cogexport.__main__ import run
+from cogexport.write.rank_shares import FilePart
+write = FilePart.write
+def recorded(part, root, on_tensor, payloads):
+    with open(Path(__file__).with_name("shares-" + os.environ["RANK"]), "a") as log:
+        log.write(f"{part.path} {part.run.start} {part.run.stop} {part.header}\\n")
+    return write(part, root, on_tensor, payloads)
+FilePart.write = recorded
+run()
+"""
+
+
+def shares_written(folder: Path, ranks: int) -> dict[int, list[tuple[str, int, int, bool]]]:
+    """{rank: [(file, first tensor, end, header)]} of the file parts each rank wrote (RECORD_SHARES' logs)."""
+    logs = {rank: folder / f"shares-{rank}" for rank in range(ranks)}
+    return {rank: [(path, int(start), int(stop), header == "True")
+                   for path, start, stop, header in (line.split() for line in log.read_text().splitlines())]
+            for rank, log in logs.items() if log.exists()}
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("job", [("--to", "gguf", "--quant", "Q4_K_M"), ("--to", "original", "--dtype", "fp8")])
+def test_one_file_is_written_by_every_rank_a_run_of_its_tensors_each(tmp_path, ranks, job):
+    """A model written as one file (GGUF, ComfyUI's fp8) by 2 and 3 ranks: each loads, quantizes and writes its own
+    run of the file's tensors at their offsets, rank 0 the header, and the file is the one process's, byte for byte."""
+    from wan_fixtures import tiny_wan_pipeline
+
+    transformer = tiny_wan_pipeline("t2v") / "transformer"
+    result = run_cogexport_process(transformer, tmp_path / "out", *job)
+    assert result.returncode == 0, result.stderr
+    single = files_of(tmp_path / "out")
+    (tmp_path / "out").rename(tmp_path / "single")
+    script = tmp_path / "record_shares.py"
+    script.write_text(RECORD_SHARES)
+    done = torchrun(ranks, transformer, tmp_path / "out", *job, script=script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert files_of(tmp_path / "out") == single
+    shares = shares_written(tmp_path, ranks)
+    (data_file,) = [name for name in single if name.endswith((".gguf", ".safetensors"))]
+    assert sorted(shares) == list(range(ranks)), shares  # every rank wrote a part
+    runs = sorted((start, stop, header) for rank in shares for path, start, stop, header in shares[rank]
+                  if path == data_file)
+    assert [header for *_, header in runs] == [True] + [False] * (ranks - 1)  # rank 0's, first in the file
+    assert all(stop > start for start, stop, _ in runs) and runs[0][0] == 0
+    assert all(runs[k][1] == runs[k + 1][0] for k in range(ranks - 1))  # end to end: every tensor written once
+
+
 def uneven_weights(path: Path) -> None:
     """Two tensors, each its own shard at --max-shard-size 4MB: a small one (rank 0's) and a big one (rank 1's,
     384 MB in fp32, cast to bf16: it takes rank 1 a while)."""
@@ -130,16 +180,19 @@ def _descends(pid: int, ancestor: int) -> bool:
     return False
 
 
-def test_a_rank_killed_mid_run_publishes_nothing(tmp_path):
-    """Rank 1 is stopped while it writes, and rank 0, done with its own file, waits for it instead of publishing;
-    then rank 1 is killed: the job fails, nothing is published, the staging folder is removed."""
+@pytest.mark.parametrize("shards, rank_1_file", [(("--max-shard-size", "4MB"), "model-00002-of-00002.safetensors"),
+                                                 ((), "model.safetensors")])
+def test_a_rank_killed_mid_run_publishes_nothing(tmp_path, shards, rank_1_file):
+    """Rank 1 is stopped while it writes, and rank 0, done with its own share, waits for it instead of publishing;
+    then rank 1 is killed: the job fails, nothing is published, the staging folder is removed. Its share is a
+    file of its own, or (one file) the run of the file's tensors after rank 0's."""
     uneven_weights(tmp_path / "weights.safetensors")
     launcher = torchrun(2, "consolidate", tmp_path / "weights.safetensors", tmp_path / "out", "--dtype", "bf16",
-                        "--max-shard-size", "4MB", "--workers", "1", wait=False)
+                        *shards, "--workers", "1", wait=False)
     deadline = time.monotonic() + 600
-    while not list(tmp_path.glob(".out.cogexport-*/model-00002-of-00002.safetensors")) and launcher.poll() is None \
+    while not list(tmp_path.glob(f".out.cogexport-*/{rank_1_file}")) and launcher.poll() is None \
             and time.monotonic() < deadline:
-        time.sleep(0.005)  # until rank 1 has begun its file
+        time.sleep(0.005)  # until rank 1's file is begun
     pids = rank_pids(launcher.pid)
     assert launcher.poll() is None and 1 in pids, "the job ended before a rank could be stopped"
     os.kill(pids[1], signal.SIGSTOP)

@@ -18,9 +18,12 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 from ..errors import CogExportError
 from ..lazy import ByteRange, LazyTensor
 from .byte_copy import copy_range
+from .file_parts import FileLayout
 from .io_engine import SERIAL, IOSettings, Payload, TensorFeed
+from .rank_shares import rank_share
+from .ranks import ALONE, Ranks
+from .safetensors_file import safetensors_layout, write_safetensors
 from .safetensors_file import write_order as safetensors_write_order
-from .safetensors_file import write_safetensors
 from .shards import ShardPlan
 from .torch_archive import lazy_leaves, write_torch_archive
 from .torch_file import save_torch_file
@@ -63,6 +66,11 @@ class TensorFile:
         if self.container == "safetensors":
             return safetensors_write_order(self.tensors)
         return lazy_leaves(self.tree())
+
+    def layout(self) -> FileLayout | None:
+        """Where the header and each tensor lie in a safetensors file (a torchrun job's ranks may write runs of it);
+        None for a torch.save archive, whose directory needs every record's CRC-32."""
+        return safetensors_layout(self.tensors, self.metadata) if self.container == "safetensors" else None
 
     def write(self, root: Path, on_tensor: OnTensor | None, payloads: Iterator[Payload] | None = None) -> None:
         path = root / self.path
@@ -186,8 +194,8 @@ class FolderPlan:
 
     @property
     def data_files(self) -> list[PlannedFile]:
-        """The files that hold the model's bytes (tensors, copied inputs), in plan order: file i of this list is
-        written by rank i mod the world size of a torchrun job."""
+        """The files that hold the model's bytes (tensors, copied inputs), in plan order: what the ranks of a
+        torchrun job share (rank_shares.py)."""
         return [planned for planned in self.files if is_data_file(planned)]
 
     @property
@@ -219,17 +227,19 @@ def is_data_file(planned: PlannedFile) -> bool:
 
 
 def write_folder(root: Path, plan: FolderPlan, on_tensor: OnTensor | None = None, settings: IOSettings = SERIAL,
-                 owned: Callable[[int], bool] = lambda index: True, others: bool = True) -> None:
+                 ranks: Ranks = ALONE, others: bool = True) -> None:
     """Write the planned files under ``root`` (I/O only: the plan was checked when it was made): the data files
-    whose index ``owned`` takes, their tensors loaded ahead as ``settings`` say, then (``others``) the rest."""
-    write_data_files(root, [f for i, f in enumerate(plan.data_files) if owned(i)], on_tensor, settings)
+    and parts of them that are this rank's share (``rank_share``), their tensors loaded ahead as ``settings`` say,
+    then (``others``) the rest."""
+    write_data_files(root, rank_share(plan.data_files, ranks.rank, ranks.world), on_tensor, settings)
     if others:
         for planned in plan.other_files:
             planned.write(root, on_tensor)
 
 
-def write_data_files(root: Path, files: list[PlannedFile], on_tensor: OnTensor | None, settings: IOSettings) -> None:
-    """One feed for all the files' tensors, so that reading ahead runs on across file boundaries."""
+def write_data_files(root: Path, files: list, on_tensor: OnTensor | None, settings: IOSettings) -> None:
+    """One feed for all the files' (and file parts') tensors, so that reading ahead runs on across file
+    boundaries."""
     fed = [planned for planned in files if hasattr(planned, "write_order")]
     with TensorFeed([tensor for planned in fed for tensor in planned.write_order()], settings) as feed:
         payloads = iter(feed)

@@ -12,6 +12,8 @@ shape than its own gets ``comfy.gguf.orig_shape.<name>`` (an array of int32), wh
 
 from __future__ import annotations
 
+import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -22,6 +24,8 @@ import torch
 from ..lazy import LazyTensor
 from ..quantize import quantize_tensor
 from ..quantize.policy import GgufPlan, PlannedTensor
+from .file_parts import FileLayout, placed_one_after_another, write_run
+from .io_engine import TensorFeed
 
 if TYPE_CHECKING:
     import gguf
@@ -44,19 +48,34 @@ def build_writer(plan: GgufPlan) -> gguf.GGUFWriter:
     return writer
 
 
-def stored_bytes(tensor: PlannedTensor) -> np.ndarray:
-    """The planned tensor loaded and quantized: its bytes in the file (uint8)."""
+def gguf_layout(plan: GgufPlan) -> FileLayout:
+    """Where everything lies in the file: the header, key-value data and tensor infos as llama.cpp's own writer
+    writes them (into a scratch file: it writes only to files), then each tensor's data at the next multiple of the
+    file's alignment, padded with zeros to the next one, as that writer pads them."""
+    writer = build_writer(plan)
+    with tempfile.TemporaryDirectory(prefix="cogexport-gguf-header-") as scratch:
+        header_file = Path(scratch) / "header.gguf"
+        try:
+            writer.write_header_to_file(path=header_file)
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+        finally:
+            writer.close()
+        header = header_file.read_bytes()
+    return placed_one_after_another(header, [(tensor.name, tensor.nbytes) for tensor in plan.tensors],
+                                    writer.data_alignment)
+
+
+def stored_bytes(tensor: PlannedTensor) -> torch.Tensor:
+    """The planned tensor loaded and quantized: its bytes in the file (flat uint8)."""
     values = tensor.source.load().reshape(tensor.stored_shape)
-    return quantize_tensor(values, tensor.type.name, tensor.name).numpy()
+    return quantize_tensor(values, tensor.type.name, tensor.name).reshape(-1)
 
 
 def quantized(tensor: PlannedTensor) -> LazyTensor:
-    """The planned tensor's bytes in the file, flat uint8, quantized when loaded: what a folder's feed loads ahead."""
-
-    def load() -> torch.Tensor:
-        return torch.from_numpy(stored_bytes(tensor)).reshape(-1)
-
-    return LazyTensor(torch.Size([tensor.nbytes]), torch.uint8, load, f"{tensor.name} as {tensor.type.name}")
+    """The planned tensor's bytes in the file, quantized when loaded (``stored_bytes``): what a feed loads ahead."""
+    return LazyTensor(torch.Size([tensor.nbytes]), torch.uint8, lambda: stored_bytes(tensor),
+                      f"{tensor.name} as {tensor.type.name}")
 
 
 def write_gguf(path: Path, plan: GgufPlan, on_tensor: Callable[[str, int], None] | None = None,
@@ -68,25 +87,15 @@ def write_gguf(path: Path, plan: GgufPlan, on_tensor: Callable[[str, int], None]
     removed and the error raised (a bad value names its tensor: a ``CogExportError``).
     """
     path = Path(path)
-    writer = build_writer(plan)
-    written = 0
+    layout = gguf_layout(plan)
     try:
-        writer.write_header_to_file(path=path)
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for tensor in plan.tensors:
-            data = stored_bytes(tensor) if payloads is None else next(payloads).numpy()
-            writer.write_tensor_data(data)
-            written += data.nbytes
-            del data
-            if on_tensor is not None:
-                on_tensor(tensor.name, tensor.nbytes)
-        writer.close()
+        with ExitStack() as stack:
+            if payloads is None:
+                payloads = iter(stack.enter_context(TensorFeed([quantized(tensor) for tensor in plan.tensors])))
+            return write_run(path, layout, range(len(layout.tensors)), payloads, whole=True, on_tensor=on_tensor)
     except BaseException:
-        writer.close()
         path.unlink(missing_ok=True)
         raise
-    return written
 
 
 @dataclass
@@ -107,6 +116,10 @@ class GgufFile:
     def write_order(self) -> list[LazyTensor]:
         """The tensors' bytes in the order they are written (the payloads ``write`` takes)."""
         return [quantized(tensor) for tensor in self.plan.tensors]
+
+    def layout(self) -> FileLayout:
+        """Where the header and each tensor lie in the file (a torchrun job's ranks may write runs of it)."""
+        return gguf_layout(self.plan)
 
     def write(self, root: Path, on_tensor: Callable[[str, int], None] | None,
               payloads: Iterator[torch.Tensor] | None = None) -> None:

@@ -1,7 +1,8 @@
 """Write a planned folder and publish it: the one way every command writes its output.
 
 The ranks of the job (one process, or a torchrun job: ranks.py) check they made the same plan; the data files are
-written into a staging folder, each by the rank that owns it, their tensors loaded ahead by worker threads
+written into a staging folder, each by the rank whose share it is (a single file's tensors shared out in runs:
+rank_shares.py), their tensors loaded ahead by worker threads
 (io_engine.py) or copied file to file where their bytes lie in an input as they are (byte_copy.py); once every rank
 has written its part, rank 0 writes the configs, indexes and cards and moves the folder into place (staging.py).
 """
@@ -15,6 +16,7 @@ from ..errors import CogExportError
 from ..progress import byte_progress
 from .folder_plan import FolderPlan, plan_digest, write_folder
 from .io_engine import IOSettings
+from .rank_shares import rank_share
 from .ranks import Ranks, current_ranks
 from .staging import staged_folder
 
@@ -28,12 +30,11 @@ def write_plan(plan: FolderPlan, destination: Path, settings: IOSettings, label:
     check_same_plan(plan, ranks)
     if check is not None:
         ranks.together(check)
-    owned = [planned for index, planned in enumerate(plan.data_files) if ranks.owns(index)]
-    total = sum(planned.nbytes for planned in owned)
+    total = sum(planned.nbytes for planned in rank_share(plan.data_files, ranks.rank, ranks.world))
     needed = plan.total_bytes if needed_bytes is None else needed_bytes
     with staged_folder(destination, needed, ranks, finish=lambda staging: _write_others(staging, plan)) as staging, \
             byte_progress(total, label, progress) as bar:
-        write_folder(staging, plan, lambda _name, nbytes: bar.update(nbytes), settings, ranks.owns, others=False)
+        write_folder(staging, plan, lambda _name, nbytes: bar.update(nbytes), settings, ranks, others=False)
 
 
 def check_same_plan(plan: FolderPlan, ranks: Ranks) -> None:

@@ -18,8 +18,7 @@ import torch
 
 from ..lazy import LazyTensor
 from ..safetensors_dtypes import SAFETENSORS_DTYPES
-from ..tensor_bytes import tensor_buffer
-from .byte_copy import TrailingChecks, copy_range
+from .file_parts import FileLayout, placed_one_after_another, write_run
 from .io_engine import Payload, TensorFeed
 
 # The order safetensors stores dtypes in (its Dtype enum, descending).
@@ -56,6 +55,12 @@ def build_header(tensors: Mapping[str, LazyTensor], metadata: Mapping[str, str] 
     return struct.pack("<Q", len(text)) + text
 
 
+def safetensors_layout(tensors: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None) -> FileLayout:
+    """Where everything lies in the file: the header, then each tensor's bytes in storage order, end to end."""
+    return placed_one_after_another(build_header(tensors, metadata),
+                                    [(name, tensors[name].nbytes) for name in storage_order(tensors)])
+
+
 def write_safetensors(path: Path, tensors: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None = None,
                       on_tensor: Callable[[str, int], None] | None = None,
                       payloads: Iterator[Payload] | None = None) -> int:
@@ -65,41 +70,13 @@ def write_safetensors(path: Path, tensors: Mapping[str, LazyTensor], metadata: M
     storage order (``write_order``), from a ``TensorFeed`` that may load them ahead; by default they are loaded here
     one at a time.
     """
-    header = build_header(tensors, metadata)
-    written = 0
+    layout = safetensors_layout(tensors, metadata)
     with ExitStack() as stack:
         if payloads is None:
             payloads = iter(stack.enter_context(TensorFeed(write_order(tensors))))
-        checks = stack.enter_context(TrailingChecks())
-        handle = stack.enter_context(open(path, "wb", buffering=0))
-        write_all(handle, memoryview(header))
-        for name in storage_order(tensors):
-            write_payload(handle, next(payloads), checks)
-            written += tensors[name].nbytes
-            if on_tensor is not None:
-                on_tensor(name, tensors[name].nbytes)
-        checks.drain()
-    return written
+        return write_run(path, layout, range(len(layout.tensors)), payloads, whole=True, on_tensor=on_tensor)
 
 
 def write_order(tensors: Mapping[str, LazyTensor]) -> list[LazyTensor]:
     """The tensors in the order their data is written (the payloads ``write_safetensors`` takes)."""
     return [tensors[name] for name in storage_order(tensors)]
-
-
-def write_payload(handle, payload: Payload, checks: TrailingChecks | None = None) -> None:
-    """A tensor's bytes at the file's position: copied from the input files (byte ranges, end to end) or from
-    memory. ``checks``: where the copies' checks run (see ``copy_range``)."""
-    if isinstance(payload, tuple):
-        position = handle.tell()
-        for part in payload:
-            copy_range(part, handle.fileno(), position, checks=checks)
-            position += part.length
-    else:
-        write_all(handle, tensor_buffer(payload.contiguous()))
-
-
-def write_all(handle, data: memoryview) -> None:
-    while len(data):
-        done = handle.write(data)
-        data = data[done:]
