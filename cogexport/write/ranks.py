@@ -5,7 +5,8 @@ command: it opens the same input and makes the same plan from its headers. Then 
 torch.distributed (gloo: CPU and TCP, whatever the cluster's GPUs), that their plans are the same (rank 0's digest
 against each one's); each writes its share of the data files (file i: rank i mod the world size; with fewer files
 than ranks, a run of each file's tensors: rank_shares.py) into one staging folder; they agree that every rank
-succeeded; and rank 0 writes the small files and moves the folder into place. A rank that fails, or dies, makes every rank fail, and nothing is published.
+succeeded; and rank 0 writes the small files and moves the folder into place. A rank that fails, or dies, makes
+every rank fail, and nothing is published.
 
 A process not launched by torchrun (no WORLD_SIZE above 1 in its environment) is a job of one: every agreement is
 its own answer. Only the command line joins a torchrun job: a library caller decides for itself (``join_job``).
