@@ -77,4 +77,5 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON
 workers_option = click.option("--workers", type=click.IntRange(1), metavar="N",
                               help="Threads reading, checking and casting (or quantizing) tensors ahead of the writer "
                                    "(1: one thread does all in turn) [default: one per core but the writer's; one per "
-                                   "core for --to gguf]. Under torchrun, each process writes its share of the files.")
+                                   "core for --to gguf]. Under torchrun, each process writes its share of the files "
+                                   "(of each file's tensors, where there are fewer files than processes).")
