@@ -47,9 +47,9 @@ class FileLayout:
 
 
 def placed_one_after_another(header: bytes, tensors: Sequence[tuple[str, int]], alignment: int = 1) -> FileLayout:
-    """The layout of ``header`` followed by ``tensors`` (name, bytes) in order, each beginning at a multiple of
-    ``alignment`` bytes from the header's end, and padded with zeros to the next one (GGUF's data section); the
-    header is padded to a multiple of ``alignment``."""
+    """The layout of ``header`` followed by ``tensors`` (name, bytes) in order: the header padded with zeros to a
+    multiple of ``alignment`` bytes, and each tensor padded to the next multiple (GGUF's data section; safetensors
+    packs them, ``alignment`` 1)."""
     header = header + bytes(-len(header) % alignment)
     placed, offset = [], len(header)
     for name, nbytes in tensors:

@@ -1,10 +1,10 @@
 """Write a planned folder and publish it: the one way every command writes its output.
 
 The ranks of the job (one process, or a torchrun job: ranks.py) check they made the same plan; the data files are
-written into a staging folder, each by the rank whose share it is (a single file's tensors shared out in runs:
-rank_shares.py), their tensors loaded ahead by worker threads
-(io_engine.py) or copied file to file where their bytes lie in an input as they are (byte_copy.py); once every rank
-has written its part, rank 0 writes the configs, indexes and cards and moves the folder into place (staging.py).
+written into a staging folder, each by the rank whose share it is (with fewer files than ranks, runs of each file's
+tensors: rank_shares.py), their tensors loaded ahead by worker threads (io_engine.py) or copied file to file where
+their bytes lie in an input as they are (byte_copy.py); once every rank has written its part, rank 0 writes the
+configs, indexes and cards and moves the folder into place (staging.py).
 """
 
 from __future__ import annotations

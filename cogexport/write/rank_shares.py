@@ -5,8 +5,8 @@ size (PyTorch's ``consolidate_safetensors_files_on_every_rank`` shares its files
 would sit idle, and a single file (a GGUF or fp8 file, an original release's one safetensors file) would be written
 by one rank alone: there every file whose layout is planned up front (file_parts.py) is cut into one run of tensors
 per rank, of nearly equal bytes, and each rank loads (reads, casts, quantizes) and writes its run into the shared
-file. Quantizing to GGUF is compute: the ranks share it as they share the writes. Files whose bytes depend on one
-another's (a torch.save archive's directory holds every record's CRC-32) stay whole.
+file. Quantizing to GGUF is compute: the ranks share it as they share the writes. A file whose end depends on all
+of its data (a torch.save archive's directory holds every record's CRC-32) stays whole, one rank's.
 """
 
 from __future__ import annotations
