@@ -316,11 +316,11 @@ def test_the_budget_bounds_the_bytes_held(tmp_path, workers):
     for name, tensor in truth.items():
         files.setdefault(name.split(".")[0], {})[name] = LazyTensor(tensor.shape, tensor.dtype,
                                                                     lambda name=name: load(name))
-    from cogexport.write.folder_plan import write_folder
+    from cogexport.write.folder_plan import write_data_files
 
     (tmp_path / "out").mkdir()
-    write_folder(tmp_path / "out", FolderPlan([TensorFile(f"{f}.safetensors", t) for f, t in files.items()]),
-                 written, IOSettings(workers=workers, budget=3 << 20))
+    plan = FolderPlan([TensorFile(f"{f}.safetensors", t) for f, t in files.items()])
+    write_data_files(tmp_path / "out", plan.data_files, written, IOSettings(workers=workers, budget=3 << 20))
     assert most[0] <= 3 << 20
     assert (most[0] > 1 << 20) == (workers > 1)
     for name, tensors in files.items():

@@ -20,8 +20,6 @@ from ..lazy import ByteRange, LazyTensor
 from .byte_copy import copy_range
 from .file_parts import FileLayout
 from .io_engine import SERIAL, IOSettings, Payload, TensorFeed
-from .rank_shares import rank_share
-from .ranks import ALONE, Ranks
 from .safetensors_file import safetensors_layout, write_safetensors
 from .safetensors_file import write_order as safetensors_write_order
 from .shards import ShardPlan
@@ -226,20 +224,10 @@ def is_data_file(planned: PlannedFile) -> bool:
     return isinstance(planned, CopiedFile) or planned.tensor_count > 0
 
 
-def write_folder(root: Path, plan: FolderPlan, on_tensor: OnTensor | None = None, settings: IOSettings = SERIAL,
-                 ranks: Ranks = ALONE, others: bool = True) -> None:
-    """Write the planned files under ``root`` (I/O only: the plan was checked when it was made): the data files
-    and parts of them that are this rank's share (``rank_share``), their tensors loaded ahead as ``settings`` say,
-    then (``others``) the rest."""
-    write_data_files(root, rank_share(plan.data_files, ranks.rank, ranks.world), on_tensor, settings)
-    if others:
-        for planned in plan.other_files:
-            planned.write(root, on_tensor)
-
-
-def write_data_files(root: Path, files: list, on_tensor: OnTensor | None, settings: IOSettings) -> None:
-    """One feed for all the files' (and file parts') tensors, so that reading ahead runs on across file
-    boundaries."""
+def write_data_files(root: Path, files: list, on_tensor: OnTensor | None, settings: IOSettings = SERIAL) -> None:
+    """Write ``files`` (data files, or a torchrun rank's parts of them: rank_shares.py) under ``root``, I/O only (the
+    plan was checked when it was made), with one feed for all their tensors, so that reading ahead as ``settings``
+    say runs on across file boundaries."""
     fed = [planned for planned in files if hasattr(planned, "write_order")]
     with TensorFeed([tensor for planned in fed for tensor in planned.write_order()], settings) as feed:
         payloads = iter(feed)

@@ -14,7 +14,7 @@ from typing import Callable
 
 from ..errors import CogExportError
 from ..progress import byte_progress
-from .folder_plan import FolderPlan, plan_digest, write_folder
+from .folder_plan import FolderPlan, plan_digest, write_data_files
 from .io_engine import IOSettings
 from .rank_shares import rank_share
 from .ranks import Ranks, current_ranks
@@ -30,11 +30,11 @@ def write_plan(plan: FolderPlan, destination: Path, settings: IOSettings, label:
     check_same_plan(plan, ranks)
     if check is not None:
         ranks.together(check)
-    total = sum(planned.nbytes for planned in rank_share(plan.data_files, ranks.rank, ranks.world))
+    share = rank_share(plan.data_files, ranks.rank, ranks.world)
     needed = plan.total_bytes if needed_bytes is None else needed_bytes
     with staged_folder(destination, needed, ranks, finish=lambda staging: _write_others(staging, plan)) as staging, \
-            byte_progress(total, label, progress) as bar:
-        write_folder(staging, plan, lambda _name, nbytes: bar.update(nbytes), settings, ranks, others=False)
+            byte_progress(sum(planned.nbytes for planned in share), label, progress) as bar:
+        write_data_files(staging, share, lambda _name, nbytes: bar.update(nbytes), settings)
 
 
 def check_same_plan(plan: FolderPlan, ranks: Ranks) -> None:
