@@ -1,5 +1,6 @@
 """``python -m cogexport`` and the ``cogexport`` command. The export command is built from the families' data (its
-choices and help), so a malformed family (of another installed package, say) is one line here, not a traceback."""
+choices and help), so a malformed family or format (of another installed package, say) is one line here, not a
+traceback."""
 
 import os
 import sys
@@ -28,13 +29,16 @@ def _run_command_line() -> int:
     for name, value in TORCH_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     from .cli_common import is_key_map_error
-    from .errors import one_line
+    from .errors import ExtensionError, one_line
 
     try:
         main = _command_line()
         main()
     except SystemExit as done:  # click ends every run this way
         return _exit_code(done.code)
+    except ExtensionError as error:  # a malformed extension met while the command was built
+        print(f"cogexport: error: {error.kind}: {one_line(str(error))}", file=sys.stderr)
+        return 2
     except Exception as error:
         if not is_key_map_error(error):
             raise

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from .allocation import reuse_freed_tensor_memory
-from .errors import CogExportError, one_line
+from .errors import CogExportError, ExtensionError, one_line
 from .write.ranks import join_job
 
 
@@ -36,6 +36,9 @@ def user_errors_exit_2(command):
         except OSError as error:  # the machine's answer about a path (permissions, disk full): not a bug of ours
             where = f": {error.filename}" if error.filename else ""
             click.echo(f"cogexport: error: {one_line(f'{error.strerror or error}{where}')}", err=True)
+            sys.exit(2)
+        except ExtensionError as error:
+            click.echo(f"cogexport: error: {error.kind}: {one_line(str(error))}", err=True)
             sys.exit(2)
         except Exception as error:
             if not is_key_map_error(error):

@@ -12,16 +12,18 @@ import click
 
 from .cli_common import checkpoint_paths, json_option, output_path, tag_option, user_errors_exit_2, workers_option
 from .exporter.experts import expert_names
-from .exporter.options import DIRECTIONS, FP8_DTYPES, FP8_LAYOUTS, component_choices, lora_format_help, quant_help, \
-    task_help
+from .exporter.options import DTYPES, component_choices, lora_format_help, quant_help, task_help, to_help
+from .exporter.output_formats import chosen_format, to_choices
 from .sizes import human_bytes
+from .write.fp8_file import LAYOUTS as FP8_LAYOUTS
 
 
 def _export_help() -> str:
     from .exporter.options import family_names
 
-    return (f"Export a training checkpoint or release ({family_names()}) to a Diffusers folder, or Diffusers weights "
-            "back to the family's original layout (--to original).")
+    others = ", ".join(f"--to {name}" for name in to_choices() if name != "diffusers")
+    return (f"Export a training checkpoint or release ({family_names()}) to a Diffusers folder (or a LoRA run to an "
+            f"adapter), or to another format: {others}.")
 
 
 def _model_name_examples() -> str:
@@ -43,9 +45,9 @@ def _model_name_examples() -> str:
               help="Local Diffusers pipeline or model folder: configs, and a pipeline's text encoder and tokenizer.")
 @click.option("--vae", "vae_path", type=click.Path(path_type=Path),
               help="VAE checkpoint for a pipeline (original or Diffusers weights) [default: the base's VAE].")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32", *FP8_DTYPES]), default="bf16", show_default=True,
-              help="Dtype of floating tensors (each family keeps its fp32 allowlist); fp8 (e4m3fn) and fp8_e5m2 write "
-                   "ComfyUI's scaled-fp8 file with --to original.")
+@click.option("--dtype", type=click.Choice([*DTYPES, "fp8", "fp8_e5m2"]), default="bf16", show_default=True,
+              help="Dtype of floating tensors (each family keeps its fp32 allowlist); with --to original, fp8 (e4m3fn) "
+                   "and fp8_e5m2 are the older spelling of --to comfyui --quant fp8 / fp8_e5m2.")
 @click.option("--keep-fp32", multiple=True, metavar="GLOB",
               help="Also keep tensors matching GLOB (on dotted name components) in fp32; repeatable.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file (decimal units).")
@@ -65,14 +67,12 @@ def _model_name_examples() -> str:
 @click.option("--model-name", help=f"The published model this is (e.g. {_model_name_examples()}); needed for a VAE "
                                    "alone.")
 @click.option("--base-model", help="Hub id the model card names as the base model [default: the published one].")
-@click.option("--to", "layout", type=click.Choice(list(DIRECTIONS)), default="diffusers", show_default=True,
-              help="Write Diffusers folders; the family's original layout (the files its own repository and ComfyUI "
-                   "load); or a GGUF file of the transformer (--quant) for ComfyUI-GGUF and Diffusers. A LoRA run is "
-                   "fused first for the last two.")
-@click.option("--quant", metavar="TYPE", help=f"With --to gguf: the quantization ({quant_help()}).")
-@click.option("--fp8-layout", type=click.Choice(list(FP8_LAYOUTS)), default="comfy_quant", show_default=True,
-              help="With --dtype fp8: ComfyUI's per-layer comfy_quant markers, the header's _quantization_metadata, or "
-                   "the legacy scaled_fp8 / scale_weight layout.")
+@click.option("--to", "layout", type=click.Choice(to_choices()), default="diffusers", show_default=True,
+              help=f"What to write: {to_help()}. A LoRA run is fused first for all but diffusers.")
+@click.option("--quant", metavar="TYPE", help=f"The quantization of a quantized file ({quant_help()}).")
+@click.option("--fp8-layout", type=click.Choice(FP8_LAYOUTS),
+              help="With --to comfyui: ComfyUI's per-layer comfy_quant markers, the header's _quantization_metadata, "
+                   "or the legacy scaled_fp8 / scale_weight layout [default: comfy_quant].")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
 @click.option("--push-to-hub", metavar="REPO", help="Upload the finished folder to this Hub repository.")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repository private.")
@@ -82,7 +82,7 @@ def _model_name_examples() -> str:
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
            tag, ema, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, quant, fp8_layout,
            overwrite, push_to_hub, private, workers, as_json) -> None:
-    from .exporter import ExportOptions, command_line, export as run_export, export_gguf, export_original
+    from .exporter import ExportOptions, command_line
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
                             keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,
@@ -91,8 +91,8 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
                             base_model=base_model, overwrite=overwrite, quant=quant, fp8_layout=fp8_layout,
                             push_to_hub=push_to_hub, private=private, command=command_line(),
                             workers=workers)
-    run = {"original": export_original, "gguf": export_gguf}.get(layout, run_export)
-    result = run(list(checkpoint), output, options)
+    fmt, options = chosen_format(layout, options)
+    result = fmt.export(list(checkpoint), output, options)
     for note in result.notes:
         click.echo(f"cogexport: note: {note}", err=True)
     if as_json:

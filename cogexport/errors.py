@@ -34,3 +34,11 @@ class CogExportError(Exception):
 
 class UnsafeCheckpointError(CogExportError):
     """A checkpoint file asks to run code while loading; it was refused before anything ran."""
+
+
+class ExtensionError(ValueError):
+    """An extension is malformed: a bug in a family's data, a key map, or a LoRA, output or reader format's declaration
+    (maybe another package's), found when it loads, not in the user's input. The CLI says it in one line, after
+    ``kind``, and exits 2."""
+
+    kind = "extensions"

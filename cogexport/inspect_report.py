@@ -8,9 +8,8 @@ from typing import Mapping, Sequence
 
 from .checkpoint import LazyCheckpoint, open_checkpoint
 from .checkpoint.deepspeed_zero import DTYPE_NAMES
-from .checkpoint.fp8_scaled import FP8_DTYPES, fp8_dequantized, is_scaled_fp8
 from .errors import CogExportError
-from .inspect_folders import diffusers_folder_kind, inspect_diffusers_folder, render_folder_text
+from .exporter.output_formats import ReadBack, output_format, output_formats
 from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
 from .lora import read_adapter
@@ -24,8 +23,11 @@ def inspect_paths(paths: list[Path], tag: str | None = None, check_data: bool = 
                   progress: bool | None = None) -> dict:
     """``inspect_checkpoint`` of the checkpoint, or of each expert of a release holding several (Wan 2.2 A14B's
     high_noise_model/ and low_noise_model/), under ``experts`` by the pipeline component each becomes."""
-    if len(paths) == 1 and diffusers_folder_kind(Path(paths[0])) is not None:  # a folder cogexport writes
-        return inspect_diffusers_folder(Path(paths[0]), check_data)
+    if len(paths) == 1 and Path(paths[0]).is_dir():  # a folder of an output format (a Diffusers pipeline, ...)
+        for fmt in output_formats():
+            report = fmt.inspects_folder(Path(paths[0]), check_data) if fmt.inspects_folder else None
+            if report is not None:
+                return {**report, "output_format": fmt.name}
     experts = expert_folders([Path(p) for p in paths])
     if not experts:
         return inspect_checkpoint(paths, tag, check_data, progress)
@@ -50,15 +52,21 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bo
         folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
         folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
         report["models"] = recognise_models(checkpoint, info.metadata, folders) if len(checkpoint) else {}
-        if is_scaled_fp8(checkpoint):  # ComfyUI's scaled fp8: say what it holds, and read the model in its weights
-            fp8 = [name for name, tensor in checkpoint.items() if tensor.dtype in FP8_DTYPES]
-            info.notes.append(f"scaled fp8: {len(fp8)} weights in {checkpoint[fp8[0]].dtype} with a per-tensor scale "
-                              "(each dequantizes as weight x scale: about 2 significant decimal digits per value)")
+        back = read_back(checkpoint)
+        if back is not None:  # a quantized file: say what it holds, and read the model in the weights it stands for
+            info.notes += back.notes
             report["notes"] = info.notes
-            report["models"] = recognise_models(fp8_dequantized(checkpoint), info.metadata, folders)
+            report["models"] = recognise_models(back.weights, info.metadata, folders)
         if "problem" in report["models"].get("lora", {}):
             report["usable"] = False  # an adapter nothing reads
     return report
+
+
+def read_back(checkpoint: LazyCheckpoint) -> ReadBack | None:
+    """What an output format's file stands for (ComfyUI's scaled fp8: its weights dequantized), or None."""
+    if not len(checkpoint):
+        return None
+    return next((back for fmt in output_formats() if fmt.reads_back and (back := fmt.reads_back(checkpoint))), None)
 
 
 def _dtype_name(dtype) -> str:
@@ -223,8 +231,8 @@ def _adapter_row(lora: dict) -> str:
 
 
 def render_inspect_text(report: dict) -> str:
-    if report.get("kind", "").startswith("diffusers"):
-        return render_folder_text(report)
+    if "output_format" in report:  # a folder report, rendered by the format that made it
+        return output_format(report["output_format"]).renders_folder(report)
     if "experts" in report:
         return "\n\n".join(f"== {component}: {Path(expert['paths'][0]).name}\n{render_inspect_text(expert)}"
                              for component, expert in report["experts"].items())

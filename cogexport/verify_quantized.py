@@ -1,39 +1,32 @@
-"""``cogexport verify`` of a quantized output (a GGUF file, a scaled-fp8 file) against the checkpoint it was made from.
+"""``cogexport verify`` of quantized files (what the GGUF and ComfyUI formats share) against the checkpoint each was
+made from.
 
 The checkpoint is read into the family's original names (its table, then the original table run backwards, as the
-export did); every tensor of the file is compared with what the reference makes of the source tensor: the `gguf`
-package's quantizers (llama.cpp's algorithm, in cogexport's port, for the K types), byte for byte; for fp8, the
-reference cast times scale. The error of each tensor against the unquantized source (largest absolute difference,
-RMS relative to the tensor's own RMS) is reported too: what the quantization cost.
+export did); every tensor of the file is compared, by the format's own check (quantize/check.py), with what the
+reference makes of the source tensor: the `gguf` package's quantizers (llama.cpp's algorithm, in cogexport's port, for
+the K types), byte for byte; for fp8, the reference cast times scale. The error of each tensor against the unquantized
+source (largest absolute difference, RMS relative to the tensor's own RMS) is reported too: what the quantization cost.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .checkpoint import LazyCheckpoint, open_checkpoint
-from .checkpoint.fp8_scaled import FP8_DTYPES, fp8_dequantized, is_scaled_fp8
+from .checkpoint.fp8_scaled import is_scaled_fp8
 from .errors import CogExportError
 from .keymap.plan import plan_translation
 from .keymap.table import load_table
 from .lazy import LazyTensor
 from .models.family import families
-from .models.recognize import choose_table, expert_folders
-from .quantize.check import TensorCheck, check_fp8, check_gguf
+from .models.recognize import choose_table, expert_folders, lora_key
+from .quantize.check import TensorCheck
+from .verify import VerifyReport, VerifyRequest
 
 
-def quantized_files(output: Path) -> list[Path]:
-    """The GGUF files of an output folder, else its scaled-fp8 safetensors files (empty for any other folder)."""
-    if not output.is_dir():
-        return []
-    found = sorted(output.rglob("*.gguf"))
-    if found:
-        return found
-    return [path for path in sorted(output.rglob("*.safetensors")) if _is_fp8_file(path)]
-
-
-def _is_fp8_file(path: Path) -> bool:
+def is_fp8_file(path: Path) -> bool:
+    """Whether ``path`` is ComfyUI's scaled-fp8 safetensors (fp8 weights beside their scales)."""
     try:
         with open_checkpoint(path) as weights:
             return is_scaled_fp8(weights)
@@ -73,22 +66,36 @@ def _components_of_expert_folder(name: str) -> list[str]:
             for component, folder in variant.experts.items() if folder == name]
 
 
-def check_file(file: Path, source: Mapping[str, LazyTensor]) -> tuple[str, list[TensorCheck], list[str]]:
-    """The file's kind and every tensor's check; names the file holds that the source lacks."""
-    with open_checkpoint(file) as written:
-        missing = [name for name in written if name not in source and not name.endswith(
-            ("weight_scale", "scale_weight", "comfy_quant")) and name != "scaled_fp8"]
-        if missing:
-            return _kind(file, written), [], missing
-        if file.suffix == ".gguf":
-            return _kind(file, written), check_gguf(written, source), []
-        fp8 = {name for name, tensor in written.items() if tensor.dtype in FP8_DTYPES}
-        dtype = written[next(iter(fp8))].dtype
-        return _kind(file, written), check_fp8(fp8_dequantized(written), fp8, source, dtype), []
+# A format's check of one file: every tensor's verdict, or the names the file holds that the source lacks (then no
+# verdicts: the file was not made from this source).
+FileCheck = tuple[list[TensorCheck], list[str]]
 
 
-def _kind(file: Path, written: LazyCheckpoint) -> str:
-    if file.suffix == ".gguf":
-        counts = ", ".join(f"{count} {kind}" for kind, count in written.type_counts().items())
-        return f"GGUF ({counts})"
-    return "scaled fp8"
+def verify_quantized_files(files: list[Path], output: Path, request: VerifyRequest,
+                           check: Callable[[LazyCheckpoint, Mapping[str, LazyTensor]], FileCheck],
+                           kind: Callable[[LazyCheckpoint], str]) -> list[VerifyReport]:
+    """Each quantized file of ``output`` against its source: ``check`` compares the opened file with the source in
+    original names (the format's own check), ``kind`` names what the file holds."""
+    request.refuse_vae_against(output, "holds quantized files")
+    return [_verify_file(file, output, request, check, kind) for file in files]
+
+
+def _verify_file(file: Path, output: Path, request: VerifyRequest, check, kind) -> VerifyReport:
+    sources = source_of(file, output, request.against)
+    where = ", ".join(map(str, sources))
+    with request.choice.open(sources) as source:
+        if lora_key(list(source)) is not None:
+            raise CogExportError(f"{where} is a LoRA run; verify its quantized file against the fused model (export it "
+                                 "with --lora fuse first)")
+        original = original_names(source, where)
+        with open_checkpoint(file) as written:
+            what, (checks, missing) = kind(written), check(written, original)
+    report = VerifyReport(str(file), what, kind="quantized file", tensors=len(checks),
+                          exact=sum(each.exact for each in checks),
+                          reference=", ".join(sorted({each.judge for each in checks})) or "none")
+    report.mismatches = [f"{name} is in the file but not in {where}" for name in missing[:20]]
+    report.mismatches += [f"{each.name} ({each.type}) is not what {each.judge} makes of the source"
+                          for each in checks if not each.exact]
+    report.errors = [{"name": c.name, "type": c.type, "max_error": c.max_error, "rms_relative": c.rms_relative}
+                     for c in checks]
+    return report

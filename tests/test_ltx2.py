@@ -193,7 +193,8 @@ def test_verify_asks_diffusers_converters_for_every_model_they_convert(pipeline)
 def test_the_judge_is_not_asked_for_a_later_version(tmp_path):
     """Diffusers' converter renames by LTX-2.0's fixed list: on a file with 2.3's prompt modulation its answer would
     be wrong, so verify does not ask it (and says why)."""
-    from cogexport.verify import VerifyReport, _ask_judge
+    from cogexport.verify import VerifyReport
+    from cogexport.verify_models import _ask_judge
 
     tensors = release_tensors()
     source = {name: LazyTensor(t.shape, t.dtype, t.clone) for name, t in tensors.items()}

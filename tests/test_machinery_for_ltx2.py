@@ -16,7 +16,7 @@ from cogexport.keymap.table import TableError, parse_table
 from cogexport.lazy import LazyTensor
 from cogexport.models.family import model_class, model_index_entry
 from cogexport.models.shapes import FamilyShapes
-from cogexport.verify import _judge_assumption_unmet
+from cogexport.verify_models import _judge_assumption_unmet
 
 
 def lazy(names: dict[str, tuple[int, ...]]) -> dict[str, LazyTensor]:

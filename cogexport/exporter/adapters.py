@@ -5,7 +5,7 @@ reads beside them and a model card.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..errors import CogExportError
 from ..lora import AdapterOutput, LoraAdapter, check_fits, plan_output, read_adapter
@@ -13,8 +13,10 @@ from ..lora.formats import writable_format
 from ..models.target_choice import TransformerChoice, choose_transformer
 from ..write.folder_plan import FolderPlan, TensorFile, TextFile
 from .cards import AdapterCardFacts, adapter_card
+from .experts import assign_experts
 from .inputs import ExportInputs
-from .options import ExportOptions
+from .options import ExportOptions, lora_mode
+from .output_formats import OutputFormat
 from .parts import adapter_recognised, family_hint, model_family, precision, target_request
 from .result import ExportResult
 
@@ -38,6 +40,14 @@ def read_adapters(inputs: ExportInputs, options: ExportOptions) -> dict[str, Lor
         raise CogExportError(f"{inputs.where} is a {family.name} LoRA, but {given} is a {hint.name} model; give the "
                              f"{family.name} model it was trained on")
     return adapters
+
+
+def adapters_to_fuse(inputs: ExportInputs, options: ExportOptions) -> dict[str, LoraAdapter]:
+    """For a format that writes full models: a LoRA run's adapter of each expert, to fuse into it (--lora adapter was
+    refused with the options); {} for full weights."""
+    fused = replace(options, lora=options.lora or ("fuse" if inputs.lora_marker else None), component=None)
+    mode = lora_mode(fused, inputs.lora_marker, inputs.where)
+    return assign_experts(read_adapters(inputs, options), inputs, options) if mode else {}
 
 
 def lora_summary(adapters: dict[str, LoraAdapter], inputs: ExportInputs) -> dict:
@@ -128,3 +138,19 @@ def plan_adapter_export(inputs: ExportInputs, adapters: dict[str, LoraAdapter], 
                           source=asdict(inputs.source.info),
                           notes=[*inputs.source.info.notes, *(n for a in adapters.values() for n in a.warnings)])
     return folder, result
+
+
+def _verify(output, request):
+    from ..verify_adapter import verify_adapter_folder
+
+    return verify_adapter_folder(output, request)
+
+
+FORMAT = OutputFormat(
+    name="lora",
+    title="a LoRA adapter (--lora-format's layout), what --to diffusers writes for a LoRA run unless fused",
+    writes="adapter",
+    within="diffusers",
+    takes=frozenset({"lora_format", "push_to_hub", "private"}),
+    verify=_verify,
+)

@@ -100,38 +100,35 @@ def adapter_card(facts: AdapterCardFacts, lora_format: LoraFormat, options: Expo
     ))
 
 
-def _quantized_usage(parts, folder, layout: str, options: ExportOptions) -> str:
-    """How ComfyUI and Diffusers load the file(s)."""
-    files = [planned.path for planned in folder.files if not planned.path.endswith(".md")]
-    part = parts[0]
-    where = options.push_to_hub or "path/to/this/folder"
-    if layout == "GGUF":
-        config = part.variant.hub_id if part.variant else "path/to/a/Diffusers/model/folder"
-        return (f"import torch\nfrom diffusers import GGUFQuantizationConfig, {part.family.transformer.class_name}\n\n"
-                f"transformer = {part.family.transformer.class_name}.from_single_file(\n"
-                f"    \"{where}/{files[0]}\", config=\"{config}\", subfolder=\"transformer\",\n"
-                "    quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16))\n"
-                "# or in ComfyUI: put the file in models/unet and load it with ComfyUI-GGUF's Unet Loader (GGUF)")
-    return f"# ComfyUI: put {', '.join(files)} in models/diffusion_models and load it with Load Diffusion Model"
+@dataclass(frozen=True)
+class QuantizedCard:
+    """What a quantized format says on its card: its layout's name, its tag, the precision written, what was kept
+    in higher precision, and how its loaders load it (each format knows its own)."""
+
+    layout: str
+    tag: str
+    precision: str
+    notes: list[str]
+    usage: str
 
 
-def quantized_card(parts, folder, layout: str, precision: str, notes: list[str], options: ExportOptions,
-                   source: LazyCheckpoint) -> str:
-    """The card of a GGUF or scaled-fp8 file of a transformer: what it holds, how it was made, how to load it."""
+def quantized_card(parts, card: QuantizedCard, options: ExportOptions, source: LazyCheckpoint) -> str:
+    """The card of a quantized file of a transformer (GGUF, ComfyUI's): what it holds, how it was made, how to load
+    it."""
     part = parts[0]
     task = part.family.task(part.variant.task if part.variant else next(iter(part.family.tasks)))
     published = part.variant is not None and part.label == part.variant.name
     return model_card(CardFacts(
-        title=f"{part.label} ({layout})",
+        title=f"{part.label} ({card.layout})",
         base_model=options.base_model or (part.variant.hub_id if published else None),
         relation="finetune",
         pipeline_tag=task.pipeline_tag,
         pipeline_class=task.pipeline,
-        tags=(*part.family.tags, "gguf" if layout == "GGUF" else "fp8"),
+        tags=(*part.family.tags, card.tag),
         command=_command(options),
         source=source_line(source),
-        precision=precision,
-        details=[f"Kept in higher precision: {note}" for note in notes[:20]],
-        usage=_quantized_usage(parts, folder, layout, options),
-        layout=layout,
+        precision=card.precision,
+        details=[f"Kept in higher precision: {note}" for note in card.notes[:20]],
+        usage=card.usage,
+        layout=card.layout,
     ))

@@ -1,7 +1,8 @@
 """What the user asked for (``ExportOptions``), and its one check (``check_options``) before any file is opened.
 
-The choices (--component, --lora-format, --to, tasks) are made from the families and formats cogexport has, so a
-new family or writable LoRA format appears here, and in --help, without a line of code changed.
+The choices (--component, --lora-format, --to, --quant, tasks) are made from the families and the output and LoRA
+formats cogexport has (exporter/output_formats.py), so a new family or format appears here, and in --help, without a
+line of code changed; so are the checks of the options only some formats take.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from ..lora.formats import writable_format, writable_formats
 from ..models.family import families
 from ..write.diffusers_folders import check_variant_name
 from ..write.shards import parse_size
+from .output_formats import FORMAT_OPTIONS, OutputFormat, chosen_format, output_format, output_formats, written_within
 
-DIRECTIONS = ("diffusers", "original", "gguf")
-WAY_BACK = ("original", "gguf")  # the directions that write a family's original names
-FP8_DTYPES = ("fp8", "fp8_e5m2")  # --dtype of a scaled-fp8 original file (e4m3fn, e5m2)
-FP8_LAYOUTS = ("comfy_quant", "metadata", "legacy")
+DTYPES = ("bf16", "fp16", "fp32")  # --dtype of floating tensors (a format may take another spelling: fp8)
 LORA_MODES = ("adapter", "fuse")
 PIPELINE = "pipeline"
 # pipeline components that are the transformer's own (a second expert), never asked for by name
@@ -44,9 +43,13 @@ def lora_format_help() -> str:
 
 
 def quant_help() -> str:
-    from ..quantize import PRESETS
+    """Every quantizing format's --quant choices, for --help."""
+    return "; ".join(f"--to {fmt.name}: {', '.join(fmt.quantizations)}" for fmt in output_formats() if fmt.quantizations)
 
-    return ", ".join(PRESETS)
+
+def to_help() -> str:
+    """What each --to value writes, for --help."""
+    return "; ".join(f"{fmt.name}: {fmt.title}" for fmt in output_formats() if fmt.selectable)
 
 
 def family_names() -> str:
@@ -76,8 +79,8 @@ class ExportOptions:
     private: bool = False
     progress: bool | None = None
     command: str = ""
-    quant: str | None = None  # --to gguf: the quantization (a preset of cogexport/quantize/policy.py)
-    fp8_layout: str = "comfy_quant"  # --dtype fp8: how the scales are marked (ComfyUI's current or legacy layout)
+    quant: str | None = None  # a quantized format's quantization (--to gguf: Q4_K_M, ...; --to comfyui: fp8, ...)
+    fp8_layout: str | None = None  # --to comfyui: how the scales are marked (default comfy_quant: ComfyUI's current)
     workers: int | None = None  # threads loading tensors ahead of the writer (None: from the cores; 1: none)
 
 
@@ -87,10 +90,17 @@ def command_line() -> str:
 
 
 def check_options(options: ExportOptions, direction: str) -> None:
-    """Every check the options alone allow, for an export to ``direction`` (diffusers or original): one line each,
-    before any file is opened."""
-    if direction not in DIRECTIONS:
-        raise CogExportError(f"--to {direction!r} is not one of {', '.join(DIRECTIONS)}")
+    """Every check the options alone allow, for an export to ``direction`` (a --to value): one line each, before any
+    file is opened."""
+    checked_format(options, direction)
+
+
+def checked_format(options: ExportOptions, to: str) -> tuple[OutputFormat, ExportOptions]:
+    """The format ``to`` names (or that the options spell with it), and the options as it reads them, checked: the
+    checks every export shares, then what the format's declaration says it takes, then its own."""
+    fmt, options = chosen_format(to, options)
+    if options.dtype not in DTYPES:
+        raise CogExportError(f"--dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
     parse_size(options.max_shard_size)
     if options.workers is not None and options.workers < 1:
         raise CogExportError(f"--workers {options.workers} must be at least 1")
@@ -100,39 +110,52 @@ def check_options(options: ExportOptions, direction: str) -> None:
         raise CogExportError(f"--component {options.component!r} is not one of {', '.join(component_choices())}")
     if options.model_name and options.base is not None:
         raise CogExportError("--model-name and --base both say which model this is; give one of them")
-    _check_lora_options(options)
-    _check_quantized(options, direction)
-    if direction in WAY_BACK:
-        _check_way_back(options, direction)
-    elif options.vae is not None and default_component(options) != PIPELINE:
-        raise CogExportError("--vae goes into a pipeline (--component pipeline); to export a VAE alone, give it "
-                             "as CHECKPOINT with --component vae")
-    if default_component(options) == PIPELINE and direction == "diffusers" and not _is_pipeline_folder(options.base):
-        raise CogExportError("--component pipeline needs --base DIR: a local Diffusers pipeline folder of the base "
-                             "model, for the text encoder and tokenizer (nothing is downloaded)")
+    _check_taken(options, fmt)
+    _check_lora_options(options, fmt)
+    _check_component(options, fmt)
+    _check_quantization(options, fmt)
+    if fmt.check is not None:
+        fmt.check(options)
+    return fmt, options
 
 
-def _is_pipeline_folder(path: Path | None) -> bool:
+def is_pipeline_folder(path: Path | None) -> bool:
     return path is not None and (Path(path) / "model_index.json").is_file()
 
 
 def default_component(options: ExportOptions, direction: str = "diffusers") -> str:
-    """--component, else (to Diffusers) the whole pipeline when --base is a pipeline folder (the rest of it comes
-    from there), else the transformer. --lora fuse uses --base for the base weights: it writes the transformer unless
-    told; so does the way back, which writes one model."""
+    """--component, else (for a format that writes pipelines) the whole pipeline when --base is a pipeline folder (the
+    rest of it comes from there), else the transformer. --lora fuse uses --base for the base weights: it writes the
+    transformer unless told; so do the formats that write one model."""
     if options.component:
         return options.component
-    pipeline = direction == "diffusers" and _is_pipeline_folder(options.base) and options.lora != "fuse"
+    pipeline = output_format(direction).writes == PIPELINE and is_pipeline_folder(options.base) \
+        and options.lora != "fuse"
     return PIPELINE if pipeline else "transformer"
 
 
-def _check_lora_options(options: ExportOptions) -> None:
+def _check_taken(options: ExportOptions, fmt: OutputFormat) -> None:
+    """An option only some formats take is refused by the others, naming those that take it."""
+    taken = set().union(*(each.takes for each in written_within(fmt.name)))
+    for key, option in FORMAT_OPTIONS.items():
+        if getattr(options, key) in (None, False) or key in taken:
+            continue
+        owners = dict.fromkeys(each.within or each.name for each in output_formats() if key in each.takes)
+        give = " or ".join(f"--to {name}" for name in owners)
+        raise CogExportError(f"{option.flag} is {option.what}; --to {fmt.name} writes {fmt.title}"
+                             + (f": give {give}" if give else ""))
+
+
+def _check_lora_options(options: ExportOptions, fmt: OutputFormat) -> None:
     if options.lora_format is not None:
         writable_format(options.lora_format)
     if options.lora is None:
         return
     if options.lora not in LORA_MODES:
         raise CogExportError(f"--lora {options.lora!r} is not one of {', '.join(LORA_MODES)}")
+    if options.lora == "adapter" and not any(each.writes == "adapter" for each in written_within(fmt.name)):
+        raise CogExportError(f"--to {fmt.name} writes a full model (a LoRA run is fused into it); it takes no --lora "
+                             "adapter")
     if options.lora == "adapter" and options.component is not None:
         raise CogExportError(f"--lora adapter writes an adapter file, not a {options.component}; use --lora fuse "
                              f"--component {options.component} to merge the adapter into one")
@@ -140,37 +163,29 @@ def _check_lora_options(options: ExportOptions) -> None:
         raise CogExportError("--lora-format names the layout of an adapter file; --lora fuse writes a full model")
 
 
-def _check_way_back(options: ExportOptions, direction: str) -> None:
-    if options.lora_format:
-        raise CogExportError(f"--lora-format names an adapter file's layout; --to {direction} writes a full "
-                             "transformer")
-    if options.lora == "adapter" or options.vae or options.push_to_hub:
-        raise CogExportError(f"--to {direction} writes a full model (a LoRA run is fused into it); it takes no "
-                             "--lora adapter, --vae or --push-to-hub")
-    if default_component(options, direction) == PIPELINE:
+def _check_component(options: ExportOptions, fmt: OutputFormat) -> None:
+    """What --component may ask of a format: a pipeline only of one that writes pipelines, and only the transformer
+    of one that writes the transformer."""
+    component = default_component(options, fmt.name)
+    if fmt.writes in ("pipeline", "adapter"):
+        return
+    if component == PIPELINE:
         models = "|".join(component_choices()[:-1])
-        raise CogExportError(f"--to {direction} writes a transformer or a VAE (one model: --component {models}); "
-                             f"--component {PIPELINE} has no original layout")
-    if direction == "gguf" and default_component(options, direction) != "transformer":
-        raise CogExportError(f"--to gguf writes the transformer (ComfyUI-GGUF and Diffusers load GGUF transformers); "
-                             f"--component {options.component} has no GGUF layout")
+        raise CogExportError(f"--to {fmt.name} writes a transformer or a VAE (one model: --component {models}); a "
+                             f"pipeline is not written as {fmt.title}")
+    if fmt.writes == "transformer" and component != "transformer":
+        raise CogExportError(f"--to {fmt.name} writes the transformer ({fmt.title}); --component {component} is "
+                             "not written in it")
 
 
-def _check_quantized(options: ExportOptions, direction: str) -> None:
-    """--quant goes with --to gguf (which needs it), --dtype fp8 with --to original."""
-    from ..quantize import PRESETS
-
-    if direction == "gguf" and options.quant is None:
-        raise CogExportError(f"--to gguf needs --quant (one of {', '.join(PRESETS)})")
-    if options.quant is not None and direction != "gguf":
-        raise CogExportError("--quant is the quantization of a GGUF file; give --to gguf")
-    if options.quant is not None and options.quant.upper() not in PRESETS:
-        raise CogExportError(f"--quant {options.quant!r} is not one of {', '.join(PRESETS)}")
-    if options.dtype in FP8_DTYPES and direction != "original":
-        raise CogExportError(f"--dtype {options.dtype} writes ComfyUI's scaled-fp8 file of the original layout; give "
-                             "--to original")
-    if options.fp8_layout not in FP8_LAYOUTS:
-        raise CogExportError(f"--fp8-layout {options.fp8_layout!r} is not one of {', '.join(FP8_LAYOUTS)}")
+def _check_quantization(options: ExportOptions, fmt: OutputFormat) -> None:
+    """--quant is refused by formats that take none (_check_taken), needed by those that do, and one of theirs."""
+    if not fmt.quantizations:
+        return
+    if options.quant is None:
+        raise CogExportError(f"--to {fmt.name} needs --quant (one of {', '.join(fmt.quantizations)})")
+    if options.quant.upper() not in {name.upper() for name in fmt.quantizations}:
+        raise CogExportError(f"--quant {options.quant!r} is not one of {', '.join(fmt.quantizations)}")
 
 
 def lora_mode(options: ExportOptions, marker: str | None, where: str) -> str | None:

@@ -6,7 +6,6 @@ policy and, for the quantized outputs, as read (not cast), both in original name
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
@@ -19,10 +18,9 @@ from ..lora import LoraAdapter
 from ..models.base_folder import open_base, read_json
 from ..models.family import ModelFamily, ModelSpec, OriginalLayout, component_title
 from ..models.recognize import choose_table
-from .adapters import read_adapters
-from .experts import assign_experts
+from .adapters import adapters_to_fuse
 from .inputs import ExportInputs, open_weights, search_folders
-from .options import ExportOptions, lora_mode
+from .options import ExportOptions
 from .original_writers import OriginalPart
 from .parts import ModelExport, family_hint, plan_component, plan_fused_transformer, plan_transformer
 
@@ -72,10 +70,7 @@ def plan_way_back(inputs: ExportInputs, component: str, options: ExportOptions,
         return [_component_part(inputs.sources[name], component, inputs, options, inputs.where_of(name),
                                 inputs.search_folders(name), _own_folder(inputs, name), refuse_original)
                 for name in inputs.sources]
-    # the original layout holds a full model: a LoRA run is fused into it (--lora adapter was refused with the options)
-    mode = lora_mode(replace(options, lora=options.lora or ("fuse" if inputs.lora_marker else None), component=None),
-                     inputs.lora_marker, inputs.where)
-    adapters = assign_experts(read_adapters(inputs, options), inputs, options) if mode else {}
+    adapters = adapters_to_fuse(inputs, options)  # the original layout holds a full model: a LoRA run is fused
     names = tuple(adapters) or tuple(inputs.sources)
     return [_transformer_part(inputs, name, names, options, adapters.get(name), refuse_original) for name in names]
 

@@ -18,11 +18,12 @@ from ..lora import LoraAdapter
 from ..models.family import ModelFamily, Variant, family_of_variant
 from ..write.diffusers_folders import plan_model_folder
 from ..write.folder_plan import FolderPlan
-from .adapters import lora_summary, plan_adapter_export, read_adapters
+from .adapters import adapters_to_fuse, lora_summary, plan_adapter_export, read_adapters
 from .experts import assign_experts
 from .diffusers_layout import linked_from_base, model_folders, pipeline_folder
 from .inputs import ExportInputs, open_inputs
-from .options import PIPELINE, ExportOptions, check_options, default_component, lora_mode
+from .options import PIPELINE, ExportOptions, checked_format, default_component, is_pipeline_folder, lora_mode
+from .output_formats import OutputFormat
 from .parts import (ModelExport, components_inside, count_shared_keys_once, family_hint, plan_component,
                     plan_fused_transformer, plan_transformer)
 from .publish import publish
@@ -31,8 +32,7 @@ from .result import ExportResult
 
 def export(checkpoint, output, options: ExportOptions | None = None, **overrides) -> ExportResult:
     """Export ``checkpoint`` (a path or several) into the Diffusers folder ``output``; see ExportOptions."""
-    options = replace(options or ExportOptions(), **overrides)
-    check_options(options, "diffusers")
+    _, options = checked_format(replace(options or ExportOptions(), **overrides), "diffusers")
     output = Path(output)
     with open_inputs(checkpoint, options) as inputs:
         mode = lora_mode(options, inputs.lora_marker, inputs.where)
@@ -62,6 +62,13 @@ def _named_family(inputs: ExportInputs, options: ExportOptions) -> tuple[ModelFa
     if options.model_name:
         return family_of_variant(options.model_name)
     return family_hint(inputs.base, options, inputs.search_folders()), None
+
+
+def plan_transformers(inputs: ExportInputs, options: ExportOptions) -> list[ModelExport]:
+    """Every expert's transformer (one for an ordinary model) in Diffusers names, checked against its Diffusers model
+    and cast by the family's policy, a LoRA run's adapter fused in: what a format writing the transformer in Diffusers
+    names plans its files from."""
+    return _plan_transformers(inputs, adapters_to_fuse(inputs, options), options)
 
 
 def _plan_transformers(inputs: ExportInputs, adapters: dict[str, LoraAdapter],
@@ -125,3 +132,45 @@ def _model_result(parts: list[ModelExport], variant: Variant | None, component: 
         result.dropped.update(part.plan.dropped)
         result.ignored += len(part.plan.ignored)
     return result
+
+
+def _check(options: ExportOptions) -> None:
+    """--vae goes into a pipeline, and a pipeline needs --base's pipeline folder for what the checkpoint lacks."""
+    component = default_component(options)
+    if options.vae is not None and component != PIPELINE:
+        raise CogExportError("--vae goes into a pipeline (--component pipeline); to export a VAE alone, give it "
+                             "as CHECKPOINT with --component vae")
+    if component == PIPELINE and not is_pipeline_folder(options.base):
+        raise CogExportError("--component pipeline needs --base DIR: a local Diffusers pipeline folder of the base "
+                             "model, for the text encoder and tokenizer (nothing is downloaded)")
+
+
+def _verify(output: Path, request):
+    from ..verify_models import verify_model_folders
+
+    return verify_model_folders(output, request)
+
+
+def _inspect_folder(path: Path, check_data: bool) -> dict | None:
+    from ..inspect_folders import diffusers_folder_kind, inspect_diffusers_folder
+
+    return inspect_diffusers_folder(path, check_data) if diffusers_folder_kind(path) is not None else None
+
+
+def _render_folder(report: dict) -> str:
+    from ..inspect_folders import render_folder_text
+
+    return render_folder_text(report)
+
+
+FORMAT = OutputFormat(
+    name="diffusers",
+    title="Diffusers folders (a model, a folder per expert, or a whole pipeline with --base)",
+    writes="pipeline",
+    export=export,
+    takes=frozenset({"vae", "variant", "push_to_hub", "private"}),
+    check=_check,
+    verify=_verify,
+    inspects_folder=_inspect_folder,
+    renders_folder=_render_folder,
+)

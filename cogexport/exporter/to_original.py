@@ -11,54 +11,55 @@ publish.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ..models.family import component_title
 from ..precision import describe_written
 from ..write.folder_plan import FolderPlan
 from .inputs import ExportInputs
-from .options import FP8_DTYPES, ExportOptions, check_options
+from .options import ExportOptions, checked_format
 from .original_parts import add_components_beside, open_way_back, plan_way_back, release_folder
 from .original_writers import OriginalPart, original_files
-from .publish import publish
+from .output_formats import OutputFormat
 from .result import ExportResult
+from .way_back import publish_way_back
 
 
 def export_original(checkpoint, output, options: ExportOptions | None = None, **overrides) -> ExportResult:
     """Write the transformer (or with component="vae" ... another component) of ``checkpoint`` (Diffusers names)
-    into ``output`` in its family's original layout."""
-    options = replace(options or ExportOptions(), **overrides)
-    check_options(options, "original")
+    into ``output`` in its family's original layout (or the format the options spell with it: dtype="fp8" is
+    ComfyUI's scaled fp8)."""
+    fmt, options = checked_format(replace(options or ExportOptions(), **overrides), "original")
+    if fmt is not FORMAT:
+        return fmt.export(checkpoint, output, options)
     component, output = options.component or "transformer", Path(output)
     with ExitStack() as stack:
         inputs = open_way_back(checkpoint, options, component, stack)
-        if options.dtype in FP8_DTYPES:
-            from .to_quantized import export_fp8
-
-            return export_fp8(inputs, output, options)
         parts = plan_way_back(inputs, component, options)
         if component == "transformer" and parts[0].layout.writer == "single_file":
             add_components_beside(parts[0], options, inputs)
         folder = FolderPlan()
         for part in parts:
             folder.add(*original_files(release_folder(part, len(parts)), part, options.max_shard_size))
-        folder.check()
-        return publish(folder, _result(parts, folder, component, inputs, str(output)), output, inputs, options)
+        return publish_way_back(folder, parts, f"original {_what(parts, component)}", _precision(parts), [], inputs,
+                                output, options)
 
 
-def way_back_result(parts: list[OriginalPart], folder: FolderPlan, what: str, inputs: ExportInputs, output: str,
-                    precision: str) -> ExportResult:
-    source = next(iter(inputs.sources.values()))
-    return ExportResult(output, what, parts[0].label, folder.written_paths, folder.tensors, folder.total_bytes,
-                        precision, family=parts[0].family.name, source=asdict(source.info),
-                        notes=[*source.info.notes, *(note for part in parts for note in part.notes)])
+def _what(parts: list[OriginalPart], component: str) -> str:
+    if component != "transformer":
+        return component_title(component)
+    return " and ".join(component_title(name) for name in ("transformer", *parts[0].beside_components))
 
 
-def _result(parts: list[OriginalPart], folder: FolderPlan, component: str, inputs: ExportInputs,
-            output: str) -> ExportResult:
-    first = parts[0]
-    what = component_title(component) if component != "transformer" else \
-        " and ".join(component_title(name) for name in ("transformer", *first.beside_components))
+def _precision(parts: list[OriginalPart]) -> str:
     written = {name: tensor for part in parts for name, tensor in {**part.prefixed(), **part.beside}.items()}
-    return way_back_result(parts, folder, f"original {what}", inputs, output, describe_written(written))
+    return describe_written(written)
+
+
+FORMAT = OutputFormat(
+    name="original",
+    title="the family's original layout (the files its own repository and ComfyUI load)",
+    writes="model",
+    export=export_original,
+)

@@ -1,0 +1,89 @@
+"""``--to gguf --quant Q4_K_M``: one GGUF file of the transformer (one per expert, in the release's expert folders),
+straight from any input cogexport reads (a LoRA run fused first), in the original names and conventions ComfyUI-GGUF
+reads and Diffusers' GGUF loader converts.
+
+The parts are the way back's (original_parts.py): each tensor in original names as read, so quantization starts from
+the training precision; what each family keeps in high precision is its data (key_maps/<family>/quantized.toml).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+
+from ..quantize import PRESETS, plan_gguf, quantization_policy
+from ..write.folder_plan import FolderPlan, TextFile
+from ..write.gguf_file import GgufFile
+from ..write.io_engine import default_workers
+from .cards import QuantizedCard, quantized_card
+from .options import ExportOptions, checked_format
+from .original_parts import open_way_back, plan_way_back, release_folder
+from .original_writers import OriginalPart
+from .output_formats import OutputFormat
+from .result import ExportResult
+from .way_back import file_stem, in_folder, publish_way_back
+
+
+def export_gguf(checkpoint, output, options: ExportOptions | None = None, **overrides) -> ExportResult:
+    """Write the transformer of ``checkpoint`` as a GGUF file of ``options.quant`` into the folder ``output``."""
+    _, options = checked_format(replace(options or ExportOptions(), **overrides), "gguf")
+    with ExitStack() as stack:
+        inputs = open_way_back(checkpoint, options, "transformer", stack)
+        parts = plan_way_back(inputs, "transformer", options, refuse_original=False)
+        folder, notes, counts = FolderPlan(), [], {}
+        for part in parts:
+            plan = plan_gguf(part.read_as, quantization_policy(part.family.key), options.quant)
+            name = f"{file_stem(part)}-{plan.preset.name}.gguf"
+            folder.add(GgufFile(in_folder(release_folder(part, len(parts)), name), plan))
+            notes += plan.notes
+            counts = {t: counts.get(t, 0) + n for t, n in plan.type_counts().items()}
+        precision = f"GGUF {options.quant.upper()}: " + ", ".join(f"{n} {t}" for t, n in counts.items())
+        card = QuantizedCard("GGUF", "gguf", precision, notes, _usage(parts, folder, options))
+        folder.add(TextFile("README.md", quantized_card(parts, card, options, inputs.source)))
+        if options.workers is None:  # quantizing is compute: a thread per core, the writer's share is small
+            options = replace(options, workers=default_workers(writer_core=False))
+        return publish_way_back(folder, parts, "GGUF transformer", precision, notes, inputs, output, options)
+
+
+def _usage(parts: list[OriginalPart], folder: FolderPlan, options: ExportOptions) -> str:
+    """How Diffusers and ComfyUI load the file."""
+    files = [planned.path for planned in folder.files if not planned.path.endswith(".md")]
+    part, where = parts[0], options.push_to_hub or "path/to/this/folder"
+    config = part.variant.hub_id if part.variant else "path/to/a/Diffusers/model/folder"
+    model = part.family.transformer.class_name
+    return (f"import torch\nfrom diffusers import GGUFQuantizationConfig, {model}\n\n"
+            f"transformer = {model}.from_single_file(\n"
+            f"    \"{where}/{files[0]}\", config=\"{config}\", subfolder=\"transformer\",\n"
+            "    quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16))\n"
+            "# or in ComfyUI: put the file in models/unet and load it with ComfyUI-GGUF's Unet Loader (GGUF)")
+
+
+def _verify(output: Path, request):
+    """Every GGUF file of the output, against the reference quantizers applied to its source."""
+    from ..verify_quantized import verify_quantized_files
+
+    files = sorted(output.rglob("*.gguf")) if output.is_dir() else []
+    return verify_quantized_files(files, output, request, _check_file, _kind) if files else None
+
+
+def _check_file(written, source):
+    from ..quantize.check import check_gguf
+
+    missing = [name for name in written if name not in source]
+    return ([] if missing else check_gguf(written, source)), missing
+
+
+def _kind(written) -> str:
+    return "GGUF (" + ", ".join(f"{count} {kind}" for kind, count in written.type_counts().items()) + ")"
+
+
+FORMAT = OutputFormat(
+    name="gguf",
+    title="a GGUF file of the transformer (--quant) for ComfyUI-GGUF and Diffusers",
+    writes="transformer",
+    export=export_gguf,
+    takes=frozenset({"quant"}),
+    quantizations=tuple(PRESETS),
+    verify=_verify,
+)
