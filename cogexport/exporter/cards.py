@@ -10,7 +10,7 @@ from typing import Mapping
 from ..checkpoint import LazyCheckpoint
 from ..lora import LoraAdapter
 from ..lora.formats import LoraFormat
-from ..models.family import ModelFamily, Variant
+from ..models.family import ModelFamily, Task, Variant
 from ..write.model_card import CardFacts, model_card
 from .options import ExportOptions
 from .parts import ModelExport
@@ -37,6 +37,14 @@ def _command(options: ExportOptions) -> str:
     return options.command or "cogexport (Python API)"
 
 
+def _card(title: str, family: ModelFamily, task: Task, options: ExportOptions, source: LazyCheckpoint,
+          **facts) -> str:
+    """A card of the family's model for ``task``: how the command made it from ``source``, and ``facts``."""
+    return model_card(CardFacts(title=title, pipeline_tag=task.pipeline_tag, pipeline_class=task.pipeline,
+                                command=_command(options), source=source_line(source),
+                                tags=(*family.tags, *facts.pop("tags", ())), **facts))
+
+
 def model_folder_card(parts: list[ModelExport], variant: Variant, options: ExportOptions, source: LazyCheckpoint,
                       adapter: LoraAdapter | None) -> str:
     """The card of a fine-tuned pipeline (or model) folder: how it was made and how to load it."""
@@ -47,21 +55,16 @@ def model_folder_card(parts: list[ModelExport], variant: Variant, options: Expor
     if adapter is not None:
         details.append(f"LoRA fused into the weights: {adapter.describe()}")
     variant_argument = f"variant=\"{options.variant}\", " if options.variant else ""
-    return model_card(CardFacts(
-        title=f"{transformer.label} fine-tune",
+    return _card(
+        f"{transformer.label} fine-tune", family, task, options, source,
         base_model=options.base_model or (variant.hub_id if transformer.published else None),
         relation="finetune",
-        pipeline_tag=task.pipeline_tag,
-        pipeline_class=task.pipeline,
-        tags=family.tags,
-        command=_command(options),
-        source=source_line(source),
         precision="; ".join(f"{part.component}: {part.policy.describe()}" for part in parts),
         details=details,
         usage=(f"import torch\nfrom diffusers import {task.pipeline}\n\n"
                f"pipe = {task.pipeline}.from_pretrained(\"{options.push_to_hub or 'path/to/this/folder'}\", "
                f"{variant_argument}torch_dtype=torch.bfloat16)"),
-    ))
+    )
 
 
 @dataclass
@@ -81,15 +84,10 @@ def adapter_card(facts: AdapterCardFacts, lora_format: LoraFormat, options: Expo
     folder = options.push_to_hub or "path/to/this/folder"
     usage = lora_format.usage_lines(task.pipeline, facts.base_model,
                                     {component: f"{folder}/{path}" for component, path in facts.files.items()})
-    return model_card(CardFacts(
-        title=f"{facts.label} LoRA",
+    return _card(
+        f"{facts.label} LoRA", family, task, options, source,
         base_model=facts.base_model,
         relation="adapter",
-        pipeline_tag=task.pipeline_tag,
-        pipeline_class=task.pipeline,
-        tags=family.tags,
-        command=_command(options),
-        source=source_line(source),
         precision=f"{options.dtype} ({', '.join(first.family.lora_keep_fp32)} kept in fp32)",
         details=[*(f"Adapter{' (' + sub + ')' if sub else ''}: {each.describe()}" for sub, each in facts.adapters.items()),
                  f"Layout: {lora_format.title}; {lora_format.strength_where}, so its loader applies the trained "
@@ -97,7 +95,7 @@ def adapter_card(facts: AdapterCardFacts, lora_format: LoraFormat, options: Expo
                  f"Read with: {first.table.name} ({first.table.description})"],
         usage="\n".join(usage),
         layout=lora_format.title,
-    ))
+    )
 
 
 @dataclass(frozen=True)
@@ -118,17 +116,13 @@ def quantized_card(parts, card: QuantizedCard, options: ExportOptions, source: L
     part = parts[0]
     task = part.family.task(part.variant.task if part.variant else next(iter(part.family.tasks)))
     published = part.variant is not None and part.label == part.variant.name
-    return model_card(CardFacts(
-        title=f"{part.label} ({card.layout})",
+    return _card(
+        f"{part.label} ({card.layout})", part.family, task, options, source,
         base_model=options.base_model or (part.variant.hub_id if published else None),
         relation="finetune",
-        pipeline_tag=task.pipeline_tag,
-        pipeline_class=task.pipeline,
-        tags=(*part.family.tags, card.tag),
-        command=_command(options),
-        source=source_line(source),
+        tags=(card.tag,),
         precision=card.precision,
         details=[f"Kept in higher precision: {note}" for note in card.notes[:20]],
         usage=card.usage,
         layout=card.layout,
-    ))
+    )

@@ -129,15 +129,23 @@ def _rows(module: LoraModule) -> int:
 
 def _unit_rows(rule: Regroup, present: Mapping[int, LoraModule], names: list[str], where: str) -> int:
     """The rows of one chunk: the rules split into equal chunks, so every source's rows / its chunk count agree."""
+    return _rows_per_chunk(
+        {j: _rows(module) for j, module in present.items()}, rule,
+        lambda rows, parts: f"{where}: {names[0]} has {rows} output rows, which {rule.describe()} cannot split into "
+                            f"{parts} equal parts",
+        f"{where}: the adapters of {', '.join(names)} do not fit together ({rule.describe()})")
+
+
+def _rows_per_chunk(rows: Mapping[int, int], rule: Regroup, uneven: Callable[[int, int], str], misfit: str) -> int:
+    """The rows one chunk of the fused layer takes: each source's rows split evenly into its chunks, the same count
+    for every source; ``uneven(rows, parts)`` and ``misfit`` say why not."""
     units = set()
-    for j, module in present.items():
-        rows = _rows(module)
-        if rows % rule.source_chunks[j]:
-            raise CogExportError(f"{where}: {names[0]} has {rows} output rows, which {rule.describe()} cannot split "
-                                 f"into {rule.source_chunks[j]} equal parts")
-        units.add(rows // rule.source_chunks[j])
+    for j, count in rows.items():
+        if count % rule.source_chunks[j]:
+            raise CogExportError(uneven(count, rule.source_chunks[j]))
+        units.add(count // rule.source_chunks[j])
     if len(units) != 1:
-        raise CogExportError(f"{where}: the adapters of {', '.join(names)} do not fit together ({rule.describe()})")
+        raise CogExportError(misfit)
     return units.pop()
 
 
@@ -213,16 +221,11 @@ def _factors(picks: list[tuple[int, int]], modules: Mapping[int, LoraModule], ru
 
 def _factor_rows(modules: Mapping[int, LoraModule], part: str, rule: Regroup, names: list[str], where: str) -> int:
     """The rows of ``part`` one chunk of the fused layer takes: its rows split into whole equal parts."""
-    units = set()
-    for j, module in modules.items():
-        rows = module.factors[part].shape[0]
-        if rows % rule.source_chunks[j]:
-            raise CogExportError(f"{where}: {names[0]}'s {part} has {rows} rows, which cannot be split into the "
-                                 f"{rule.source_chunks[j]} parts of the fused layer ({rule.describe()}) exactly")
-        units.add(rows // rule.source_chunks[j])
-    if len(units) != 1:
-        raise CogExportError(f"{where}: the LyCORIS adapters of {', '.join(names)} do not fit together")
-    return units.pop()
+    return _rows_per_chunk(
+        {j: module.factors[part].shape[0] for j, module in modules.items()}, rule,
+        lambda rows, parts: f"{where}: {names[0]}'s {part} has {rows} rows, which cannot be split into the {parts} "
+                            f"parts of the fused layer ({rule.describe()}) exactly",
+        f"{where}: the LyCORIS adapters of {', '.join(names)} do not fit together")
 
 
 def _equal(tensors: list[LazyTensor]) -> bool:
