@@ -1,0 +1,71 @@
+"""Every table kind is read by one schema layer (cogexport/schema.py): a field is declared once, and an unknown field,
+a missing one or a value of the wrong type is refused when the table loads, in one line naming the file and the
+dotted place. One test per table kind: family.toml, a key map (its header, a rule, its [lora] section), a LoRA layout
+of family.toml, and quantized.toml ([gguf], [gguf.roles], [fp8])."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cogexport.quantize.policy import parse_policy
+from cogexport.schema import SchemaError, declared, read
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inner:
+    """A nested table."""
+
+    globs: tuple[str, ...] = declared("globs", ())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outer:
+    """A toy declaration."""
+
+    name: str = declared("a name")
+    alpha: float | str | None = declared("a number or a word", None)
+    source: str = declared("a key that is no Python name", "", key="from")
+    inner: Inner = declared("a nested table", Inner())
+    entries: tuple[Inner, ...] = declared("an array of tables", ())
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"name": "x", "speling": 1}, "unknown field speling"),
+    ({"name": "x", "inner": {"glob": []}}, r"unknown field \[inner\] glob"),
+    ({"name": "x", "entries": [{}, {"glob": []}]}, r"unknown field \[\[entries\]\] #2 glob"),
+    ({}, r"\[name\] is missing"),
+    ({"name": 3}, "name must be a string, not an integer 3"),
+    ({"name": "x", "alpha": True}, "alpha must be a number or a string, not true"),
+    ({"name": "x", "inner": {"globs": ["a", 1]}}, r"\[inner\] globs #2 must be a string, not an integer 1"),
+    ({"name": "x", "inner": "globs"}, r"inner must be a table, not a string 'globs'"),
+])
+def test_the_schema_names_what_is_wrong_and_where(data, message):
+    with pytest.raises(SchemaError, match=f"^{message}$"):
+        read(Outer, data)
+
+
+def test_the_schema_reads_a_table_into_its_declaration():
+    read_back = read(Outer, {"name": "x", "alpha": 64, "from": "y", "entries": [{"globs": ["a"]}]})
+    assert read_back == Outer(name="x", alpha=64, source="y", entries=(Inner(globs=("a",)),))
+
+
+WAN_POLICY = (ROOT / "key_maps" / "wan" / "quantized.toml").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("change, message", [
+    (("[gguf]\n", "[gguf]\nkeep_f16 = []\n"), r"unknown field \[gguf\] keep_f16"),
+    (("attn_qkv = []", "attn_qkv = []\nattn_out = []"), r"unknown field \[gguf.roles\] attn_out"),
+    (("[fp8]\n", "[fp8]\nscale = 1\n"), r"unknown field \[fp8\] scale"),
+    (("[fp8]\n", "[fp9]\n"), r"unknown section \[fp9\]"),
+    (('architecture = "wan"', "architecture = 3"), r"\[gguf\] architecture must be a string, not an integer 3"),
+])
+def test_quantized_toml_refuses_an_unknown_or_mistyped_field(change, message):
+    parse_policy(WAN_POLICY, "wan")  # as shipped
+    assert change[0] in WAN_POLICY
+    with pytest.raises(ValueError, match=f"^wan/quantized.toml: {message}$"):
+        parse_policy(WAN_POLICY.replace(*change, 1), "wan")
