@@ -17,7 +17,7 @@ import dataclasses
 import types
 import typing
 from functools import cache
-from typing import Any, Mapping, TypeVar
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 _DOC, _KEY, _REST = "doc", "toml_key", "rest"
@@ -68,26 +68,31 @@ def declared_fields(declaration: type) -> tuple[FieldSpec, ...]:
 def read(declaration: type[T], data: Any, place: tuple[str, ...] = ()) -> T:
     """``data`` (a table of a parsed TOML file) as ``declaration``; ``place`` is the table's keys from the top (an
     array's entry as ``name #n``), for messages."""
-    if not isinstance(data, Mapping):
+    if not isinstance(data, dict):
         raise SchemaError(f"{header(place) or 'the file'} must be a table, not {kind_of(data)}")
-    fields = declared_fields(declaration)
-    rest = next((f for f in fields if f.rest), None)
-    known = {f.key for f in fields if not f.rest}
+    fields, known, rest = _layout(declaration)
     if rest is None:
         for key in data:
             if key not in known:
                 raise unknown_field(place, key, data[key])
     values: dict[str, Any] = {}
     for spec in fields:
-        if spec.rest:
-            value_hint = typing.get_args(spec.hint)[1]
-            values[spec.name] = {key: convert(value, value_hint, place, key)
-                                 for key, value in data.items() if key not in known}
-        elif spec.key in data:
-            values[spec.name] = convert(data[spec.key], spec.hint, place, spec.key)
+        if spec.key in data:
+            values[spec.name] = _converter(spec.hint)(data[spec.key], place, spec.key)
         elif spec.required:
             raise SchemaError(f"{header(place)} needs {spec.key}" if place else f"[{spec.key}] is missing")
+    if rest is not None:
+        convert_one = _converter(typing.get_args(rest.hint)[1])
+        values[rest.name] = {key: convert_one(value, place, key) for key, value in data.items() if key not in known}
     return declaration(**values)
+
+
+@cache
+def _layout(declaration: type) -> tuple[tuple[FieldSpec, ...], frozenset[str], FieldSpec | None]:
+    """A declaration's named fields, their TOML keys, and its ``rest`` field if it has one."""
+    named = tuple(spec for spec in declared_fields(declaration) if not spec.rest)
+    rest = next((spec for spec in declared_fields(declaration) if spec.rest), None)
+    return named, frozenset(spec.key for spec in named), rest
 
 
 def unknown_field(place: tuple[str, ...], key: str, value: Any = None) -> SchemaError:
@@ -100,41 +105,73 @@ def unknown_field(place: tuple[str, ...], key: str, value: Any = None) -> Schema
 def convert(value: Any, hint: Any, place: tuple[str, ...], key: str) -> Any:
     """The value of ``key`` in the table at ``place``, checked against ``hint``: arrays become tuples, tables of a
     declaration its dataclass."""
-    if hint is Any:
-        return value
-    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-        return read(hint, value, (*place, key))
+    return _converter(hint)(value, place, key)
+
+
+Converter = Callable[[Any, tuple, str], Any]
+
+
+@cache
+def _converter(hint: Any) -> Converter:
+    """The function that checks and converts a value of ``hint`` (made once per type: tables load per export)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return lambda value, place, key: value
+    if dataclasses.is_dataclass(hint):
+        return _checked(hint, lambda value, place, key: read(hint, value, (*place, key)))
     if origin in (typing.Union, types.UnionType):
-        for alternative in args:
-            if fits(value, alternative):
-                return convert(value, alternative, place, key)
-    elif origin is tuple and isinstance(value, list):
-        return tuple(convert(item, args[0], place, f"{key} #{index + 1}") for index, item in enumerate(value))
-    elif origin is dict and isinstance(value, dict):
-        return {name: convert(item, args[1], (*place, key), name) for name, item in value.items()}
-    elif fits(value, hint):
-        return value
+        alternatives = [(_fitter(alternative), _converter(alternative)) for alternative in args]
+
+        def one_of(value: Any, place: tuple, key: str) -> Any:
+            for fit, convert_to in alternatives:
+                if fit(value):
+                    return convert_to(value, place, key)
+            raise _wrong(hint, value, place, key)
+        return one_of
+    if origin is tuple:
+        item = _converter(args[0])
+        return _checked(hint, lambda value, place, key: tuple(item(entry, place, f"{key} #{index + 1}")
+                                                              for index, entry in enumerate(value)))
+    if origin is dict:
+        item = _converter(args[1])
+        return _checked(hint, lambda value, place, key: {name: item(entry, (*place, key), name)
+                                                         for name, entry in value.items()})
+    return _checked(hint, lambda value, place, key: value)
+
+
+def _checked(hint: Any, convert_checked: Converter) -> Converter:
+    fit = _fitter(hint)
+
+    def checked(value: Any, place: tuple, key: str) -> Any:
+        if not fit(value):
+            raise _wrong(hint, value, place, key)
+        return convert_checked(value, place, key)
+    return checked
+
+
+def _wrong(hint: Any, value: Any, place: tuple[str, ...], key: str) -> SchemaError:
     where = f"{header(place)} {key}" if place else key
-    raise SchemaError(f"{where} must be {described(hint)}, not {kind_of(value)}")
+    return SchemaError(f"{where} must be {described(hint)}, not {kind_of(value)}")
 
 
 def fits(value: Any, hint: Any) -> bool:
     """Whether ``value`` is of ``hint``'s kind (its items are checked when it is converted)."""
+    return _fitter(hint)(value)
+
+
+@cache
+def _fitter(hint: Any) -> Callable[[Any], bool]:
     origin = typing.get_origin(hint) or hint
     if hint is Any:
-        return True
-    if dataclasses.is_dataclass(hint) or origin is dict:
-        return isinstance(value, dict)
-    if origin is tuple:
-        return isinstance(value, list)
+        return lambda value: True
+    if hint in (int, float):
+        kinds = (int, float) if hint is float else int
+        return lambda value: isinstance(value, kinds) and not isinstance(value, bool)
     if origin in (typing.Union, types.UnionType):
-        return any(fits(value, alternative) for alternative in typing.get_args(hint))
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
+        alternatives = [_fitter(alternative) for alternative in typing.get_args(hint)]
+        return lambda value: any(fit(value) for fit in alternatives)
+    kind = dict if dataclasses.is_dataclass(hint) else list if origin is tuple else origin
+    return lambda value: isinstance(value, kind)
 
 
 def header(place: tuple[str, ...]) -> str:

@@ -69,3 +69,42 @@ def test_quantized_toml_refuses_an_unknown_or_mistyped_field(change, message):
     assert change[0] in WAN_POLICY
     with pytest.raises(ValueError, match=f"^wan/quantized.toml: {message}$"):
         parse_policy(WAN_POLICY.replace(*change, 1), "wan")
+
+
+KEY_MAP = """
+[table]
+name = "toy/layout"
+signature = ["a.*"]
+
+[placeholders]
+i = "int"
+
+[lora]
+format = "comfyui"
+modules = "wan/original_transformer"
+
+[[rename]]
+from = "a.{i}"
+to = "b.{i}"
+
+[[drop]]
+glob = "c.*"
+reason = "not the model's"
+"""
+
+
+@pytest.mark.parametrize("change, message", [
+    (('signature = ["a.*"]', 'signature = ["a.*"]\nsignatures = []'), r"unknown field \[table\] signatures"),
+    (('to = "b.{i}"', 'to = "b.{i}"\ndim = 0'), r"unknown field \[\[rename\]\] #1 dim"),
+    (('reason = "not the model\'s"', 'reason = "not the model\'s"\nwhy = ""'), r"unknown field \[\[drop\]\] #1 why"),
+    (('format = "comfyui"', 'format = "comfyui"\nalpha = 1'), r"unknown field \[lora\] alpha"),
+    (("[[rename]]", "[[renames]]"), r"unknown section \[renames\]"),
+    (('signature = ["a.*"]', 'signature = "a.*"'), r"\[table\] signature must be a list of strings, not a string 'a.\*'"),
+])
+def test_a_key_map_refuses_an_unknown_or_mistyped_field(change, message):
+    from cogexport.keymap.table import TableError, parse_table
+
+    parse_table(KEY_MAP, "toy/layout")  # as written
+    assert change[0] in KEY_MAP
+    with pytest.raises(TableError, match=f"^key map toy/layout: {message}$"):
+        parse_table(KEY_MAP.replace(*change, 1), "toy/layout")

@@ -29,6 +29,7 @@ from functools import cache
 from typing import Mapping
 
 from ..keymap.table import KeyMapTable, TableError, load_table, parse_table
+from ..keymap.table_fields import LoraSettings
 from ..models.family import ModelFamily, families, family_named
 from .formats import FORMATS, LoraFormat
 
@@ -55,23 +56,27 @@ class LoraTable:
 
 def _load(name: str, family: ModelFamily, table: KeyMapTable | None = None) -> LoraTable:
     table = table or load_table(name)
-    spec = table.lora
-    if spec.get("format") not in FORMATS:
+    spec = table.lora or LoraSettings()
+    if spec.format not in FORMATS:
         raise TableError(f"key map {name}: [lora] format must be one of {', '.join(FORMATS)}")
     has_rules = bool(table.rules or table.fallback)
-    if has_rules == ("modules" in spec):
+    if has_rules == (spec.modules is not None):
         raise TableError(f"key map {name}: a LoRA table either names its modules with [lora] modules or has rules")
     made = LoraTable(
         name=table.name, description=table.description, source=table.source, family=family,
-        format=FORMATS[spec["format"]],
-        modules=load_table(spec["modules"]) if "modules" in spec else None,
+        format=FORMATS[spec.format],
+        modules=load_table(spec.modules) if spec.modules is not None else None,
         keymap=table if has_rules else None,
-        default_alpha=spec.get("default_alpha", "rank"), default_alpha_reason=spec.get("default_alpha_reason", ""),
-        alpha_recorded=bool(spec.get("alpha_recorded", False)), writes=bool(spec.get("writes", False)),
-        network_module=spec.get("network_module"), write_lora_ab=bool(spec.get("write_lora_ab", False)),
+        default_alpha=_given(spec.default_alpha, "rank"), default_alpha_reason=_given(spec.default_alpha_reason, ""),
+        alpha_recorded=bool(spec.alpha_recorded), writes=bool(spec.writes),
+        network_module=spec.network_module, write_lora_ab=bool(spec.write_lora_ab),
     )
     _check_writes(made)
     return made
+
+
+def _given(value, default):
+    return default if value is None else value
 
 
 def _check_writes(table: LoraTable) -> None:
