@@ -108,3 +108,28 @@ def test_a_key_map_refuses_an_unknown_or_mistyped_field(change, message):
     assert change[0] in KEY_MAP
     with pytest.raises(TableError, match=f"^key map toy/layout: {message}$"):
         parse_table(KEY_MAP.replace(*change, 1), "toy/layout")
+
+
+MOCHI = (ROOT / "key_maps" / "mochi" / "family.toml").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("change, message", [
+    (('[family]\n', '[family]\nnickname = "m"\n'), r"unknown field \[family\] nickname"),
+    (('[vae]\n', '[vae]\nkeep_fp16 = []\n'), r"unknown field \[vae\] keep_fp16"),
+    (('hub_id = "genmo/mochi-1-preview"', 'hub_id = "genmo/mochi-1-preview"\nhub = ""'),
+     r"unknown field \[\[variant\]\] #1 hub"),
+    (('hub_id = "genmo/mochi-1-preview"', 'hub_id = "genmo/mochi-1-preview"\nunet = {}'),
+     r"unknown field \[\[variant\]\] #1 unet"),
+    (('[tasks.t2v]\n', '[tasks.t2v]\ntag = ""\n'), r"unknown field \[tasks.t2v\] tag"),
+    (('[pipeline]\n', '[pipeline]\nschedule = ""\n'), r"unknown field \[pipeline\] schedule"),
+    (('writer = "safetensors"', 'writer = "safetensors", kind = 1'), r"unknown field \[transformer.original\] kind"),
+    (('tags = ["mochi", "video-generation"]', 'tags = "mochi"'), r"\[family\] tags must be a list of strings, not a string 'mochi'"),
+    (('name = "Mochi"', 'name = 1'), r"\[family\] name must be a string, not an integer 1"),
+])
+def test_family_toml_refuses_an_unknown_or_mistyped_field(change, message):
+    from cogexport.models.family import FamilyError, parse_family
+
+    parse_family(MOCHI, "mochi")  # as shipped
+    assert change[0] in MOCHI
+    with pytest.raises(FamilyError, match=f"^family mochi: {message}$"):
+        parse_family(MOCHI.replace(*change, 1), "mochi")
