@@ -54,6 +54,14 @@ def test_the_schema_reads_a_table_into_its_declaration():
     assert read_back == Outer(name="x", alpha=64, source="y", entries=(Inner(globs=("a",)),))
 
 
+def assert_refused(parse, text: str, change: tuple[str, str], error: type, message: str) -> None:
+    """``text`` parses as it is; with ``change`` made, it is refused with ``message``, whole."""
+    parse(text)
+    assert change[0] in text
+    with pytest.raises(error, match=f"^{message}$"):
+        parse(text.replace(*change, 1))
+
+
 WAN_POLICY = (ROOT / "key_maps" / "wan" / "quantized.toml").read_text(encoding="utf-8")
 
 
@@ -65,10 +73,8 @@ WAN_POLICY = (ROOT / "key_maps" / "wan" / "quantized.toml").read_text(encoding="
     (('architecture = "wan"', "architecture = 3"), r"\[gguf\] architecture must be a string, not an integer 3"),
 ])
 def test_quantized_toml_refuses_an_unknown_or_mistyped_field(change, message):
-    parse_policy(WAN_POLICY, "wan")  # as shipped
-    assert change[0] in WAN_POLICY
-    with pytest.raises(ValueError, match=f"^wan/quantized.toml: {message}$"):
-        parse_policy(WAN_POLICY.replace(*change, 1), "wan")
+    assert_refused(lambda text: parse_policy(text, "wan"), WAN_POLICY, change, ValueError,
+                   f"wan/quantized.toml: {message}")
 
 
 KEY_MAP = """
@@ -104,10 +110,8 @@ reason = "not the model's"
 def test_a_key_map_refuses_an_unknown_or_mistyped_field(change, message):
     from cogexport.keymap.table import TableError, parse_table
 
-    parse_table(KEY_MAP, "toy/layout")  # as written
-    assert change[0] in KEY_MAP
-    with pytest.raises(TableError, match=f"^key map toy/layout: {message}$"):
-        parse_table(KEY_MAP.replace(*change, 1), "toy/layout")
+    assert_refused(lambda text: parse_table(text, "toy/layout"), KEY_MAP, change, TableError,
+                   f"key map toy/layout: {message}")
 
 
 MOCHI = (ROOT / "key_maps" / "mochi" / "family.toml").read_text(encoding="utf-8")
@@ -129,7 +133,23 @@ MOCHI = (ROOT / "key_maps" / "mochi" / "family.toml").read_text(encoding="utf-8"
 def test_family_toml_refuses_an_unknown_or_mistyped_field(change, message):
     from cogexport.models.family import FamilyError, parse_family
 
-    parse_family(MOCHI, "mochi")  # as shipped
-    assert change[0] in MOCHI
-    with pytest.raises(FamilyError, match=f"^family mochi: {message}$"):
-        parse_family(MOCHI.replace(*change, 1), "mochi")
+    assert_refused(lambda text: parse_family(text, "mochi"), MOCHI, change, FamilyError, f"family mochi: {message}")
+
+
+WAN = (ROOT / "key_maps" / "wan" / "family.toml").read_text(encoding="utf-8")
+MUSUBI = 'format = "musubi"\nmodules = "original_transformer"\n'
+
+
+@pytest.mark.parametrize("change, message", [
+    ((MUSUBI, MUSUBI + "networks = 1\n"), r"unknown field \[\[lora.layout\]\] #7 networks"),
+    ((MUSUBI, MUSUBI + 'default_alpha = true\n'),
+     r"\[\[lora.layout\]\] #7 default_alpha must be a number or a string, not true"),
+    ((MUSUBI, 'modules = "original_transformer"\n'), r"\[\[lora.layout\]\] #7 needs format and modules \(or a file of "
+                                                     r"its own\)"),
+    ((MUSUBI, MUSUBI + 'file = "musubi_lora"\n'),
+     r"\[\[lora.layout\]\] #7: a layout with a file of its own gives nothing else"),
+])
+def test_a_lora_layout_of_family_toml_refuses_an_unknown_or_mistyped_field(change, message):
+    from cogexport.models.family import FamilyError, parse_family
+
+    assert_refused(lambda text: parse_family(text, "wan"), WAN, change, FamilyError, f"family wan: {message}")

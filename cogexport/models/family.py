@@ -26,7 +26,8 @@ else:  # pragma: no cover
 
 from ..errors import CogExportError
 from ..keymap.roots import family_folders, key_map_roots
-from ..schema import SchemaError, convert, read, unknown_field
+from ..keymap.table_fields import LoraLayout, given
+from ..schema import SchemaError, convert, header, read, unknown_field
 from .diffusers_cache import remembered
 from .family_fields import ORIGINAL_WRITERS, ComponentSection, FamilyFile, OriginalLayout, VariantEntry
 from .shapes import FamilyShapes
@@ -92,7 +93,7 @@ class ModelFamily:
     shapes: FamilyShapes  # reads facts off tensor shapes (the interface: cogexport/models/shapes.py)
     tags: tuple[str, ...]
     components: Mapping[str, ModelSpec]  # every model the family exports, the transformer first
-    lora_tables: tuple[str, ...]
+    lora_layouts: tuple[LoraLayout, ...]  # [[lora.layout]]: read into tables by cogexport/lora/tables.py
     lora_keep_fp32: tuple[str, ...]
     lora_names_from: str | None
     scheduler_class: str
@@ -278,6 +279,17 @@ def _variant(data: VariantEntry, index: int, key: str, components: Mapping[str, 
     return variant
 
 
+def _lora_layout(layout: LoraLayout, index: int, key: str) -> LoraLayout:
+    """A LoRA layout with its table names in full; one of a file of its own says nothing else, another its format."""
+    where = header(("lora", f"layout #{index + 1}"))
+    if layout.file is not None:
+        _require(given(layout).keys() == {"file"}, key, f"{where}: a layout with a file of its own gives nothing else")
+        return replace(layout, file=table_name(key, layout.file))
+    _require(layout.format is not None and layout.modules is not None, key,
+             f"{where} needs format and modules (or a file of its own)")
+    return replace(layout, modules=table_name(key, layout.modules))
+
+
 def _shapes_module(name: str, key: str) -> FamilyShapes:
     """The family's shapes module: cogexport.models.<name>, or a module path of its own (a family of another
     package), checked against the declared interface."""
@@ -297,7 +309,7 @@ def _read(text: str, key: str) -> FamilyFile:
 
 def parse_family(text: str, key: str) -> ModelFamily:
     data = _read(text, key)
-    header, pipeline, lora = data.family, data.pipeline, data.lora
+    head, pipeline, lora = data.family, data.pipeline, data.lora
     components = {name: _model_spec(spec, key, name) for name, spec in data.components.items()}
     _require("transformer" in components, key, "[transformer] is missing")
     components = {"transformer": components.pop("transformer"), **components}
@@ -309,12 +321,13 @@ def parse_family(text: str, key: str) -> ModelFamily:
     _require(len(names) == len(set(names)), key, "two variants share a name")
     _require(set(pipeline.from_checkpoint) <= set(components), key,
              "[pipeline] from_checkpoint names an unknown component")
+    layouts = tuple(_lora_layout(layout, index, key) for index, layout in enumerate(lora.layout))
     return ModelFamily(
-        key=key, name=header.name, shapes=_shapes_module(header.shapes, key), tags=header.tags,
-        components=components, lora_tables=tuple(table_name(key, name) for name in lora.tables),
+        key=key, name=head.name, shapes=_shapes_module(head.shapes, key), tags=head.tags,
+        components=components, lora_layouts=layouts,
         lora_keep_fp32=lora.keep_fp32, lora_names_from=lora.names_from,
         scheduler_class=pipeline.scheduler, scheduler_config=pipeline.scheduler_config,
-        tasks=tasks, variants=variants, from_checkpoint=pipeline.from_checkpoint, extends=header.extends,
+        tasks=tasks, variants=variants, from_checkpoint=pipeline.from_checkpoint, extends=head.extends,
     )
 
 

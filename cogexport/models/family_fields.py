@@ -70,7 +70,6 @@ class LoraSection:
     names_from: str | None = declared(
         "the variant whose model has every tensor name (adapters' names are checked against it)", None)
     layout: tuple[LoraLayout, ...] = declared("the layouts its adapters come in, in the order they are tried", ())
-    tables: tuple[str, ...] = declared("its LoRA table files, in the order they are tried", ())
 
 
 @dataclass(frozen=True, kw_only=True)
