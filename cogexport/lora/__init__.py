@@ -8,12 +8,13 @@ differs between families is data: the layouts each family lists in its family.to
 key map that names its modules, and only what differs from the format's defaults), read into tables by tables.py.
 """
 
+from ..keymap.table_fields import LoraLayout
 from .adapter import LoraAdapter, LoraModule
 from .formats import FORMATS, WRITABLE, LoraFormat, register_format, writable_format, writable_formats
 from .fuse import base_weights, check_fits, plan_fused
 from .read import read_adapter
 from .write import AdapterOutput, plan_output
 
-__all__ = ["FORMATS", "LoraAdapter", "LoraFormat", "LoraModule", "WRITABLE", "AdapterOutput", "base_weights",
-           "check_fits", "plan_fused", "plan_output", "read_adapter", "register_format", "writable_format",
-           "writable_formats"]
+__all__ = ["FORMATS", "LoraAdapter", "LoraFormat", "LoraLayout", "LoraModule", "WRITABLE", "AdapterOutput",
+           "base_weights", "check_fits", "plan_fused", "plan_output", "read_adapter", "register_format",
+           "writable_format", "writable_formats"]

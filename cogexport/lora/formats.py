@@ -15,11 +15,12 @@ were written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
 from ..errors import CogExportError
 from ..keymap.table_fields import LoraLayout
+from ..schema import declared
 from .parts import (ALPHA, BASE_BIAS, BASE_WEIGHT, BIAS, DIFF, DIFF_B, DOWN, FACTOR_PARTS, LYCORIS_SUFFIXES, MAGNITUDE,
                     UP, WEIGHT_PARTS)
 from .parts import PARTS, PART_NAMES  # noqa: F401  (re-exported: the grammar's part names)
@@ -39,29 +40,48 @@ class FormatError(ValueError):
 
 @dataclass(frozen=True)
 class LoraFormat:
-    name: str  # as --lora-format and reports name it
-    title: str  # as people call it
-    parts: Mapping[str, str]  # key suffix -> part
-    strip: tuple[str, ...] = ()  # prefixes removed, in order, when every key has them
-    prefix: str = ""  # a prefix every key must have
-    write_prefix: str = ""  # the prefix written keys get
-    encoded: bool = False  # kohya: a module path's dots are written as underscores
-    base_weights: bool = False  # a wrapped model: base_layer weights and plain (unwrapped) keys beside the adapters
-    extras: tuple[str, ...] = ()  # whole keys of network settings, not adapter tensors (musubi-tuner's lokr_factor)
+    """A key grammar, what cogexport needs to write it (a format with a ``file`` is one it writes), and what its
+    tables share. The docs' table of these fields is made from the descriptions here (scripts/table_reference.py)."""
+
+    name: str = declared("as `--lora-format` and reports name it")
+    title: str = declared("as people call it")
+    parts: Mapping[str, str] = declared(
+        "key suffix -> part (`DOWN`, `UP`, `BIAS`, `MAGNITUDE`, `ALPHA`, `DIFF`, `DIFF_B`, `BASE_WEIGHT`, `BASE_BIAS` "
+        "and LyCORIS's factors, cogexport/lora/parts.py)")
+    strip: tuple[str, ...] = declared("prefixes removed, in order, when every key has them", ())
+    prefix: str = declared("a prefix every key must have", "")
+    write_prefix: str = declared("the prefix written keys get", "")
+    encoded: bool = declared("kohya-style: a module path's dots are written as underscores (resolved against the "
+                             "family's real module names)", False)
+    base_weights: bool = declared("a wrapped model: `base_layer` weights and plain (unwrapped) keys beside the "
+                                  "adapters (a training checkpoint)", False)
+    extras: tuple[str, ...] = declared(
+        "whole keys of network settings, not adapter tensors (musubi-tuner's `lokr_factor`)", ())
     # -- writing (a format with a file is one cogexport writes) -----------------------------------------------------
-    file: str = ""  # the file a written adapter goes in
-    write_parts: Mapping[str, str] = field(default_factory=dict)  # part -> suffix, for the parts the format holds
-    alpha_optional: bool = False  # its loaders apply a module without .alpha at scale 1, so alpha = r is left out
-    strength_where: str = ""  # where its loaders read the trained strength, for the model card
-    adapter_config: str = ""  # IN_HEADER, IN_SIDE_FILE, or "" (the strength is in .alpha tensors)
-    kohya_metadata: bool = False  # ss_network_module / ss_network_dim / ss_network_alpha in the header
-    loaders: tuple[str, ...] = ()  # how people load it (usage.py)
-    full_lokr: str = FULL_AT_ONE  # how its loaders scale a LoKr whose factors are both whole
-    factor_rules: str = ""  # whose rules its loader rebuilds LoKr factor shapes by ("peft", "lycoris"; "": as given)
+    file: str = declared("the file a written adapter goes in; a format with one is writable", "")
+    write_parts: Mapping[str, str] = declared(
+        "part -> suffix, for the parts the format holds (what it cannot hold is refused, naming the formats that "
+        "hold it)", {})
+    alpha_optional: bool = declared(
+        "its loaders apply a module without `.alpha` at scale 1, so alpha = r is left out when writing", False)
+    strength_where: str = declared("where its loaders read the trained strength, for the model card", "")
+    adapter_config: str = declared(
+        "where the adapter config goes: `IN_HEADER` (the header's lora_adapter_metadata), `IN_SIDE_FILE` "
+        "(adapter_config.json), or `\"\"` (the strength is in `.alpha` tensors)", "")
+    kohya_metadata: bool = declared(
+        "ss_network_module / ss_network_dim / ss_network_alpha in the header (a writing table then needs "
+        "`network_module`)", False)
+    loaders: tuple[str, ...] = declared("how people load it, for the model card: names of `LOADERS` "
+                                        "(cogexport/lora/usage.py)", ())
+    full_lokr: str = declared("how its loaders scale a LoKr whose factors are both whole: `FULL_AT_ONE` (alpha "
+                              "ignored) or `FULL_BY_CONFIG` (alpha / r of the adapter config)", FULL_AT_ONE)
+    factor_rules: str = declared(
+        "whose rules its loader rebuilds LoKr factor shapes by: `\"peft\"`, `\"lycoris\"`, or `\"\"` (as given)", "")
     # -- its tables (cogexport/lora/tables.py) ------------------------------------------------------------------------
-    # what a family's layout of this format is unless the family says otherwise: the table's name in the family, its
-    # description and source ("{family}" standing for the family's name), whether it writes, the default alpha
-    layout: LoraLayout = LoraLayout()
+    layout: LoraLayout = declared(
+        "what a family's layout of this format is unless the family says otherwise (the fields of "
+        "`[[lora.layout]]`): the table's name in the family, its description and source (`{family}` standing for "
+        "the family's name), whether it writes, the default alpha", LoraLayout())
 
     def __post_init__(self) -> None:
         if self.file:
