@@ -105,7 +105,8 @@ reason = "not the model's"
     (('reason = "not the model\'s"', 'reason = "not the model\'s"\nwhy = ""'), r"unknown field \[\[drop\]\] #1 why"),
     (('format = "comfyui"', 'format = "comfyui"\nalpha = 1'), r"unknown field \[lora\] alpha"),
     (("[[rename]]", "[[renames]]"), r"unknown section \[renames\]"),
-    (('signature = ["a.*"]', 'signature = "a.*"'), r"\[table\] signature must be a list of strings, not a string 'a.\*'"),
+    (('signature = ["a.*"]', 'signature = "a.*"'),
+     r"\[table\] signature must be a list of strings, not a string 'a.\*'"),
 ])
 def test_a_key_map_refuses_an_unknown_or_mistyped_field(change, message):
     from cogexport.keymap.table import TableError, parse_table
@@ -127,7 +128,8 @@ MOCHI = (ROOT / "key_maps" / "mochi" / "family.toml").read_text(encoding="utf-8"
     (('[tasks.t2v]\n', '[tasks.t2v]\ntag = ""\n'), r"unknown field \[tasks.t2v\] tag"),
     (('[pipeline]\n', '[pipeline]\nschedule = ""\n'), r"unknown field \[pipeline\] schedule"),
     (('writer = "safetensors"', 'writer = "safetensors", kind = 1'), r"unknown field \[transformer.original\] kind"),
-    (('tags = ["mochi", "video-generation"]', 'tags = "mochi"'), r"\[family\] tags must be a list of strings, not a string 'mochi'"),
+    (('tags = ["mochi", "video-generation"]', 'tags = "mochi"'),
+     r"\[family\] tags must be a list of strings, not a string 'mochi'"),
     (('name = "Mochi"', 'name = 1'), r"\[family\] name must be a string, not an integer 1"),
 ])
 def test_family_toml_refuses_an_unknown_or_mistyped_field(change, message):
