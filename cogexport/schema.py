@@ -54,7 +54,11 @@ class FieldSpec:
 
 @cache
 def declared_fields(declaration: type) -> tuple[FieldSpec, ...]:
-    hints = typing.get_type_hints(declaration)
+    # a declaration module without ``from __future__ import annotations`` holds its types as objects, which spares
+    # evaluating their text each time a process first loads its tables
+    strings = any(isinstance(spec.type, str) for spec in dataclasses.fields(declaration))
+    hints = typing.get_type_hints(declaration) if strings else {spec.name: spec.type
+                                                                 for spec in dataclasses.fields(declaration)}
     found = []
     for spec in dataclasses.fields(declaration):
         required = spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
@@ -70,29 +74,32 @@ def read(declaration: type[T], data: Any, place: tuple[str, ...] = ()) -> T:
     array's entry as ``name #n``), for messages."""
     if not isinstance(data, dict):
         raise SchemaError(f"{header(place) or 'the file'} must be a table, not {kind_of(data)}")
-    fields, known, rest = _layout(declaration)
-    if rest is None:
-        for key in data:
-            if key not in known:
-                raise unknown_field(place, key, data[key])
+    by_key, required, rest = _layout(declaration)
     values: dict[str, Any] = {}
-    for spec in fields:
-        if spec.key in data:
-            values[spec.name] = _converter(spec.hint)(data[spec.key], place, spec.key)
-        elif spec.required:
+    others: dict[str, Any] = {}
+    for key, value in data.items():  # a table gives few of its declaration's fields: walk what it gives
+        spec = by_key.get(key)
+        if spec is not None:
+            values[spec.name] = _converter(spec.hint)(value, place, key)
+        elif rest is None:
+            raise unknown_field(place, key, value)
+        else:
+            others[key] = value
+    for spec in required:
+        if spec.name not in values:
             raise SchemaError(f"{header(place)} needs {spec.key}" if place else f"[{spec.key}] is missing")
     if rest is not None:
         convert_one = _converter(typing.get_args(rest.hint)[1])
-        values[rest.name] = {key: convert_one(value, place, key) for key, value in data.items() if key not in known}
+        values[rest.name] = {key: convert_one(value, place, key) for key, value in others.items()}
     return declaration(**values)
 
 
 @cache
-def _layout(declaration: type) -> tuple[tuple[FieldSpec, ...], frozenset[str], FieldSpec | None]:
-    """A declaration's named fields, their TOML keys, and its ``rest`` field if it has one."""
-    named = tuple(spec for spec in declared_fields(declaration) if not spec.rest)
+def _layout(declaration: type) -> tuple[dict[str, FieldSpec], tuple[FieldSpec, ...], FieldSpec | None]:
+    """A declaration's named fields by their TOML keys, the required ones, and its ``rest`` field if it has one."""
+    named = {spec.key: spec for spec in declared_fields(declaration) if not spec.rest}
     rest = next((spec for spec in declared_fields(declaration) if spec.rest), None)
-    return named, frozenset(spec.key for spec in named), rest
+    return named, tuple(spec for spec in named.values() if spec.required), rest
 
 
 def unknown_field(place: tuple[str, ...], key: str, value: Any = None) -> SchemaError:
@@ -130,6 +137,10 @@ def _converter(hint: Any) -> Converter:
         return one_of
     if origin is tuple:
         item = _converter(args[0])
+        if args[0] in _NAMES:  # arrays of plain values (most are of strings) need no converting: one pass checks them
+            fit = _fitter(args[0])
+            return _checked(hint, lambda value, place, key: tuple(value) if all(map(fit, value)) else tuple(
+                item(entry, place, f"{key} #{index + 1}") for index, entry in enumerate(value)))
         return _checked(hint, lambda value, place, key: tuple(item(entry, place, f"{key} #{index + 1}")
                                                               for index, entry in enumerate(value)))
     if origin is dict:

@@ -4,7 +4,7 @@ file into a KeyMapTable and checks what types cannot say (placeholders, overlapp
 makes the LoRA tables.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: the schema takes these types as objects, with nothing to evaluate.
 
 from dataclasses import dataclass, fields
 from typing import Any

@@ -2,7 +2,7 @@
 the file with them; the docs' field tables are made from them). family.py turns them into a ModelFamily and checks
 what types cannot say (known tasks, writers and components, the shapes module's hooks)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: the schema takes these types as objects, with nothing to evaluate.
 
 from dataclasses import dataclass
 from typing import Any

@@ -1,7 +1,7 @@
 """What ``key_maps/<family>/quantized.toml`` may say: its fields, declared once (cogexport/schema.py reads the file
 with them and the docs' field tables are made from them). policy.py turns them into a family's QuantizationPolicy."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: the schema takes these types as objects, with nothing to evaluate.
 
 from dataclasses import dataclass
 
