@@ -165,13 +165,9 @@ def _wrong(hint: Any, value: Any, place: tuple[str, ...], key: str) -> SchemaErr
     return SchemaError(f"{where} must be {described(hint)}, not {kind_of(value)}")
 
 
-def fits(value: Any, hint: Any) -> bool:
-    """Whether ``value`` is of ``hint``'s kind (its items are checked when it is converted)."""
-    return _fitter(hint)(value)
-
-
 @cache
 def _fitter(hint: Any) -> Callable[[Any], bool]:
+    """Whether a value is of ``hint``'s kind (its items are checked when it is converted)."""
     origin = typing.get_origin(hint) or hint
     if hint is Any:
         return lambda value: True
