@@ -127,8 +127,8 @@ RULES: dict[str, type] = {"rename": RenameRule, "chunk": ChunkRule, "regroup": R
 @dataclass(frozen=True, kw_only=True)
 class LoraSettings:
     """``[lora]`` of a LoRA table file: the key grammar its files are in and the key map that names their modules,
-    and what the format says about strength. A field left out is the format's default (its `layout` in
-    cogexport/lora/formats.py), or else the value given here."""
+    and what the format says about strength. A field left out takes the format's default (`LoraFormat.layout`,
+    cogexport/lora/formats.py), else the default its description gives."""
 
     format: str | None = declared("the key grammar: a name of `FORMATS` (cogexport/lora/formats.py)", None)
     modules: str | None = declared(
