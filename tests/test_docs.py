@@ -119,3 +119,90 @@ def test_the_two_commands_the_readme_gives_exist():
     for script in ("scripts/demo.sh", "scripts/test.sh"):
         assert f"./{script}" in text
         assert (ROOT / script).stat().st_mode & 0o111, f"{script} is not executable"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_table_reference_is_what_the_declarations_make_now():
+    reference = _script("table_reference")
+    committed = reference.REFERENCE.read_text(encoding="utf-8") if reference.REFERENCE.is_file() else ""
+    assert committed == reference.render(), (
+        f"docs/reference/tables.md is stale (a field of family.toml, a key map, a LoRA layout, quantized.toml or "
+        f"LoraFormat changed): regenerate it with `{reference.REGENERATE}` and commit the result")
+
+
+def _inline_code(page: Path) -> list[str]:
+    """The inline code spans of a Markdown page, outside fenced blocks."""
+    text = "\n".join(line for line in _fenced_out(page.read_text(encoding="utf-8")))
+    return re.findall(r"`([^`\n]+)`", text)
+
+
+def _fenced_out(text: str) -> list[str]:
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return lines
+
+
+def _declared_keys(declaration) -> set[str]:
+    from cogexport.schema import declared_fields
+
+    return {spec.key for spec in declared_fields(declaration) if not spec.rest}
+
+
+FAMILY_FIELDS = "FamilyFile FamilySection ComponentSection OriginalLayout LoraSection PipelineSection TaskSection " \
+                "VariantEntry"
+
+
+@pytest.mark.parametrize("page, declarations", [
+    ("adding-a-lora-format.md", {"cogexport.lora.formats": "LoraFormat",
+                                 "cogexport.keymap.table_fields": "LoraLayout"}),
+    ("adding-a-family.md", {"cogexport.models.family_fields": FAMILY_FIELDS,
+                            "cogexport.quantize.policy_fields": "GgufSection GgufRoles Fp8Section"}),
+    ("key-maps.md", {"cogexport.keymap.table_fields": "TableHeader"}),
+])
+def test_a_guide_names_every_field_it_describes(page, declarations):
+    text = (DOCS / page).read_text(encoding="utf-8")
+    missing = []
+    for module, names in declarations.items():
+        for name in names.split():
+            for key in sorted(_declared_keys(getattr(importlib.import_module(module), name))):
+                if not re.search(rf"(?<!\w){re.escape(key)}(?!\w)", text):
+                    missing.append(f"{name}.{key}")
+    assert not missing, f"docs/{page} does not name {', '.join(missing)}"
+
+
+def _code_words() -> set[str]:
+    """Every identifier of cogexport's code, tables, tests and scripts (this file aside: it names wrong ones)."""
+    sources = [*ROOT.joinpath("cogexport").rglob("*.py"), *ROOT.joinpath("key_maps").rglob("*.toml"),
+               *ROOT.joinpath("tests").glob("*.py"), *ROOT.joinpath("scripts").glob("*.py")]
+    sources = [path for path in sources if path.resolve() != Path(__file__).resolve()]
+    return {word for path in sources for word in re.findall(r"[A-Za-z_]\w*", path.read_text(encoding="utf-8"))}
+
+
+CODE_NAME = re.compile(r"[A-Za-z_][\w.]*(\(\))?")
+PATH = re.compile(r"(cogexport|tests|scripts|key_maps|docs)/[\w./-]+")
+
+
+@pytest.mark.parametrize("page", ["adding-a-lora-format.md", "adding-a-family.md", "key-maps.md"])
+def test_every_code_name_a_guide_gives_exists(page):
+    """The guides describe what the code does: a function, class, field or file they name in code is there (what a
+    guide said once of fields that did not exist, `runners` and `loads_as_peft_folder`, fails here)."""
+    words = _code_words()
+    missing = []
+    for span in _inline_code(DOCS / page):
+        if (ROOT / span).exists():
+            continue
+        if PATH.fullmatch(span) and "<" not in span:
+            missing.append(span)
+        elif CODE_NAME.fullmatch(span):
+            missing += [span for word in re.findall(r"[A-Za-z_]\w*", span) if word not in words][:1]
+    assert not missing, f"docs/{page} names code that does not exist: {', '.join(missing)}"

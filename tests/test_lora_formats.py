@@ -117,3 +117,38 @@ def test_each_format_says_where_its_strength_lives_and_how_it_is_loaded():
     lycoris = writable_format("lycoris").usage_lines("WanPipeline", None, {"transformer": "out/lycoris.safetensors"})
     assert "from lycoris import create_lycoris_from_weights" in lycoris and lycoris[-1] == "network.apply_to()"
     assert json.dumps(lycoris)  # plain strings, for the card
+
+
+def test_a_registered_format_carries_its_layout_and_a_family_gives_only_its_modules():
+    """A format's ``layout`` holds what its tables share (the table's name, description and source with {family}
+    for the family's name, whether it writes, the default alpha); a family's layout names the key map of its modules
+    and only what differs, as family.toml's [[lora.layout]] entries do."""
+    from cogexport.keymap.table_fields import LoraLayout
+    from cogexport.lora.tables import lora_tables, output_table
+    from cogexport.models.family import family_named
+
+    layout = LoraLayout(name="toy_lora", description="Toy {family} LoRA", source="the toy loader's LoRA",
+                        writes=True, default_alpha="rank", default_alpha_reason="no .toy_alpha: scale 1",
+                        alpha_recorded=True)
+    toy = LoraFormat(**{**TOY.__dict__, "layout": layout})
+    register_format(toy, {"wan": LoraLayout(modules="diffusers_transformer")})
+    try:
+        table = output_table(family_named("wan"), "toy")
+        assert (table.name, table.description, table.source, table.modules.name) == (
+            "wan/toy_lora", "Toy Wan LoRA", "the toy loader's LoRA", "wan/diffusers_transformer")
+        assert (table.default_alpha, table.alpha_recorded, table.writes) == ("rank", True, True)
+        assert table in lora_tables()
+    finally:
+        unregister_format("toy")
+
+
+def test_two_layouts_of_a_family_that_write_one_format_are_refused():
+    from cogexport.keymap.table_fields import LoraLayout
+    from cogexport.lora.tables import lora_tables, register_tables
+
+    before = lora_tables()
+    second = LoraLayout(format="comfyui", name="second_comfyui_lora", modules="diffusers_transformer")
+    with pytest.raises(TableError, match="^key map wan/second_comfyui_lora: wan/comfyui_lora writes comfyui files "
+                                         "for its family already; give the other layouts writes = false$"):
+        register_tables({"wan": second})
+    assert lora_tables() == before

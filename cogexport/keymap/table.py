@@ -19,24 +19,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from ..schema import SchemaError, header, read
 from .pattern import KeyPattern, PatternError
 from .roots import find_key_map_file
 from .rules import Drop, Regroup
-
-_TABLE_FIELDS = {"name", "description", "source", "target", "select_keys", "select_prefix", "strip_prefixes", "signature",
-                 "requires", "excludes", "include", "fallback", "judge", "judge_when", "no_judge"}
-# A LoRA table's [lora] section (read by cogexport/lora/tables.py).
-_LORA_FIELDS = {"format", "modules", "writes", "default_alpha", "default_alpha_reason", "alpha_recorded",
-                "network_module", "write_lora_ab"}
-_RULE_FIELDS = {
-    "rename": {"from", "to", "optional"},
-    "chunk": {"from", "to", "dim", "optional"},
-    "regroup": {"from", "chunks", "dim", "to", "optional"},
-    "reindex": {"from", "to", "reverse", "optional"},
-    "reshape": {"from", "to", "from_shape", "to_shape"},
-    "drop": {"from", "glob", "reason", "keep"},
-}
-
+from .table_fields import RULES, DropRule, LoraSettings, RegroupRule, ReshapeRule, TableFile, TableHeader
 
 class TableError(ValueError):
     """A key-map table is malformed (a bug in the table, not in the user's input)."""
@@ -64,7 +51,7 @@ class KeyMapTable:
     drops: tuple[Drop, ...] = ()
     placeholders: dict = field(default_factory=dict, compare=False)
     fallback: "KeyMapTable | None" = None  # names the keys no rule here matches (e.g. plain Diffusers names)
-    lora: dict = field(default_factory=dict, compare=False)  # a LoRA table's alpha default and where it comes from
+    lora: LoraSettings | None = field(default=None, compare=False)  # a LoRA table's [lora] (cogexport/lora/tables.py)
 
     def recognises(self, keys: Iterable[str]) -> bool:
         """Whether these (selected) keys look like this table's source format."""
@@ -140,102 +127,107 @@ def _check_kinds(kinds: dict, table: str) -> None:
 
 
 def _patterns(value: Any, kinds: dict, table: str, what: str) -> list[KeyPattern]:
-    items = value if isinstance(value, list) else [value]
-    _require(all(isinstance(v, str) for v in items) and items, table, f"{what} must be a key pattern or a list of them")
+    items = value if isinstance(value, tuple) else (value,)
+    _require(bool(items), table, f"{what} must be a key pattern or a list of them")
     try:
         return [KeyPattern(text, kinds) for text in items]
     except PatternError as error:
         raise TableError(f"key map {table}: {error}") from None
 
 
-def _rule(kind: str, spec: dict, all_kinds: dict, table: str) -> Regroup | Drop:
+def _drop(spec: DropRule, kinds: dict, table: str, where: str) -> Drop:
+    _require(bool(spec.reason), table, f"{where} needs a reason")
+    _require((spec.source is None) != (spec.glob is None), table, f"{where} needs exactly one of from / glob")
+    pattern = _patterns(spec.source, kinds, table, "from")[0] if spec.source is not None else None
+    keep = spec.keep
+    _require(keep is None or (keep.endswith(".safetensors") and "/" not in keep), table,
+             f"{where}: keep names a safetensors file beside the model (no folder)")
+    return Drop(spec.reason, pattern, spec.glob, keep)
+
+
+def _rule(kind: str, spec: Any, all_kinds: dict, table: str, where: str) -> Regroup | Drop:
+    """One rule of the table (``where``: its place, ``[[chunk]] #2``) as the operation it compiles to."""
     kinds, target_kinds = _side(all_kinds, 0), _side(all_kinds, 1)
-    unknown = set(spec) - _RULE_FIELDS[kind]
-    _require(not unknown, table, f"{kind} rule has unknown field(s) {', '.join(sorted(unknown))}")
     if kind == "drop":
-        _require(bool(spec.get("reason")), table, f"drop rule {spec} needs a reason")
-        _require(("from" in spec) != ("glob" in spec), table, f"drop rule {spec} needs exactly one of from / glob")
-        pattern = _patterns(spec["from"], kinds, table, "from")[0] if "from" in spec else None
-        keep = spec.get("keep")
-        _require(keep is None or (isinstance(keep, str) and keep.endswith(".safetensors") and "/" not in keep), table,
-                 f"drop rule {spec}: keep names a safetensors file beside the model (no folder)")
-        return Drop(spec["reason"], pattern, spec.get("glob"), keep)
-    _require("from" in spec and "to" in spec, table, f"{kind} rule {spec} needs from and to")
-    source = _patterns(spec["from"], kinds, table, "from")
-    _require(len(source) == 1, table, f"{kind} rule {spec['from']} must have one source pattern")
-    dim = spec.get("dim", 0)
-    if kind in ("rename", "reindex", "reshape"):
-        targets, chunks, groups = _patterns(spec["to"], target_kinds, table, "to"), (1,), ((0,),)
-        _require(len(targets) == 1, table, f"{kind} rule {spec['from']} must have one target")
-    elif kind == "chunk":
-        targets = _patterns(spec["to"], target_kinds, table, "to")
-        chunks, groups = (len(targets),), tuple((i,) for i in range(len(targets)))
+        return _drop(spec, kinds, table, where)
+    source = _patterns(spec.source, kinds, table, "from")
+    _require(len(source) == 1, table, f"{kind} rule {spec.source} must have one source pattern")
+    if isinstance(spec, RegroupRule):
+        targets = [_patterns(entry.key, target_kinds, table, "to")[0] for entry in spec.to]
+        chunks, groups = (spec.chunks,), tuple(entry.chunks for entry in spec.to)
     else:
-        entries = spec["to"]
-        _require(isinstance(entries, list) and all(isinstance(e, dict) and set(e) == {"key", "chunks"} for e in entries),
-                 table, f"regroup {spec['from']}: 'to' must be a list of {{key, chunks}} tables")
-        targets = [_patterns(e["key"], target_kinds, table, "to")[0] for e in entries]
-        chunks, groups = (int(spec["chunks"]),), tuple(tuple(e["chunks"]) for e in entries)
-    reverse = spec.get("reverse", {})
-    _require(kind == "reindex" or not reverse, table, f"only reindex rules can reverse an index ({spec['from']})")
-    _require(kind != "reindex" or (isinstance(reverse, dict) and reverse), table,
-             f"reindex {spec['from']} needs reverse = {{placeholder = \"count name\"}}")
-    views = _views(spec, table) if kind == "reshape" else None
+        targets = _patterns(spec.to, target_kinds, table, "to")
+        chunks, groups = (len(targets),), tuple((i,) for i in range(len(targets)))
+        _require(kind == "chunk" or len(targets) == 1, table, f"{kind} rule {spec.source} must have one target")
+    reverse = getattr(spec, "reverse", {})
+    _require(kind != "reindex" or bool(reverse), table,
+             f"reindex {spec.source} needs reverse = {{placeholder = \"count name\"}}")
+    views = _views(spec, table) if isinstance(spec, ReshapeRule) else None
     try:
-        return Regroup(kind, tuple(source), chunks, tuple(targets), groups, dim, tuple(reverse.items()),
-                       spec.get("optional"), _value_maps(all_kinds, source), views)
+        return Regroup(kind, tuple(source), chunks, tuple(targets), groups, getattr(spec, "dim", 0),
+                       tuple(reverse.items()), getattr(spec, "optional", None), _value_maps(all_kinds, source), views)
     except ValueError as error:
         raise TableError(f"key map {table}: {error}") from None
 
 
-def _views(spec: dict, table: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    views = spec.get("from_shape"), spec.get("to_shape")
-    _require(all(isinstance(view, list) and view and all(isinstance(size, int) and (size > 0 or size == -1)
-                                                         for size in view) for view in views), table,
-             f"reshape {spec['from']} needs from_shape and to_shape, lists of sizes (-1 for the one the element "
+def _views(spec: ReshapeRule, table: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    views = spec.from_shape, spec.to_shape
+    _require(all(view and all(size > 0 or size == -1 for size in view) for view in views), table,
+             f"reshape {spec.source} needs from_shape and to_shape, lists of sizes (-1 for the one the element "
              "count decides)")
-    return tuple(views[0]), tuple(views[1])
+    return views[0], views[1]
+
+
+def _read(text: str, name: str) -> TableFile:
+    try:
+        return read(TableFile, tomllib.loads(text))
+    except tomllib.TOMLDecodeError as error:
+        raise TableError(f"key map {name}: not valid TOML ({error})") from None
+    except SchemaError as error:
+        raise TableError(f"key map {name}: {error}") from None
+
+
+def _placeholders(data: TableFile, included: KeyMapTable, name: str) -> dict:
+    """The table's placeholder kinds: the included table's and its own, which may not declare one differently."""
+    kinds = dict(included.placeholders)
+    for placeholder, kind in data.placeholders.items():
+        _require(kinds.get(placeholder, kind) == kind, name,
+                 f"placeholder {placeholder} is declared differently in {data.table.include}")
+        kinds[placeholder] = kind
+    _check_kinds(kinds, name)
+    return kinds
+
+
+def _inherited(head: TableHeader, included: KeyMapTable) -> dict:
+    """The header's fields, each the included table's where this one leaves it out."""
+    def own(field: str):
+        value = getattr(head, field)
+        return value if value is not None else getattr(included, field)
+
+    # a table that says why it has no judge does not inherit the judge of the table it includes
+    judge = head.judge if head.judge is not None or head.no_judge is not None else included.judge
+    return dict(description=own("description"), source=own("source"), target=own("target"),
+                select_keys=own("select_keys"), select_prefix=own("select_prefix"),
+                strip_prefixes=own("strip_prefixes"), signature=own("signature"), requires=own("requires"),
+                excludes=own("excludes"), judge=judge, judge_when=dict(own("judge_when")), no_judge=own("no_judge"))
 
 
 def parse_table(text: str, name: str) -> KeyMapTable:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise TableError(f"key map {name}: not valid TOML ({error})") from None
-    unknown = set(data) - {"table", "placeholders", "lora", *_RULE_FIELDS}
-    _require(not unknown, name, f"unknown section(s) {', '.join(sorted(unknown))}")
-    header = data.get("table", {})
-    _require(not set(header) - _TABLE_FIELDS, name, f"unknown [table] field(s) {set(header) - _TABLE_FIELDS}")
-    lora = data.get("lora", {})
-    _require(not set(lora) - _LORA_FIELDS, name, f"unknown [lora] field(s) {set(lora) - _LORA_FIELDS}")
+    data = _read(text, name)
+    head = data.table
     # An included table's rules become this table's own (and are checked with them for overlaps).
-    included = load_table(header["include"]) if "include" in header else KeyMapTable(name="")
-    kinds = dict(included.placeholders)
-    for placeholder, kind in data.get("placeholders", {}).items():
-        _require(kinds.get(placeholder, kind) == kind, name,
-                 f"placeholder {placeholder} is declared differently in {header.get('include')}")
-        kinds[placeholder] = kind
-    _check_kinds(kinds, name)
+    included = load_table(head.include) if head.include is not None else KeyMapTable(name="")
+    kinds = _placeholders(data, included, name)
     rules: list[Regroup] = list(included.rules)
     drops: list[Drop] = list(included.drops)
-    for kind in _RULE_FIELDS:
-        for spec in data.get(kind, []):
-            made = _rule(kind, spec, kinds, name)
+    for kind in RULES:
+        for index, spec in enumerate(getattr(data, kind)):
+            made = _rule(kind, spec, kinds, name, header((f"{kind} #{index + 1}",)))
             (drops if isinstance(made, Drop) else rules).append(made)
     table = KeyMapTable(
-        name=header.get("name", name), description=header.get("description", included.description),
-        source=header.get("source", included.source), target=header.get("target", included.target),
-        select_keys=tuple(header.get("select_keys", included.select_keys)),
-        select_prefix=header.get("select_prefix", included.select_prefix),
-        strip_prefixes=tuple(header.get("strip_prefixes", included.strip_prefixes)),
-        signature=tuple(header.get("signature", included.signature)),
-        requires=tuple(header.get("requires", included.requires)),
-        excludes=tuple(header.get("excludes", included.excludes)),
-        # a table that says why it has no judge does not inherit the judge of the table it includes
-        judge=header.get("judge", None if "no_judge" in header else included.judge),
-        judge_when=dict(header.get("judge_when", included.judge_when)), no_judge=header.get("no_judge", included.no_judge),
-        rules=tuple(rules), drops=tuple(drops),
-        placeholders=kinds, fallback=load_table(header["fallback"]) if "fallback" in header else None, lora=lora,
+        name=head.name if head.name is not None else name, **_inherited(head, included),
+        rules=tuple(rules), drops=tuple(drops), placeholders=kinds,
+        fallback=load_table(head.fallback) if head.fallback is not None else None, lora=data.lora,
     )
     _check_no_overlaps(table)
     _check_no_overlaps(table.inverted())

@@ -1,35 +1,36 @@
-"""A family's LoRA tables: for each file format a trainer writes, the format's key grammar and the key map that names
-its modules (the family's original or Diffusers transformer table), plus what the format says about strength.
+"""A family's LoRA tables: for each layout its adapters come in, the format's key grammar and the key map that names
+its modules (the family's original or Diffusers transformer table), plus what the layout says about strength.
 
-``key_maps/<family>/<format>_lora.toml``::
+A family lists its layouts in family.toml, in the order they are tried, each saying only what differs from its
+format's defaults (``LoraFormat.layout``, cogexport/lora/formats.py)::
 
-    [table]
-    name = "wan/musubi_lora"
-    description = ...
-    source = ...                       # what the file is, for inspect
-
-    [lora]
+    [[lora.layout]]
     format = "musubi"                  # the key grammar (cogexport/lora/formats.py)
-    modules = "wan/original_transformer"   # names the modules: <module>.weight is matched against its rules
-    writes = true                      # --lora-format musubi writes this family's adapters with this table
-    default_alpha = "rank"             # when nothing records alpha: a number, or "rank" (scale 1)
-    default_alpha_reason = "..."
-    alpha_recorded = true              # whether that default is what the format means (no warning) or a guess
+    modules = "original_transformer"   # names the modules: <module>.weight is matched against its rules
     network_module = "networks.lora_wan"   # kohya metadata: the network module that loads the file
-    write_lora_ab = true               # write lora_A / lora_B where the format's own names are lora_down / lora_up
-                                       # (ComfyUI reads both; some other loader of the family only the former)
 
-A table with rules of its own (SAT's LoraMixin) translates the whole checkpoint into Diffusers names itself.
+    [[lora.layout]]
+    format = "comfyui"
+    name = "simpletuner_comfyui_lora"  # the table's name when not the format's (wan/comfyui_lora)
+    modules = "diffusers_transformer"
+    description = "SimpleTuner ComfyUI-format Wan LoRA"
+    source = "SimpleTuner LoRA, lora_format comfyui (diffusion_model. + Diffusers names, lora_A / lora_B, .alpha)"
+    writes = false                     # the format's own layout writes it: this one only reads
+
+A table with rules of its own (SAT's LoraMixin) is a file, ``[[lora.layout]] file = "sat_lora"``: a key map with
+``[lora]`` settings beside its rules, which translates the whole checkpoint into Diffusers names itself. The fields
+of both are declared in cogexport/keymap/table_fields.py (LoraSettings, LoraLayout).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from typing import Mapping
 
 from ..keymap.table import KeyMapTable, TableError, load_table, parse_table
-from ..models.family import ModelFamily, families, family_named
+from ..keymap.table_fields import LoraLayout, LoraSettings, given
+from ..models.family import ModelFamily, families, family_named, table_name
 from .formats import FORMATS, LoraFormat
 
 
@@ -53,25 +54,58 @@ class LoraTable:
         return float(rank) if self.default_alpha == "rank" else float(self.default_alpha)
 
 
-def _load(name: str, family: ModelFamily, table: KeyMapTable | None = None) -> LoraTable:
-    table = table or load_table(name)
-    spec = table.lora
-    if spec.get("format") not in FORMATS:
+def _format(settings: LoraSettings, name: str) -> LoraFormat:
+    if settings.format not in FORMATS:
         raise TableError(f"key map {name}: [lora] format must be one of {', '.join(FORMATS)}")
-    has_rules = bool(table.rules or table.fallback)
-    if has_rules == ("modules" in spec):
-        raise TableError(f"key map {name}: a LoRA table either names its modules with [lora] modules or has rules")
+    return FORMATS[settings.format]
+
+
+def _resolved(settings: LoraSettings, fmt: LoraFormat) -> LoraLayout:
+    """The settings over the format's defaults (``given`` drops the fields left out)."""
+    return replace(fmt.layout, **{name: value for name, value in given(settings).items()
+                                  if name in {spec.name for spec in fields(LoraLayout)}})
+
+
+def _made(name: str, description: str, source: str, family: ModelFamily, fmt: LoraFormat, layout: LoraLayout,
+          keymap: KeyMapTable | None) -> LoraTable:
     made = LoraTable(
-        name=table.name, description=table.description, source=table.source, family=family,
-        format=FORMATS[spec["format"]],
-        modules=load_table(spec["modules"]) if "modules" in spec else None,
-        keymap=table if has_rules else None,
-        default_alpha=spec.get("default_alpha", "rank"), default_alpha_reason=spec.get("default_alpha_reason", ""),
-        alpha_recorded=bool(spec.get("alpha_recorded", False)), writes=bool(spec.get("writes", False)),
-        network_module=spec.get("network_module"), write_lora_ab=bool(spec.get("write_lora_ab", False)),
+        name=name, description=description, source=source, family=family, format=fmt,
+        modules=load_table(layout.modules) if layout.modules is not None else None, keymap=keymap,
+        default_alpha=_or(layout.default_alpha, "rank"), default_alpha_reason=_or(layout.default_alpha_reason, ""),
+        alpha_recorded=bool(layout.alpha_recorded), writes=bool(layout.writes), network_module=layout.network_module,
+        write_lora_ab=bool(layout.write_lora_ab),
     )
     _check_writes(made)
     return made
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def _from_file(table: KeyMapTable, family: ModelFamily) -> LoraTable:
+    """A LoRA table file (SAT's, or one given to register_format): its [table] and [lora] say what it is."""
+    settings = table.lora or LoraSettings()
+    fmt = _format(settings, table.name)
+    has_rules = bool(table.rules or table.fallback)
+    if has_rules == (settings.modules is not None):
+        raise TableError(f"key map {table.name}: a LoRA table either names its modules with [lora] modules or has "
+                         "rules")
+    return _made(table.name, table.description, table.source, family, fmt, _resolved(settings, fmt),
+                 table if has_rules else None)
+
+
+def _from_layout(layout: LoraLayout, family: ModelFamily) -> LoraTable:
+    """A layout of the family's family.toml, over its format's defaults."""
+    if layout.file is not None:
+        return _from_file(load_table(layout.file), family)
+    where = f"{family.key}/{layout.name or layout.format or 'layout'}"
+    fmt = _format(layout, where)
+    resolved = _resolved(layout, fmt)
+    if resolved.name is None:
+        raise TableError(f"key map {where}: [[lora.layout]] of format {fmt.name} needs a name (the format has none)")
+    return _made(f"{family.key}/{resolved.name}", (resolved.description or "").format(family=family.name),
+                 (resolved.source or "").format(family=family.name), family, fmt, resolved, None)
 
 
 def _check_writes(table: LoraTable) -> None:
@@ -88,10 +122,23 @@ def _check_writes(table: LoraTable) -> None:
                          "network_module")
 
 
+def _check_one_writer(tables: list[LoraTable]) -> None:
+    """One table per family and format writes it (--lora-format would not know which to take)."""
+    seen: dict[tuple[str, str], str] = {}
+    for table in tables:
+        if table.writes:
+            first = seen.setdefault((table.family.key, table.format.name), table.name)
+            if first != table.name:
+                raise TableError(f"key map {table.name}: {first} writes {table.format.name} files for its family "
+                                 "already; give the other layouts writes = false")
+
+
 @cache
 def _family_tables(known: tuple[ModelFamily, ...]) -> tuple[LoraTable, ...]:
     """The LoRA tables the families name (keyed by the families: a key-map root added later brings its own)."""
-    return tuple(_load(name, family) for family in known for name in family.lora_tables)
+    made = [_from_layout(layout, family) for family in known for layout in family.lora_layouts]
+    _check_one_writer(made)
+    return tuple(made)
 
 
 _REGISTERED: list[LoraTable] = []
@@ -102,16 +149,22 @@ def lora_tables() -> tuple[LoraTable, ...]:
     return (*_family_tables(families()), *_REGISTERED)
 
 
-def register_tables(tables: Mapping[str, str]) -> None:
-    """Add tables given as TOML text, by the key of the family each is for (checked as the shipped ones are)."""
+def register_tables(tables: Mapping[str, str | LoraLayout]) -> None:
+    """Add tables by the key of the family each is for (checked as the shipped ones are): a layout as family.toml
+    gives one (its format's defaults apply), or the TOML text of a LoRA table file ([table] and [lora])."""
     made = []
-    for key, text in tables.items():
-        table = parse_table(text, f"{key}/registered")
-        made.append(_load(table.name, family_named(key), table))
+    for key, table in tables.items():
+        family = family_named(key)
+        if isinstance(table, LoraLayout):
+            modules = table_name(key, table.modules) if table.modules is not None else None
+            made.append(_from_layout(replace(table, modules=modules), family))
+        else:
+            made.append(_from_file(parse_table(table, f"{key}/registered"), family))
     known = {t.name for t in lora_tables()}
     clash = [t.name for t in made if t.name in known]
     if clash:
         raise TableError(f"key map {clash[0]}: a LoRA table of that name exists already")
+    _check_one_writer([*lora_tables(), *made])
     _REGISTERED.extend(made)
 
 

@@ -15,7 +15,7 @@ import importlib
 import inspect
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, Mapping
 
@@ -26,7 +26,10 @@ else:  # pragma: no cover
 
 from ..errors import CogExportError
 from ..keymap.roots import family_folders, key_map_roots
+from ..keymap.table_fields import LoraLayout, given
+from ..schema import SchemaError, convert, header, read, unknown_field
 from .diffusers_cache import remembered
+from .family_fields import ORIGINAL_WRITERS, ComponentSection, FamilyFile, OriginalLayout, VariantEntry
 from .shapes import FamilyShapes
 
 FAMILY_FILE = "family.toml"
@@ -53,21 +56,6 @@ class Variant:
     @property
     def transformer(self) -> Mapping[str, Any]:
         return self.configs.get("transformer", {})
-
-
-@dataclass(frozen=True)
-class OriginalLayout:
-    """How the family's own code stores the model: the table that runs backwards and the writer of the file."""
-
-    table: str
-    # a name in cogexport/exporter/original_writers.py: "safetensors" (single or sharded files with the family's
-    # config.json), "sat" (a SAT folder: latest + 1/mp_rank_00_model_states.pt), "model_states" (one torch.save file
-    # `file` holding {"module": state dict}), "torch" (one torch.save state dict, e.g. Wan2.1_VAE.pth),
-    # "single_file" (one safetensors file holding the transformer and, from a pipeline, the components the release
-    # keeps beside it, each under its prefix: LTX-Video), or "" for a component written into the transformer's file
-    writer: str
-    prefix: str = ""
-    file: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,7 +93,7 @@ class ModelFamily:
     shapes: FamilyShapes  # reads facts off tensor shapes (the interface: cogexport/models/shapes.py)
     tags: tuple[str, ...]
     components: Mapping[str, ModelSpec]  # every model the family exports, the transformer first
-    lora_tables: tuple[str, ...]
+    lora_layouts: tuple[LoraLayout, ...]  # [[lora.layout]]: read into tables by cogexport/lora/tables.py
     lora_keep_fp32: tuple[str, ...]
     lora_names_from: str | None
     scheduler_class: str
@@ -249,13 +237,6 @@ def _live_model_index_entry(class_name: str) -> list[str]:
 
 
 # -- loading ----------------------------------------------------------------------------------------------------
-# family.toml's sections that are not a component; every other section is one ([transformer], [vae], [audio_vae] ...)
-_SECTIONS = {"family", "lora", "pipeline", "tasks", "variant"}
-# the writers of original layouts (cogexport/exporter/original_writers.py); "" writes a model into another's file
-ORIGINAL_WRITERS = ("safetensors", "sat", "model_states", "torch", "single_file", "")
-_VARIANT_FIELDS = {"name", "hub_id", "task", "shapes", "scheduler", "pipeline", "experts", "from_base"}
-
-
 def _require(condition: bool, family: str, message: str) -> None:
     if not condition:
         raise FamilyError(f"family {family}: {message}")
@@ -267,36 +248,46 @@ def table_name(family_key: str, name: str) -> str:
     return name if "/" in name else f"{family_key}/{name}"
 
 
-def _model_spec(data: dict, key: str, component: str) -> ModelSpec:
-    _require(isinstance(data, dict) and isinstance(data.get("class"), str), key, f"[{component}] needs class")
-    originals = data.get("original", [])
-    originals = [originals] if isinstance(originals, dict) else originals
-    _require(all(isinstance(o, dict) and "table" in o for o in originals), key,
-             f"[{component}] original needs a table (one inline table or a list of them)")
-    unknown = {o.get("writer", "") for o in originals} - set(ORIGINAL_WRITERS)
+def _model_spec(data: ComponentSection, key: str, component: str) -> ModelSpec:
+    originals = data.original if isinstance(data.original, tuple) else (data.original,)
+    unknown = {o.writer for o in originals} - set(ORIGINAL_WRITERS)
     _require(not unknown, key, f"[{component}] original names unknown writer(s) {', '.join(sorted(unknown))} "
              f"(one of {', '.join(w for w in ORIGINAL_WRITERS if w)})")
     return ModelSpec(
         component=component,
-        class_name=data["class"],
-        tables=tuple(table_name(key, name) for name in data.get("tables", ())),
-        module=data.get("module", ""),
-        keep_fp32=tuple(data.get("keep_fp32", ())),
-        originals=tuple(OriginalLayout(table_name(key, o["table"]), o.get("writer", ""), o.get("prefix", ""),
-                                       o.get("file", ""))
-                        for o in originals),
+        class_name=data.class_name,
+        tables=tuple(table_name(key, name) for name in data.tables),
+        module=data.module,
+        keep_fp32=data.keep_fp32,
+        originals=tuple(replace(o, table=table_name(key, o.table)) for o in originals),
     )
 
 
-def _variant(data: dict, key: str, components: Mapping[str, ModelSpec], tasks: Mapping[str, Task]) -> Variant:
-    unknown = set(data) - _VARIANT_FIELDS - set(components)
-    _require(not unknown, key, f"variant {data.get('name')!r} has unknown field(s) {', '.join(sorted(unknown))}")
-    variant = Variant(data["name"], data["hub_id"], data["task"], data.get("shapes", {}),
-                      {name: data[name] for name in components if name in data}, data.get("scheduler", {}),
-                      data.get("pipeline", {}), data.get("experts", {}),
-                      tuple(data["from_base"]) if "from_base" in data else None)
+def _variant(data: VariantEntry, index: int, key: str, components: Mapping[str, ModelSpec],
+             tasks: Mapping[str, Task]) -> Variant:
+    place = (f"variant #{index + 1}",)
+    try:
+        unknown = [name for name in data.configs if name not in components]
+        if unknown:
+            raise unknown_field(place, unknown[0])
+        configs = {name: convert(data.configs[name], dict, place, name) for name in components if name in data.configs}
+    except SchemaError as error:
+        raise FamilyError(f"family {key}: {error}") from None
+    variant = Variant(data.name, data.hub_id, data.task, data.shapes, configs, data.scheduler, data.pipeline,
+                      data.experts, data.from_base)
     _require(variant.task in tasks, key, f"variant {variant.name} has unknown task {variant.task!r}")
     return variant
+
+
+def _lora_layout(layout: LoraLayout, index: int, key: str) -> LoraLayout:
+    """A LoRA layout with its table names in full; one of a file of its own says nothing else, another its format."""
+    where = header(("lora", f"layout #{index + 1}"))
+    if layout.file is not None:
+        _require(given(layout).keys() == {"file"}, key, f"{where}: a layout with a file of its own gives nothing else")
+        return replace(layout, file=table_name(key, layout.file))
+    _require(layout.format is not None and layout.modules is not None, key,
+             f"{where} needs format and modules (or a file of its own)")
+    return replace(layout, modules=table_name(key, layout.modules))
 
 
 def _shapes_module(name: str, key: str) -> FamilyShapes:
@@ -309,28 +300,34 @@ def _shapes_module(name: str, key: str) -> FamilyShapes:
     return FamilyShapes(module)
 
 
+def _read(text: str, key: str) -> FamilyFile:
+    try:
+        return read(FamilyFile, tomllib.loads(text))
+    except SchemaError as error:
+        raise FamilyError(f"family {key}: {error}") from None
+
+
 def parse_family(text: str, key: str) -> ModelFamily:
-    data = tomllib.loads(text)
-    header, pipeline, lora = data.get("family", {}), data.get("pipeline", {}), data.get("lora", {})
-    _require(isinstance(header.get("name"), str) and isinstance(header.get("shapes"), str), key,
-             "[family] needs name and shapes")
-    components = {name: _model_spec(spec, key, name) for name, spec in data.items() if name not in _SECTIONS}
+    data = _read(text, key)
+    head, pipeline, lora = data.family, data.pipeline, data.lora
+    components = {name: _model_spec(spec, key, name) for name, spec in data.components.items()}
     _require("transformer" in components, key, "[transformer] is missing")
     components = {"transformer": components.pop("transformer"), **components}
-    tasks = {name: Task(name, spec["pipeline"], spec["pipeline_tag"],
-                        tuple(spec.get("from_base", pipeline.get("from_base", ()))))
-             for name, spec in data.get("tasks", {}).items()}
-    variants = tuple(_variant(v, key, components, tasks) for v in data.get("variant", ()))
+    tasks = {name: Task(name, spec.pipeline, spec.pipeline_tag,
+                        spec.from_base if spec.from_base is not None else pipeline.from_base)
+             for name, spec in data.tasks.items()}
+    variants = tuple(_variant(v, index, key, components, tasks) for index, v in enumerate(data.variant))
     names = [v.name.lower() for v in variants]
     _require(len(names) == len(set(names)), key, "two variants share a name")
-    from_checkpoint = tuple(pipeline.get("from_checkpoint", ()))
-    _require(set(from_checkpoint) <= set(components), key, "[pipeline] from_checkpoint names an unknown component")
+    _require(set(pipeline.from_checkpoint) <= set(components), key,
+             "[pipeline] from_checkpoint names an unknown component")
+    layouts = tuple(_lora_layout(layout, index, key) for index, layout in enumerate(lora.layout))
     return ModelFamily(
-        key=key, name=header["name"], shapes=_shapes_module(header["shapes"], key), tags=tuple(header.get("tags", ())),
-        components=components, lora_tables=tuple(table_name(key, name) for name in lora.get("tables", ())),
-        lora_keep_fp32=tuple(lora.get("keep_fp32", ())), lora_names_from=lora.get("names_from"),
-        scheduler_class=pipeline.get("scheduler", ""), scheduler_config=pipeline.get("scheduler_config", {}),
-        tasks=tasks, variants=variants, from_checkpoint=from_checkpoint, extends=tuple(header.get("extends", ())),
+        key=key, name=head.name, shapes=_shapes_module(head.shapes, key), tags=head.tags,
+        components=components, lora_layouts=layouts,
+        lora_keep_fp32=lora.keep_fp32, lora_names_from=lora.names_from,
+        scheduler_class=pipeline.scheduler, scheduler_config=pipeline.scheduler_config,
+        tasks=tasks, variants=variants, from_checkpoint=pipeline.from_checkpoint, extends=head.extends,
     )
 
 

@@ -32,12 +32,14 @@ else:  # pragma: no cover
 from ..errors import CogExportError, quoted
 from ..keymap.roots import family_folders, find_key_map_file
 from ..lazy import LazyTensor
+from ..schema import SchemaError, declared_fields, read
 from .formats import GgmlType, ggml_type
+from .policy_fields import GgufRoles, PolicyFile
 
 POLICY_FILE = "quantized.toml"
 SMALL_TENSOR = 1024  # convert.py's QUANTIZATION_THRESHOLD: tensors of at most this many values stay in F32
 MAX_NAME = 127  # GGML_MAX_NAME (128 with ComfyUI-GGUF's patch) less the terminating zero
-ROLES = ("attn_v", "attn_qkv", "ffn_down")  # the patch's rule order
+ROLES = tuple(spec.key for spec in declared_fields(GgufRoles))  # the patch's rule order: attn_v, attn_qkv, ffn_down
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
 
 @dataclass(frozen=True)
 class QuantizationPolicy:
-    """One family's facts for quantized files (see key_maps/wan/quantized.toml for what each field means)."""
+    """One family's facts for quantized files (the fields of quantized.toml: policy_fields.py)."""
 
     family: str
     architecture: str
@@ -101,17 +103,16 @@ class QuantizationPolicy:
 
 
 def parse_policy(text: str, family: str) -> QuantizationPolicy:
-    data = tomllib.loads(text)
-    section, fp8 = data.get("gguf", {}), data.get("fp8", {})
-    if not isinstance(section.get("architecture"), str) or not section.get("signature"):
-        raise ValueError(f"{family}/{POLICY_FILE}: [gguf] needs architecture and signature")
-    roles = {role: tuple(section.get("roles", {}).get(role, ())) for role in ROLES}
-    unknown = set(section.get("roles", {})) - set(ROLES)
-    if unknown:
-        raise ValueError(f"{family}/{POLICY_FILE}: unknown roles {sorted(unknown)}; known: {ROLES}")
-    return QuantizationPolicy(family, section["architecture"], tuple(section["signature"]),
-                              tuple(section.get("keep_f32", ())), tuple(section.get("keep_float", ())), roles,
-                              tuple(fp8.get("quantize", ())))
+    try:
+        data = read(PolicyFile, tomllib.loads(text))
+    except SchemaError as error:
+        raise ValueError(f"{family}/{POLICY_FILE}: {error}") from None
+    gguf = data.gguf
+    if not gguf.signature:
+        raise ValueError(f"{family}/{POLICY_FILE}: [gguf] signature names no tensor")
+    roles = {role: getattr(gguf.roles, role) for role in ROLES}
+    return QuantizationPolicy(family, gguf.architecture, gguf.signature, gguf.keep_f32, gguf.keep_float, roles,
+                              data.fp8.quantize)
 
 
 @cache

@@ -1,0 +1,125 @@
+"""What ``key_maps/<family>/family.toml`` may say: its sections and fields, declared once (cogexport/schema.py reads
+the file with them; the docs' field tables are made from them). family.py turns them into a ModelFamily and checks
+what types cannot say (known tasks, writers and components, the shapes module's hooks)."""
+
+# No `from __future__ import annotations`: the schema takes these types as objects, with nothing to evaluate.
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..keymap.table_fields import LoraLayout
+from ..schema import declared
+
+# the writers of original layouts (cogexport/exporter/original_writers.py); "" writes a model into another's file
+ORIGINAL_WRITERS = ("safetensors", "sat", "model_states", "torch", "single_file", "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FamilySection:
+    """``[family]``: who the family is."""
+
+    name: str = declared("as people write it; used in messages and `--help`")
+    shapes: str = declared("the shapes module: `cogexport.models.<name>`, or a dotted path of another package's")
+    tags: tuple[str, ...] = declared("model card tags", ())
+    extends: tuple[str, ...] = declared(
+        "families whose model this one's extends with layers of its own (Wan VACE: Wan's blocks and a VACE branch): "
+        "their LoRA adapters, on layers this model has too, apply to it", ())
+
+
+@dataclass(frozen=True)
+class OriginalLayout:
+    """How the family's own code stores a model: the table that runs backwards and the writer of the file. In
+    family.toml, a component's ``original`` (one inline table, or a list of them tried in order)."""
+
+    table: str = declared("the table run backwards (`--to original`)")
+    writer: str = declared(
+        "a name in cogexport/exporter/original_writers.py: `safetensors` (single or sharded files with the family's "
+        "config.json), `sat` (a SAT folder: latest + 1/mp_rank_00_model_states.pt), `model_states` (one torch.save "
+        "file `file` holding {\"module\": state dict}), `torch` (one torch.save state dict, e.g. Wan2.1_VAE.pth), "
+        "`single_file` (one safetensors file holding the transformer and, from a pipeline, the components the release "
+        "keeps beside it, each under its prefix: LTX-Video), or `\"\"` for a component written into the transformer's "
+        "file", "")
+    prefix: str = declared("the prefix its keys get in a single file", "")
+    file: str = declared("the file written", "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentSection:
+    """``[transformer]``, ``[vae]``, ``[audio_vae]``, ...: one Diffusers model the family exports (the section's name
+    is the pipeline component); ``[transformer]`` is required."""
+
+    class_name: str = declared("the Diffusers class", key="class")
+    tables: tuple[str, ...] = declared(
+        "every layout that translates into it (a name with a slash is another family's table: `wan/original_vae`)",
+        ())
+    module: str = declared(
+        "where the class lives when Diffusers does not export it at the top level (a pipeline's own model: "
+        "`pipelines.ltx2`)", "")
+    keep_fp32: tuple[str, ...] = declared("globs on dotted name components kept in fp32; say why in a comment", ())
+    original: OriginalLayout | tuple[OriginalLayout, ...] = declared(
+        "the way back (`--to original`): a list is tried in order, the first whose inverted table takes every tensor "
+        "written", ())
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraSection:
+    """``[lora]``: the family's LoRA adapters (see adding-a-lora-format.md)."""
+
+    keep_fp32: tuple[str, ...] = declared("adapter tensors kept in fp32 (B @ A stays exact when a reader fuses them)",
+                                          ())
+    names_from: str | None = declared(
+        "the variant whose model has every tensor name (adapters' names are checked against it)", None)
+    layout: tuple[LoraLayout, ...] = declared("the layouts its adapters come in, in the order they are tried", ())
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineSection:
+    """``[pipeline]``: what every task's pipeline shares."""
+
+    from_base: tuple[str, ...] = declared("the components `--base` supplies (a task may say otherwise)", ())
+    scheduler: str = declared("the scheduler class", "")
+    scheduler_config: dict[str, Any] = declared("the scheduler's config values", {})
+    from_checkpoint: tuple[str, ...] = declared(
+        "components a release file holds beside the transformer (LTX-Video: `[\"vae\"]`); a pipeline exported from "
+        "such a file takes them from it", ())
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSection:
+    """``[tasks.<task>]``: one task (`--model-type` takes its name)."""
+
+    pipeline: str = declared("the Diffusers pipeline class")
+    pipeline_tag: str = declared("the model card's pipeline_tag")
+    from_base: tuple[str, ...] | None = declared(
+        "the components `--base` supplies for this task (default: `[pipeline] from_base`)", None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariantEntry:
+    """``[[variant]]``: one published model. Any other key is a component's name (`transformer = { ... }`): the
+    config values that differ from the class's defaults."""
+
+    name: str = declared("`--model-name` takes it")
+    hub_id: str = declared("the Hub id: the model card's base_model")
+    task: str = declared("a task of `[tasks]`")
+    shapes: dict[str, Any] = declared("the facts the shapes module reads that tell this variant apart", {})
+    scheduler: dict[str, Any] = declared("scheduler values that differ from `[pipeline] scheduler_config`", {})
+    pipeline: dict[str, Any] = declared("pipeline config values (boundary_ratio, ...)", {})
+    experts: dict[str, str] = declared(
+        "pipeline component -> the release's subfolder, for a release of several experts", {})
+    from_base: tuple[str, ...] | None = declared(
+        "the components `--base` supplies for this variant, when not its task's", None)
+    # any value here, so that a key naming no component is refused as unknown (family.py) before its type is checked
+    configs: dict[str, Any] = declared("component -> its config values off the class's defaults (a table)", rest=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FamilyFile:
+    """``key_maps/<family>/family.toml``: a model family as data."""
+
+    family: FamilySection = declared("who the family is")
+    lora: LoraSection = declared("its LoRA layouts", LoraSection())
+    pipeline: PipelineSection = declared("its pipelines", PipelineSection())
+    tasks: dict[str, TaskSection] = declared("its tasks, by name", {})
+    variant: tuple[VariantEntry, ...] = declared("its published models", ())
+    components: dict[str, ComponentSection] = declared("its models, by pipeline component", rest=True)

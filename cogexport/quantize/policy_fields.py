@@ -1,0 +1,50 @@
+"""What ``key_maps/<family>/quantized.toml`` may say: its fields, declared once (cogexport/schema.py reads the file
+with them and the docs' field tables are made from them). policy.py turns them into a family's QuantizationPolicy."""
+
+# No `from __future__ import annotations`: the schema takes these types as objects, with nothing to evaluate.
+
+from dataclasses import dataclass
+
+from ..schema import declared
+
+
+@dataclass(frozen=True, kw_only=True)
+class GgufRoles:
+    """The rules of ComfyUI-GGUF's llama-quantize patch (img_tensor_get_type) that raise a tensor's type in the
+    ``_M`` / ``_S`` mixes (and in Q4_0 / Q5_0 for ffn_down): substrings of the name, checked in this order, the first
+    that matches counting."""
+
+    attn_v: tuple[str, ...] = declared("attention value weights", ())
+    attn_qkv: tuple[str, ...] = declared("fused query / key / value weights", ())
+    ffn_down: tuple[str, ...] = declared("feed-forward down projections", ())
+
+
+@dataclass(frozen=True, kw_only=True)
+class GgufSection:
+    """GGUF as ComfyUI-GGUF's tools/convert.py makes it and its loader reads it, on the original layout's names."""
+
+    architecture: str = declared("general.architecture, as convert.py writes it and ComfyUI-GGUF's loader accepts it")
+    signature: tuple[str, ...] = declared("globs convert.py recognises the architecture by (`*` stands for a block "
+                                          "index): every one must match a tensor")
+    keep_f32: tuple[str, ...] = declared("convert.py's keys_hiprec: substrings of the names kept in F32 (besides 1-D "
+                                         "tensors and tensors of at most 1,024 values)", ())
+    keep_float: tuple[str, ...] = declared("the patch's never-quantized substrings: kept in the file's float type", ())
+    roles: GgufRoles = declared("the tensors the `_M` / `_S` mixes raise a step", GgufRoles())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fp8Section:
+    """ComfyUI's scaled fp8 (Comfy-Org's *_fp8_scaled releases): the weights it stores in fp8 with a per-tensor
+    scale; everything else stays in high precision."""
+
+    quantize: tuple[str, ...] = declared("globs on the full names of the weights stored in fp8 (only tensors of two "
+                                         "or more dimensions)", ())
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyFile:
+    """``key_maps/<family>/quantized.toml``: a family's facts for GGUF and fp8 files (``--to gguf``, ``--to fp8``).
+    A family without it has no quantized outputs."""
+
+    gguf: GgufSection = declared("the GGUF facts")
+    fp8: Fp8Section = declared("the fp8 facts", Fp8Section())
