@@ -28,7 +28,6 @@ TORCH_ENVIRONMENT = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
 def _run_command_line() -> int:
     for name, value in TORCH_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    from .cli_common import is_key_map_error
     from .errors import ExtensionError, one_line
 
     try:
@@ -36,13 +35,8 @@ def _run_command_line() -> int:
         main()
     except SystemExit as done:  # click ends every run this way
         return _exit_code(done.code)
-    except ExtensionError as error:  # a malformed extension met while the command was built
+    except ExtensionError as error:  # a malformed family or format met while the command was built
         print(f"cogexport: error: {error.kind}: {one_line(str(error))}", file=sys.stderr)
-        return 2
-    except Exception as error:
-        if not is_key_map_error(error):
-            raise
-        print(f"cogexport: error: key maps: {one_line(str(error))}", file=sys.stderr)
         return 2
     return 0
 

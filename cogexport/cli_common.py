@@ -37,13 +37,8 @@ def user_errors_exit_2(command):
             where = f": {error.filename}" if error.filename else ""
             click.echo(f"cogexport: error: {one_line(f'{error.strerror or error}{where}')}", err=True)
             sys.exit(2)
-        except ExtensionError as error:
+        except ExtensionError as error:  # a family's data or a format's declaration (maybe another package's)
             click.echo(f"cogexport: error: {error.kind}: {one_line(str(error))}", err=True)
-            sys.exit(2)
-        except Exception as error:
-            if not is_key_map_error(error):
-                raise
-            click.echo(f"cogexport: error: key maps: {one_line(str(error))}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
             click.echo("cogexport: interrupted; nothing was written", err=True)
@@ -51,15 +46,6 @@ def user_errors_exit_2(command):
         return result
 
     return run
-
-
-def is_key_map_error(error: Exception) -> bool:
-    """Whether a family's data (maybe another package's) is malformed. The modules that raise these are imported
-    here only when needed: the commands that use no family start without loading them."""
-    from .keymap.table import TableError
-    from .models.family import FamilyError
-
-    return isinstance(error, (FamilyError, TableError))
 
 
 @contextmanager

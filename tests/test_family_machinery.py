@@ -117,6 +117,11 @@ def toy_root(tmp_path, monkeypatch):
     for root in added:
         remove_key_map_root(root)
         sys.modules.pop(root.split(".")[0], None)
+    if added:  # the export command's choices and help were made with the toy family: make them again when asked
+        from cogexport.cli import main
+
+        main.commands.pop("export", None)
+        sys.modules.pop("cogexport.cli_export", None)
 
 
 def test_a_toy_family_in_another_package_exports(toy_root, cli, tmp_path):

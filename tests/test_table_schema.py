@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cogexport.quantize.policy import parse_policy
+from cogexport.quantize.policy import PolicyError, parse_policy
 from cogexport.schema import SchemaError, declared, read
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,8 +73,20 @@ WAN_POLICY = (ROOT / "key_maps" / "wan" / "quantized.toml").read_text(encoding="
     (('architecture = "wan"', "architecture = 3"), r"\[gguf\] architecture must be a string, not an integer 3"),
 ])
 def test_quantized_toml_refuses_an_unknown_or_mistyped_field(change, message):
-    assert_refused(lambda text: parse_policy(text, "wan"), WAN_POLICY, change, ValueError,
+    assert_refused(lambda text: parse_policy(text, "wan"), WAN_POLICY, change, PolicyError,
                    f"wan/quantized.toml: {message}")
+
+
+def test_every_table_kinds_error_is_said_in_one_line_by_the_command_line():
+    """The command line turns an ExtensionError into one line, "cogexport: error: <kind>: ...", exit 2 (the family
+    and output-format tests run it end to end); a table kind raising anything else would be a traceback."""
+    from cogexport.errors import ExtensionError
+    from cogexport.keymap.table import TableError
+    from cogexport.lora.formats import FormatError
+    from cogexport.models.family import FamilyError
+
+    for error in (PolicyError, TableError, FamilyError, FormatError):
+        assert issubclass(error, ExtensionError) and error.kind != ExtensionError.kind, error
 
 
 KEY_MAP = """

@@ -19,14 +19,17 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from ..errors import ExtensionError
 from ..schema import SchemaError, header, read
 from .pattern import KeyPattern, PatternError
 from .roots import find_key_map_file
 from .rules import Drop, Regroup
 from .table_fields import RULES, DropRule, LoraSettings, RegroupRule, ReshapeRule, TableFile, TableHeader
 
-class TableError(ValueError):
+class TableError(ExtensionError):
     """A key-map table is malformed (a bug in the table, not in the user's input)."""
+
+    kind = "key maps"
 
 
 @dataclass(frozen=True)

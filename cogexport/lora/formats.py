@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from ..errors import CogExportError
+from ..errors import CogExportError, ExtensionError
 from ..keymap.table_fields import LoraLayout
 from ..schema import declared
 from .parts import (ALPHA, BASE_BIAS, BASE_WEIGHT, BIAS, DIFF, DIFF_B, DOWN, FACTOR_PARTS, LYCORIS_SUFFIXES, MAGNITUDE,
@@ -34,8 +34,10 @@ FULL_AT_ONE = "one"  # alpha is ignored: scale 1 (LyCORIS, ComfyUI)
 FULL_BY_CONFIG = "config"  # alpha / r of the adapter config (PEFT)
 
 
-class FormatError(ValueError):
+class FormatError(ExtensionError):
     """A LoRA format's entry lacks what writing it needs (a bug in the entry, found when the formats load)."""
+
+    kind = "LoRA formats"
 
 
 @dataclass(frozen=True)

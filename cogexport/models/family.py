@@ -24,7 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ..errors import CogExportError
+from ..errors import CogExportError, ExtensionError
 from ..keymap.roots import family_folders, key_map_roots
 from ..keymap.table_fields import LoraLayout, given
 from ..schema import SchemaError, convert, header, read, unknown_field
@@ -35,8 +35,10 @@ from .shapes import FamilyShapes
 FAMILY_FILE = "family.toml"
 
 
-class FamilyError(ValueError):
+class FamilyError(ExtensionError):
     """A family.toml is malformed (a bug in the family's data, not in the user's input)."""
+
+    kind = "key maps"
 
 
 @dataclass(frozen=True)

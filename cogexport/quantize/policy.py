@@ -29,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ..errors import CogExportError, quoted
+from ..errors import CogExportError, ExtensionError, quoted
 from ..keymap.roots import family_folders, find_key_map_file
 from ..lazy import LazyTensor
 from ..schema import SchemaError, declared_fields, read
@@ -102,14 +102,20 @@ class QuantizationPolicy:
         return len(shape) >= 2 and any(fnmatch.fnmatchcase(name, glob) for glob in self.fp8_quantize)
 
 
+class PolicyError(ExtensionError):
+    """A family's quantized.toml is malformed (a bug in the family's data, not in the user's input)."""
+
+    kind = "key maps"
+
+
 def parse_policy(text: str, family: str) -> QuantizationPolicy:
     try:
         data = read(PolicyFile, tomllib.loads(text))
     except SchemaError as error:
-        raise ValueError(f"{family}/{POLICY_FILE}: {error}") from None
+        raise PolicyError(f"{family}/{POLICY_FILE}: {error}") from None
     gguf = data.gguf
     if not gguf.signature:
-        raise ValueError(f"{family}/{POLICY_FILE}: [gguf] signature names no tensor")
+        raise PolicyError(f"{family}/{POLICY_FILE}: [gguf] signature names no tensor")
     roles = {role: getattr(gguf.roles, role) for role in ROLES}
     return QuantizationPolicy(family, gguf.architecture, gguf.signature, gguf.keep_f32, gguf.keep_float, roles,
                               data.fp8.quantize)
