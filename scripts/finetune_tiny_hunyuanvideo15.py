@@ -37,9 +37,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hunyuanvideo15_tiny import (LATENT, build_tiny_transformer, random_original_state_dict,  # noqa: E402
                                  reference_to_diffusers, tiny_config)
-from tiny_training import (TRAIN_DTYPES, OriginalLayoutModule, config_facts, gloo_group, launch, pick,  # noqa: E402
-                           save_dcp, save_deepspeed, shard_blocks, train_deepspeed, train_fsdp2,
-                           write_full_state_truth)
+from tiny_training import (SAVE_DIRS, TRAIN_DTYPES, OriginalLayoutModule, config_facts, gloo_group,  # noqa: E402
+                           launch, save_deepspeed, train_deepspeed, train_fsdp2_and_save)
 
 SHAPE_CLASS = "t2v"
 
@@ -68,7 +67,7 @@ def original_layout_transformer(config: dict, dtype: torch.dtype) -> OriginalLay
     return OriginalLayoutModule(random_original_state_dict(config, seed=0), diffusers_model, reference_to_diffusers)
 
 
-def deepspeed_run(rank: int, spec: dict) -> None:
+def deepspeed_run(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     # ZeRO-1/2 only (the --stage choices): the forward reads every parameter by name, which ZeRO-3's per-module
     # gathering does not cover
     config, dtype = tiny_config(SHAPE_CLASS), TRAIN_DTYPES[spec["dtype"]]
@@ -78,27 +77,16 @@ def deepspeed_run(rank: int, spec: dict) -> None:
     save_deepspeed(deepspeed, engine, spec, rank, facts={"config": config_facts(config)})
 
 
-def dcp_run(rank: int, world_size: int, spec: dict) -> None:
-    model = build_tiny_transformer(SHAPE_CLASS, seed=0).train()
-    shard_blocks(model, model.transformer_blocks, world_size)
-    train_fsdp2(model, spec, lambda model, step: flow_matching_loss(model, dict(model.config), step, rank,
-                                                                    torch.float32),
-                save=lambda model, optimizer, step: save_dcp(model, optimizer, spec["save_dir"], step))
-    write_full_state_truth(model, rank, spec["out"], {"config": dict(model.config), "step": spec["steps"],
-                                                      "settings": pick(spec, "writer", "world_size", "steps")})
-
-
-def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
-    if spec["writer"] == "deepspeed":
-        deepspeed_run(rank, spec)
-        return
+def dcp_run(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     with gloo_group(rendezvous, rank, world_size):
-        dcp_run(rank, world_size, spec)
+        model = build_tiny_transformer(SHAPE_CLASS, seed=0).train()
+        train_fsdp2_and_save(model, model.transformer_blocks, spec, rank, lambda model, step: flow_matching_loss(
+            model, dict(model.config), step, rank, torch.float32))
 
 
 @click.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--writer", type=click.Choice(["deepspeed", "dcp"]), default="deepspeed", show_default=True)
+@click.option("--writer", type=click.Choice(list(SAVE_DIRS)), default="deepspeed", show_default=True)
 @click.option("--stage", type=click.IntRange(0, 2), default=2, show_default=True)
 @click.option("--world-size", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=2, show_default=True)
@@ -106,8 +94,9 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 def main(out: Path, **spec) -> None:
     """Train a tiny HunyuanVideo 1.5 transformer on CPU; write OUT/checkpoint (DeepSpeed) or OUT/run/checkpoint
     (DCP)."""
-    folder = "checkpoint" if spec["writer"] == "deepspeed" else "run/checkpoint"
-    launch(train_and_save, out, save_dir=folder, model="hunyuanvideo15-original", **spec)
+    folder = SAVE_DIRS[spec["writer"]]
+    rank_main = deepspeed_run if spec["writer"] == "deepspeed" else dcp_run
+    launch(rank_main, out, save_dir=folder, model="hunyuanvideo15-original", **spec)
     click.echo(f"wrote {out / folder}", err=True)
 
 

@@ -31,8 +31,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kandinsky5_tiny import LATENT, build_tiny_transformer  # noqa: E402
-from tiny_training import (TRAIN_DTYPES, config_facts, gloo_group, launch, pick, save_dcp,  # noqa: E402
-                           save_deepspeed, shard_blocks, train_deepspeed, train_fsdp2, write_full_state_truth)
+from tiny_training import (SAVE_DIRS, TRAIN_DTYPES, config_facts, gloo_group, launch, save_deepspeed,  # noqa: E402
+                           train_deepspeed, train_fsdp2_and_save)
 
 
 def flow_matching_loss(model, config: dict, step: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
@@ -51,7 +51,7 @@ def flow_matching_loss(model, config: dict, step: int, rank: int, dtype: torch.d
     return nn.functional.mse_loss(prediction.float(), latents - noise)
 
 
-def deepspeed_run(rank: int, spec: dict) -> None:
+def deepspeed_run(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     model = build_tiny_transformer("t2v", seed=0).train()
     dtype = TRAIN_DTYPES[spec["dtype"]]
     deepspeed, engine = train_deepspeed(model, spec, lambda engine, step: flow_matching_loss(
@@ -59,27 +59,16 @@ def deepspeed_run(rank: int, spec: dict) -> None:
     save_deepspeed(deepspeed, engine, spec, rank, facts={"config": config_facts(model.config)})
 
 
-def dcp_run(rank: int, world_size: int, spec: dict) -> None:
-    model = build_tiny_transformer("t2v", seed=0).train()
-    shard_blocks(model, model.visual_transformer_blocks, world_size)
-    train_fsdp2(model, spec, lambda model, step: flow_matching_loss(model, dict(model.config), step, rank,
-                                                                    torch.float32),
-                save=lambda model, optimizer, step: save_dcp(model, optimizer, spec["save_dir"], step))
-    write_full_state_truth(model, rank, spec["out"], {"config": dict(model.config), "step": spec["steps"],
-                                                      "settings": pick(spec, "writer", "world_size", "steps")})
-
-
-def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
-    if spec["writer"] == "deepspeed":
-        deepspeed_run(rank, spec)
-        return
+def dcp_run(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     with gloo_group(rendezvous, rank, world_size):
-        dcp_run(rank, world_size, spec)
+        model = build_tiny_transformer("t2v", seed=0).train()
+        train_fsdp2_and_save(model, model.visual_transformer_blocks, spec, rank, lambda model, step:
+                             flow_matching_loss(model, dict(model.config), step, rank, torch.float32))
 
 
 @click.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--writer", type=click.Choice(["deepspeed", "dcp"]), default="deepspeed", show_default=True)
+@click.option("--writer", type=click.Choice(list(SAVE_DIRS)), default="deepspeed", show_default=True)
 @click.option("--stage", type=click.IntRange(0, 3), default=2, show_default=True)
 @click.option("--world-size", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=2, show_default=True)
@@ -88,8 +77,9 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 @click.option("--dtype", type=click.Choice(sorted(TRAIN_DTYPES)), default="fp32", show_default=True)
 def main(out: Path, **spec) -> None:
     """Train a tiny Kandinsky 5 transformer on CPU; write OUT/checkpoint (DeepSpeed) or OUT/run/checkpoint (DCP)."""
-    folder = "checkpoint" if spec["writer"] == "deepspeed" else "run/checkpoint"
-    launch(train_and_save, out, save_dir=folder, model="kandinsky5", **spec)
+    folder = SAVE_DIRS[spec["writer"]]
+    rank_main = deepspeed_run if spec["writer"] == "deepspeed" else dcp_run
+    launch(rank_main, out, save_dir=folder, model="kandinsky5", **spec)
     click.echo(f"wrote {out / folder}", err=True)
 
 

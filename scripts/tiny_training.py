@@ -32,6 +32,7 @@ from make_deepspeed_checkpoint import collect_truth, write_truth  # noqa: E402
 
 TRAIN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 ACCELERATE_TAG = "pytorch_model"  # accelerate's DeepSpeed tag for the first prepared model
+SAVE_DIRS = {"deepspeed": "checkpoint", "dcp": "run/checkpoint"}  # where each writer saves, under OUT
 LossOf = Callable[[nn.Module, int], torch.Tensor]
 
 
@@ -252,6 +253,18 @@ def save_dcp(model: nn.Module, optimizer, folder: str | os.PathLike, step: int |
     if step is not None:
         state["step"] = step
     dcp.save(state, checkpoint_id=str(folder))
+
+
+def train_fsdp2_and_save(model: nn.Module, blocks: Iterable[nn.Module], spec: dict, rank: int, loss_of: LossOf,
+                         lr: float = 1e-2) -> None:
+    """A plain FSDP2 training loop as SimpleTuner- or finetrainers-style code runs it (inside ``gloo_group``):
+    ``blocks`` and then the root sharded, AdamW, ``dcp.save({"model", "optimizer", "step"})`` into save_dir after
+    each step; the truth is the full state dict, with the model's config."""
+    shard_blocks(model, blocks, spec["world_size"])
+    train_fsdp2(model, spec, loss_of, lr, save=lambda model, optimizer, step: save_dcp(model, optimizer,
+                                                                                      spec["save_dir"], step))
+    write_full_state_truth(model, rank, spec["out"], {"config": dict(model.config), "step": spec["steps"],
+                                                      "settings": pick(spec, "writer", "world_size", "steps")})
 
 
 def write_full_state_truth(model: nn.Module, rank: int, out: str | os.PathLike, facts: dict) -> None:
