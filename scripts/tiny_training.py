@@ -3,12 +3,14 @@ DeepSpeed (plain, or through accelerate as CogVideo's finetune/, DiffSynth-Studi
 FSDP2 saved with torch.distributed.checkpoint, and the ground truth written beside the checkpoint from inside the
 training process. A family's script brings its model, its loss, which modules a LoRA targets and what to save.
 
-    launch(rank_main, OUT, base=BASE, save_dir="checkpoint", world_size=2, steps=2, ...)   # the parent
-    deepspeed, engine = train_deepspeed(model, spec, loss_of)      # a rank: plain DeepSpeed ZeRO, then
-    save_deepspeed(deepspeed, engine, spec, rank)                  # OUT/checkpoint and OUT/truth.*, or
-    deepspeed, accelerator = start_accelerator(spec, rank, world_size)  # accelerate's DeepSpeed integration, or
-    with gloo_group(rendezvous, rank, world_size):                 # FSDP2 and dcp.save
-        train_fsdp2(shard_blocks(model, blocks, world_size), spec, loss_of, save=...); write_full_state_truth(...)
+    launch(rank_main, OUT, base=BASE, save_dir="checkpoint", world_size=2, steps=2, ...)  # the parent; in a rank:
+    deepspeed, engine = train_deepspeed(model, spec, loss_of)             # plain DeepSpeed ZeRO, then
+    save_deepspeed(deepspeed, engine, spec, rank)                         # OUT/checkpoint, OUT/truth.*; or
+    deepspeed, accelerator = start_accelerator(spec, rank, world_size)    # accelerate's DeepSpeed integration:
+    engine = train_accelerate(accelerator, model, spec, loss_of)
+    save_accelerate(deepspeed, accelerator, engine, spec, rank, settings)  # OUT/checkpoint-K, OUT/truth.*; or
+    with gloo_group(rendezvous, rank, world_size):                        # FSDP2 and dcp.save
+        train_fsdp2_and_save(model, model.blocks, spec, rank, loss_of)   # OUT/run/checkpoint, OUT/truth.*
 
 ``loss_of(model, step)`` is the family's loss on its own made-up data for that step (seeded by step and rank, so every
 rank and step sees other data).
