@@ -45,8 +45,8 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accelerate_finetune import (TRAIN_DTYPES, collect_truth, prepare, run_ranks, save_checkpoint,  # noqa: E402
-                                 start_accelerator, write_truth)
+from tiny_training import (TRAIN_DTYPES, add_lora, launch, pick, save_accelerate, start_accelerator,  # noqa: E402
+                           train_accelerate)
 
 LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # finetune/'s default target_modules
 
@@ -60,17 +60,7 @@ def load_transformer(base: Path, spec: dict):
     # only parameters, so this is what puts persistent buffers (I2V's learned positions) in that dtype.
     transformer.to(dtype=TRAIN_DTYPES[spec["dtype"]])
     if spec["lora_rank"]:
-        from peft import LoraConfig
-
-        transformer.requires_grad_(False)
-        transformer.add_adapter(
-            LoraConfig(
-                r=spec["lora_rank"],
-                lora_alpha=spec["lora_alpha"],
-                init_lora_weights=True,
-                target_modules=LORA_TARGETS,
-            )
-        )
+        add_lora(transformer, spec["lora_rank"], spec["lora_alpha"], LORA_TARGETS)
         # finetune/'s cast_training_params: the trainable LoRA matrices start in fp32.
         for param in transformer.parameters():
             if param.requires_grad:
@@ -155,14 +145,12 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
     deepspeed, accelerator = start_accelerator(spec, rank, world_size)
     from diffusers import CogVideoXDDIMScheduler
 
-    base = Path(spec["base"])
+    base, lora = Path(spec["base"]), spec["lora_rank"]
     torch.manual_seed(0)  # LoRA A init must match on every rank
     transformer = load_transformer(base, spec)
     scheduler = CogVideoXDDIMScheduler.from_pretrained(base / "scheduler")
-    engine = prepare(accelerator, transformer, spec["lr"])
     dtype = TRAIN_DTYPES[spec["dtype"]]
-
-    if spec["lora_rank"]:
+    if lora:
         # finetune/ registers a save_state hook that writes the adapter file into the checkpoint folder.
         # accelerate runs it on every rank, after DeepSpeed has saved, so the ZeRO-3 gather inside is safe.
         def save_lora_hook(models, weights, output_dir):
@@ -170,24 +158,19 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 
         accelerator.register_save_state_pre_hook(save_lora_hook)
 
-    for step in range(spec["steps"]):
-        loss = diffusion_loss(engine, engine.module.config, scheduler, step, rank, dtype)
-        accelerator.backward(loss)  # under DeepSpeed this is engine.backward + engine.step
+    engine = train_accelerate(accelerator, transformer, spec, lambda engine, step: diffusion_loss(
+        engine, engine.module.config, scheduler, step, rank, dtype))
+    pipeline_class = json.loads((base / "model_index.json").read_text())["_class_name"]
 
-    checkpoint = save_checkpoint(accelerator, spec)
-    truth = collect_truth(deepspeed, engine, spec["stage"])
-    if spec["lora_rank"]:
+    def settings(checkpoint: str) -> dict:
+        return {**pick(spec, "base", "stage", "dtype", "world_size", "steps", "lr", "lora_rank", "lora_alpha"),
+                "pipeline_class": pipeline_class, "checkpoint": checkpoint,
+                "lora_target_modules": LORA_TARGETS if lora else None}
+
+    def save_final_lora() -> None:  # the final adapter file, beside the checkpoint folder
         save_lora_file(deepspeed, engine.module, spec["stage"], Path(spec["out"]), rank)
-    if rank == 0:
-        pipeline_class = json.loads((base / "model_index.json").read_text())["_class_name"]
-        settings = {
-            **{k: spec[k] for k in ("base", "stage", "dtype", "world_size", "steps", "lr", "lora_rank", "lora_alpha")},
-            "pipeline_class": pipeline_class,
-            "checkpoint": checkpoint.name,
-            "lora_target_modules": LORA_TARGETS if spec["lora_rank"] else None,
-        }
-        write_truth(truth, spec, settings)
-    accelerator.wait_for_everyone()
+
+    save_accelerate(deepspeed, accelerator, engine, spec, rank, settings, save_final_lora if lora else None)
 
 
 def finetune(
@@ -211,8 +194,9 @@ def finetune(
         raise RuntimeError("a LoRA run needs peft, as CogVideo's finetune/ does: pip install peft")
     if lora_rank and lora_alpha is None:
         lora_alpha = lora_rank / 2  # finetune/'s default ratio: alpha 64 for rank 128
-    return run_ranks(train_and_save, base, out, stage=stage, world_size=world_size, steps=steps, dtype=dtype, lr=lr,
-                     lora_rank=lora_rank, lora_alpha=lora_alpha)
+    launch(train_and_save, out, base, stage=stage, world_size=world_size, steps=steps, dtype=dtype, lr=lr,
+           lora_rank=lora_rank, lora_alpha=lora_alpha)
+    return Path(out).resolve() / f"checkpoint-{steps}"
 
 
 @click.command()

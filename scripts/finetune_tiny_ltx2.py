@@ -31,7 +31,8 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deepspeed_cpu import deepspeed_config, import_deepspeed, spawn_ranks  # noqa: E402
+from tiny_training import (TRAIN_DTYPES, gloo_group, launch, save_dcp, save_deepspeed, train_deepspeed,  # noqa: E402
+                           train_fsdp2)
 
 WRITERS = ("deepspeed", "plain", "torchtitan")
 FRAMES, HEIGHT, WIDTH, AUDIO_FRAMES, TEXT = 2, 2, 2, 4, 4  # latent grids and caption tokens of one random sample
@@ -62,61 +63,49 @@ def load_transformer(spec: dict):
     return LTX2VideoTransformer3DModel.from_pretrained(Path(spec["base"]) / "transformer").train()
 
 
-def train_deepspeed(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
-    from make_deepspeed_checkpoint import collect_truth, write_truth
-
-    deepspeed = import_deepspeed()
-    transformer = load_transformer(spec)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[spec["dtype"]]
-    engine, *_ = deepspeed.initialize(model=transformer, model_parameters=list(transformer.parameters()),
-                                      config=deepspeed_config(spec["stage"], spec["dtype"], lr=1e-3))
-    for step in range(spec["steps"]):
-        engine.backward(flow_loss(engine, engine.module.config, step, rank, dtype))
-        engine.step()
-    engine.save_checkpoint(spec["save_dir"])
-    truth = collect_truth(deepspeed, engine, spec["stage"])
-    if rank == 0:
-        write_truth(truth, {**spec, "model": "ltx2"}, Path(spec["out"]))
-    deepspeed.comm.barrier()
+def deepspeed_run(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
+    dtype = TRAIN_DTYPES[spec["dtype"]]
+    deepspeed, engine = train_deepspeed(load_transformer(spec), spec, lambda engine, step: flow_loss(
+        engine, engine.module.config, step, rank, dtype), lr=1e-3)
+    save_deepspeed(deepspeed, engine, spec, rank)
 
 
-def train_dcp(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
-    """FSDP2 and dcp.save, in the plain or the torchtitan layout; the ground truth gathered after the last step."""
-    import torch.distributed as dist
+def save_torchtitan(model, optimizer, folder: Path) -> None:
+    """torchtitan's layout: the model's keys at the top level, the optimizer state flattened."""
     import torch.distributed.checkpoint as dcp
-    from make_dcp_checkpoint import record_truth, shard_fsdp2
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
         get_optimizer_state_dict
 
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
-    try:
+    flat = StateDictOptions(flatten_optimizer_state_dict=True)
+    state = {**get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer, options=flat)}
+    dcp.save(state, checkpoint_id=str(folder))
+
+
+def dcp_run(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
+    """FSDP2 and dcp.save, in the plain or the torchtitan layout; the ground truth gathered after the last step."""
+    from make_dcp_checkpoint import record_truth, shard_fsdp2
+
+    checkpoint = Path(spec["out"]) / "run" / "checkpoint"
+    torchtitan = spec["writer"] == "torchtitan"
+
+    def save(model, optimizer, step: int) -> None:
+        if torchtitan:
+            save_torchtitan(model, optimizer, checkpoint / f"step-{step}")
+        else:
+            save_dcp(model, optimizer, checkpoint, step)
+
+    with gloo_group(rendezvous, rank, world_size):
         plain = load_transformer(spec)
         model = shard_fsdp2(plain, {"compile": False, "model": "ltx2"}, world_size)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        run = Path(spec["out"]) / "run"
-        for step in range(1, spec["steps"] + 1):
-            flow_loss(model, plain.config, step, rank, torch.float32).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            flat = StateDictOptions(flatten_optimizer_state_dict=True)
-            if spec["writer"] == "torchtitan":
-                folder = run / "checkpoint" / f"step-{step}"
-                state = {**get_model_state_dict(model),
-                         "optimizer": get_optimizer_state_dict(model, optimizer, options=flat)}
-            else:
-                folder = run / "checkpoint"
-                state = {"model": model.state_dict(), "optimizer": get_optimizer_state_dict(model, optimizer),
-                         "step": step}
-            dcp.save(state, checkpoint_id=str(folder))
-        truth_spec = {**spec, "model": "ltx2", "lora_rank": None, "compile": False}
-        record_truth(model, optimizer, plain, truth_spec, rank, str(folder.relative_to(Path(spec["out"]))))
+        optimizer = train_fsdp2(model, spec, lambda model, step: flow_loss(model, plain.config, step, rank,
+                                                                           torch.float32), save=save)
+        last = checkpoint / f"step-{spec['steps']}" if torchtitan else checkpoint
+        record_truth(model, optimizer, plain, {**spec, "lora_rank": None, "compile": False}, rank,
+                     str(last.relative_to(Path(spec["out"]))))
         if rank == 0:
             path = Path(spec["out"]) / "truth.json"
             path.write_text(json.dumps({**json.loads(path.read_text()), "config": dict(plain.config)}, indent=1,
                                        default=str))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @click.command()
@@ -126,15 +115,12 @@ def train_dcp(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
 @click.option("--stage", type=click.Choice(["1", "2", "3"]), default="2", show_default=True)
 @click.option("--world-size", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
+@click.option("--dtype", type=click.Choice(sorted(TRAIN_DTYPES)), default="bf16", show_default=True,
               help="DeepSpeed's training precision (FSDP2 runs train in fp32).")
 def main(base: Path, out: Path, writer: str, stage: str, world_size: int, steps: int, dtype: str) -> None:
     """Fine-tune BASE's transformer on CPU ranks; write OUT (the trainer's checkpoint) and the ground truth."""
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    spec = dict(base=str(base.resolve()), out=str(out), save_dir=str(out / "checkpoint"), stage=int(stage),
-                world_size=world_size, steps=steps, dtype=dtype, writer=writer)
-    spawn_ranks(train_deepspeed if writer == "deepspeed" else train_dcp, world_size, spec)
+    launch(deepspeed_run if writer == "deepspeed" else dcp_run, out, base, save_dir="checkpoint", stage=int(stage),
+           world_size=world_size, steps=steps, dtype=dtype, writer=writer, model="ltx2")
     click.echo(f"wrote {out} and its ground truth", err=True)
 
 

@@ -22,8 +22,7 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deepspeed_cpu import deepspeed_config, import_deepspeed, spawn_ranks  # noqa: E402
-from make_deepspeed_checkpoint import collect_truth, write_truth  # noqa: E402
+from tiny_training import TRAIN_DTYPES, launch, save_deepspeed, train_deepspeed  # noqa: E402
 
 FRAMES, HEIGHT, WIDTH, TEXT = 2, 2, 2, 4  # latent grid and caption tokens of one random sample
 
@@ -46,20 +45,11 @@ def flow_loss(engine, config, step: int, rank: int, dtype: torch.dtype) -> torch
 def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     from diffusers import LTXVideoTransformer3DModel
 
-    deepspeed = import_deepspeed()
     transformer = LTXVideoTransformer3DModel.from_pretrained(Path(spec["base"]) / "transformer").train()
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[spec["dtype"]]
-    engine, *_ = deepspeed.initialize(model=transformer, model_parameters=list(transformer.parameters()),
-                                      config=deepspeed_config(spec["stage"], spec["dtype"], lr=1e-3))
-    for step in range(spec["steps"]):
-        loss = flow_loss(engine, engine.module.config, step, rank, dtype)
-        engine.backward(loss)
-        engine.step()
-    engine.save_checkpoint(spec["save_dir"])
-    truth = collect_truth(deepspeed, engine, spec["stage"])
-    if rank == 0:
-        write_truth(truth, {**spec, "model": "ltx-video"}, Path(spec["out"]))
-    deepspeed.comm.barrier()
+    dtype = TRAIN_DTYPES[spec["dtype"]]
+    deepspeed, engine = train_deepspeed(transformer, spec, lambda engine, step: flow_loss(
+        engine, engine.module.config, step, rank, dtype), lr=1e-3)
+    save_deepspeed(deepspeed, engine, spec, rank)
 
 
 @click.command()
@@ -68,14 +58,11 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 @click.option("--stage", type=click.Choice(["1", "2", "3"]), default="2", show_default=True)
 @click.option("--world-size", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True)
+@click.option("--dtype", type=click.Choice(sorted(TRAIN_DTYPES)), default="bf16", show_default=True)
 def main(base: Path, out: Path, stage: str, world_size: int, steps: int, dtype: str) -> None:
     """Fine-tune BASE's transformer under DeepSpeed on CPU; write OUT/checkpoint and the ground truth."""
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    spec = dict(base=str(base.resolve()), out=str(out), save_dir=str(out / "checkpoint"), stage=int(stage),
-                world_size=world_size, steps=steps, dtype=dtype)
-    spawn_ranks(train_and_save, world_size, spec)
+    launch(train_and_save, out, base, save_dir="checkpoint", stage=int(stage), world_size=world_size, steps=steps,
+           dtype=dtype, model="ltx-video")
     click.echo(f"wrote {out / 'checkpoint'} and {out / 'truth.safetensors'}", err=True)
 
 

@@ -7,7 +7,7 @@ BASE is a pipeline folder from make_tiny_wan.py; only BASE/transformer is read. 
 Diffusers WanTransformer3DModel's own layers re-registered under the original WanModel names (the mapping below is
 written from the facts page, by hand, independently of cogexport's tables): its state dict and parameter names are
 the original layout's, and its forward is the Diffusers model's. Training goes through accelerate's DeepSpeed
-integration (accelerate_finetune.py, shared with the CogVideoX fine-tune), ZeRO-2, and ends with
+integration (tiny_training.py, shared with the CogVideoX fine-tune), ZeRO-2, and ends with
 ``accelerator.save_state(OUT/checkpoint-K)``:
 
     OUT/checkpoint-K/pytorch_model/          the DeepSpeed tag dir (original names)
@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accelerate_finetune import (TRAIN_DTYPES, collect_truth, prepare, run_ranks, save_checkpoint,  # noqa: E402
-                                 start_accelerator, write_truth)
+from tiny_training import (TRAIN_DTYPES, launch, pick, save_accelerate, start_accelerator,  # noqa: E402
+                           train_accelerate)
 
 TEXT_TOKENS = 8
 
@@ -103,24 +103,20 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
     from diffusers import WanTransformer3DModel
 
     model = WanTransformer3DModel.from_pretrained(Path(spec["base"]) / "transformer")
-    model.to(dtype=TRAIN_DTYPES[spec["dtype"]]).requires_grad_(True).train()
-    engine = prepare(accelerator, OriginalNamedWan(model), spec["lr"])
-    for step in range(spec["steps"]):
-        loss = flow_matching_loss(engine, model.config, step, rank, TRAIN_DTYPES[spec["dtype"]])
-        accelerator.backward(loss)  # under DeepSpeed this is engine.backward + engine.step
-
-    checkpoint = save_checkpoint(accelerator, spec)
-    truth = collect_truth(deepspeed, engine, spec["stage"])
-    if rank == 0:
-        settings = {k: spec[k] for k in ("base", "stage", "dtype", "world_size", "steps", "lr")}
-        write_truth(truth, spec, {**settings, "checkpoint": checkpoint.name, "names": "original (WanModel)"})
-    accelerator.wait_for_everyone()
+    dtype = TRAIN_DTYPES[spec["dtype"]]
+    model.to(dtype=dtype).requires_grad_(True).train()
+    engine = train_accelerate(accelerator, OriginalNamedWan(model), spec, lambda engine, step: flow_matching_loss(
+        engine, model.config, step, rank, dtype))
+    save_accelerate(deepspeed, accelerator, engine, spec, rank, lambda checkpoint: {
+        **pick(spec, "base", "stage", "dtype", "world_size", "steps", "lr"), "checkpoint": checkpoint,
+        "names": "original (WanModel)"})
 
 
 def finetune(base: str | os.PathLike, out: str | os.PathLike, *, world_size: int = 2, steps: int = 2,
              dtype: str = "bf16", lr: float = 1e-3) -> Path:
     """Run the fine-tune in ``world_size`` fresh processes; returns OUT/checkpoint-K."""
-    return run_ranks(train_and_save, base, out, stage=2, world_size=world_size, steps=steps, dtype=dtype, lr=lr)
+    launch(train_and_save, out, base, stage=2, world_size=world_size, steps=steps, dtype=dtype, lr=lr)
+    return Path(out).resolve() / f"checkpoint-{steps}"
 
 
 @click.command()

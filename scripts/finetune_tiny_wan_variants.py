@@ -5,7 +5,7 @@
 
 BASE is a pipeline folder from make_tiny_wan_variants.py (only BASE/transformer is read).
 
-- ``--trainer deepspeed``: accelerate's DeepSpeed integration (accelerate_finetune.py), ZeRO-2 or 3, bf16, saved by
+- ``--trainer deepspeed``: accelerate's DeepSpeed integration (tiny_training.py), ZeRO-2 or 3, bf16, saved by
   ``accelerator.save_state(OUT/checkpoint-K)``. ``--names original`` trains the model under the original repo's
   names, as DiffSynth-Studio's and musubi-tuner's full fine-tunes of Wan VACE do: the Diffusers model's layers
   re-registered under VaceWanModel's names (finetune_tiny_wan.py's hand-written WanModel naming, plus the VACE blocks
@@ -35,8 +35,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accelerate_finetune import (TRAIN_DTYPES, collect_truth, prepare, run_ranks, save_checkpoint,  # noqa: E402
-                                 start_accelerator, write_truth)
+from tiny_training import (TRAIN_DTYPES, gloo_group, launch, pick, save_accelerate, save_dcp,  # noqa: E402
+                           shard_blocks, start_accelerator, train_accelerate, train_fsdp2, write_full_state_truth)
 from finetune_tiny_wan import OriginalNamedWan  # noqa: E402
 from wan_variants_tiny import forward_inputs  # noqa: E402
 
@@ -88,57 +88,31 @@ def train_deepspeed(rank: int, world_size: int, rendezvous: str, spec: dict) -> 
     model, shape_class = _base_model(spec)
     dtype = TRAIN_DTYPES[spec["dtype"]]
     model.to(dtype=dtype).requires_grad_(True).train()
-    module = OriginalNamedVace(model) if spec["names"] == "original" else model
-    engine = prepare(accelerator, module, spec["lr"])
-    # the wrapper returns the Diffusers model's output; the model itself a tuple without return_dict
-    forward = engine if spec["names"] == "original" else (lambda **inputs: engine(**inputs, return_dict=False)[0])
-    for step in range(spec["steps"]):
-        accelerator.backward(loss_of(forward, shape_class, step, rank, dtype))
-    checkpoint = save_checkpoint(accelerator, spec)
-    truth = collect_truth(deepspeed, engine, spec["stage"])
-    if rank == 0:
-        settings = {k: spec[k] for k in ("base", "stage", "dtype", "world_size", "steps", "lr", "names")}
-        write_truth(truth, spec, {**settings, "checkpoint": checkpoint.name})
-    accelerator.wait_for_everyone()
+    original = spec["names"] == "original"
+    module = OriginalNamedVace(model) if original else model
+
+    def loss(engine, step: int) -> torch.Tensor:
+        # the wrapper returns the Diffusers model's output; the model itself a tuple without return_dict
+        forward = engine if original else (lambda **inputs: engine(**inputs, return_dict=False)[0])
+        return loss_of(forward, shape_class, step, rank, dtype)
+
+    engine = train_accelerate(accelerator, module, spec, loss)
+    save_accelerate(deepspeed, accelerator, engine, spec, rank, lambda checkpoint: {
+        **pick(spec, "base", "stage", "dtype", "world_size", "steps", "lr", "names"), "checkpoint": checkpoint})
 
 
 def train_dcp(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, \
-        get_optimizer_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
-    try:
+    with gloo_group(rendezvous, rank, world_size):
         model, shape_class = _base_model(spec)
         model.train()
-        mesh = init_device_mesh("cpu", (world_size,))
-        for stack in ("blocks", "vace_blocks", "face_adapter"):
-            for block in getattr(model, stack, None) or ():
-                fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=spec["lr"])
-        for step in range(1, spec["steps"] + 1):
-            loss_of(lambda **inputs: model(**inputs, return_dict=False)[0], shape_class, step, rank,
-                    torch.float32).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        folder = Path(spec["out"]) / "run" / "checkpoint"
-        dcp.save({"model": model.state_dict(), "optimizer": get_optimizer_state_dict(model, optimizer)},
-                 checkpoint_id=str(folder))
-        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-        if rank == 0:
-            from safetensors.torch import save_file
-
-            save_file({n: t.detach().clone().contiguous() for n, t in weights.items()},
-                      Path(spec["out"]) / "truth.safetensors")
-            truth = {"order": list(weights), "checkpoint": "run/checkpoint", "settings": spec}
-            (Path(spec["out"]) / "truth.json").write_text(json.dumps(truth, indent=1))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        blocks = [block for stack in ("blocks", "vace_blocks", "face_adapter") for block in getattr(model, stack, None)
+                  or ()]
+        shard_blocks(model, blocks, world_size)
+        optimizer = train_fsdp2(model, spec, lambda model, step: loss_of(
+            lambda **inputs: model(**inputs, return_dict=False)[0], shape_class, step, rank, torch.float32),
+            lr=spec["lr"])
+        save_dcp(model, optimizer, Path(spec["out"]) / "run" / "checkpoint")
+        write_full_state_truth(model, rank, spec["out"], {"checkpoint": "run/checkpoint", "settings": spec})
 
 
 @click.command()
@@ -156,8 +130,7 @@ def main(base: Path, out: Path, trainer: str, stage: str, **options) -> None:
     """Fine-tune BASE's transformer under DeepSpeed or FSDP2 + DCP on CPU."""
     if trainer == "deepspeed" and options["names"] == "original" and stage == "3":
         raise click.UsageError("--names original trains under ZeRO-2 only (see the module docstring)")
-    worker = train_deepspeed if trainer == "deepspeed" else train_dcp
-    run_ranks(worker, base, out, stage=int(stage), **options)
+    launch(train_deepspeed if trainer == "deepspeed" else train_dcp, out, base, stage=int(stage), **options)
     click.echo(f"wrote {out} and {Path(out) / 'truth.safetensors'}", err=True)
 
 

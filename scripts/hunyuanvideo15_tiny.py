@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_models import randomize_  # noqa: E402
+from tiny_models import random_state_dict, randomize_  # noqa: E402
 
 LATENT = 4  # the tiny VAE's latent channels: the transformer takes 2 x 4 + 1 (latents, condition latents, mask)
 TINY_TEXT_DIM, TINY_GLYPH_DIM, TINY_IMAGE_DIM = 24, 8, 16  # the tiny Qwen2.5-VL's, ByT5's and SigLIP's widths
@@ -132,9 +132,7 @@ def original_shapes(config: dict) -> dict[str, torch.Size]:
 
 
 def random_original_state_dict(config: dict, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict:
-    generator = torch.Generator().manual_seed(seed)
-    return {name: (torch.randn(shape, generator=generator) * 0.2 + 0.1).to(dtype)
-            for name, shape in original_shapes(config).items()}
+    return random_state_dict(original_shapes(config), seed, dtype)
 
 
 # -- the conversion script's facts, written out (original name -> Diffusers name, and the one half swap) ----------

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_models import randomize_  # noqa: E402
+from tiny_models import random_state_dict, randomize_  # noqa: E402
 
 TINY_HEADS, TINY_HEAD_DIM = 2, 8  # hidden 16
 TINY_TEXT_DIM, TINY_POOLED_DIM = 32, 24  # the tiny Llama's and CLIP text model's widths
@@ -120,9 +120,7 @@ def original_shapes(config: dict) -> dict[str, torch.Size]:
 
 
 def random_original_state_dict(config: dict, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict:
-    generator = torch.Generator().manual_seed(seed)
-    return {name: (torch.randn(shape, generator=generator) * 0.2 + 0.1).to(dtype)
-            for name, shape in original_shapes(config).items()}
+    return random_state_dict(original_shapes(config), seed, dtype)
 
 
 def diffusers_converter(hidden: int) -> Callable[[dict], dict]:

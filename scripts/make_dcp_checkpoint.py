@@ -51,6 +51,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deepspeed_cpu import spawn_ranks  # noqa: E402
+from tiny_training import add_lora, gloo_group  # noqa: E402
 
 WRITERS = ("accelerate-fsdp1", "accelerate-fsdp2", "torchtitan", "finetrainers", "plain")
 COGVIDEOX_MODELS = ("cogvideox-2b", "cogvideox-5b", "cogvideox-5b-i2v", "cogvideox-1.5-5b", "cogvideox-1.5-5b-i2v")
@@ -107,11 +108,7 @@ def build_model(spec: dict) -> nn.Module:
 
         model = build_tiny_transformer(name[len("cogvideox-"):]).train()
     if spec["lora_rank"]:
-        from peft import LoraConfig
-
-        model.requires_grad_(False)
-        model.add_adapter(LoraConfig(r=spec["lora_rank"], lora_alpha=spec["lora_rank"] * 2,
-                                     target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+        add_lora(model, spec["lora_rank"], spec["lora_rank"] * 2, ["to_q", "to_k", "to_v", "to_out.0"])
         torch.manual_seed(1)  # the same LoRA values on every rank; B non-zero so the adapter is not a no-op
         with torch.no_grad():
             for param_name, param in model.named_parameters():
@@ -150,8 +147,7 @@ def training_loss(model: nn.Module, plain: nn.Module, spec: dict, step: int, ran
     if spec["model"].startswith("hunyuanvideo-"):
         from finetune_tiny_hunyuanvideo import flow_matching_loss
 
-        return flow_matching_loss(lambda **inputs: model(**inputs, return_dict=False)[0], dict(plain.config), step,
-                                  rank, dtype)
+        return flow_matching_loss(model, dict(plain.config), step, rank, dtype)
     if spec["model"].startswith("ltx-"):
         from finetune_tiny_ltx_video import flow_loss
 
@@ -335,17 +331,11 @@ def record_truth(model: nn.Module, optimizer, plain: nn.Module, spec: dict, rank
 
 
 def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
-    try:
+    with gloo_group(rendezvous, rank, world_size):
         if spec["writer"].startswith("accelerate"):
             train_accelerate(spec, rank, world_size)
         else:
             train_dcp(spec, rank, world_size)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @click.command()

@@ -37,7 +37,7 @@ from cogvideox_tiny_configs import (  # noqa: E402
     full_vae_config,
     tiny_vae_config,
 )
-from tiny_models import build_text_encoder, build_tokenizer, randomize_  # noqa: E402
+from tiny_models import build_text_encoder, build_tokenizer, pipeline_command, randomize_  # noqa: E402
 
 ALIASES = {"t2v": "2b", "i2v": "5b-i2v"}
 VARIANT_CHOICES = (*ALIASES, *FAMILIES)
@@ -107,14 +107,8 @@ def build_tiny_pipeline(variant: str = "t2v", seed: int = 0):
     )
 
 
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--variant", type=click.Choice(VARIANT_CHOICES), default="t2v", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def main(out: Path, variant: str, seed: int) -> None:
-    """Write a tiny CogVideoX pipeline folder to OUT."""
-    build_tiny_pipeline(variant, seed).save_pretrained(out)
-    click.echo(f"wrote {out} (tiny CogVideoX-{family(variant)}, {pipeline_class_name(variant)})")
+main = pipeline_command(build_tiny_pipeline, "CogVideoX", click.option(
+    "--variant", type=click.Choice(VARIANT_CHOICES), default="t2v", show_default=True))
 
 
 if __name__ == "__main__":

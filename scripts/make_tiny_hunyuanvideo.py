@@ -27,29 +27,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hunyuanvideo_tiny import (MODEL_TYPE, SHAPE_CLASSES, TINY_POOLED_DIM, TINY_TEXT_DIM,  # noqa: E402
                                build_tiny_transformer)
-from tiny_models import CHARACTERS, randomize_  # noqa: E402
+from tiny_models import (BPE_WORDS, CHARACTERS, build_clip_text_encoder, build_clip_tokenizer,  # noqa: E402
+                         pipeline_command, randomize_, spelling_merges)
 
-WORDS = ("a an the of on in at under with and cat dog panda astronaut car boat city forest sea sky moon "
-         "playing guitar walking sailing flying red blue small big night sunset").split()
 LLAMA_SPECIALS = ("<unk>", "<s>", "</s>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<image>")
 TINY_VAE = {"block_out_channels": (8, 8, 16, 16), "norm_num_groups": 4, "layers_per_block": 1}
 # the tiny prompt template render calls pass: the release's template is hundreds of tokens at these vocabularies
 TINY_PROMPT_TEMPLATE = {"template": "{}", "crop_start": 0}
-
-
-def _bpe(vocabulary: dict[str, int], words: list[str], marker: str, at_end: bool) -> list[tuple[str, str]]:
-    """Merges that spell each word from its letters (the word marker at its start or end), adding the pieces."""
-    merges = []
-    for word in words:
-        pieces = [c for c in word]
-        pieces = [*pieces[:-1], pieces[-1] + marker] if at_end else [marker + pieces[0], *pieces[1:]]
-        for piece in pieces:
-            vocabulary.setdefault(piece, len(vocabulary))
-        while len(pieces) > 1:
-            merges.append((pieces[0], pieces[1]))
-            pieces = [pieces[0] + pieces[1], *pieces[2:]]
-            vocabulary.setdefault(pieces[0], len(vocabulary))
-    return list(dict.fromkeys(merges))
 
 
 def build_llama_tokenizer():
@@ -58,20 +42,9 @@ def build_llama_tokenizer():
 
     vocabulary = {token: index for index, token in enumerate(LLAMA_SPECIALS)}
     vocabulary.update({piece: len(vocabulary) + i for i, piece in enumerate(["\u2581", *CHARACTERS])})
-    merges = _bpe(vocabulary, WORDS, "\u2581", at_end=False)
+    merges = spelling_merges(vocabulary, [["\u2581" + word[0], *word[1:]] for word in BPE_WORDS])
     return LlamaTokenizerFast(vocab=vocabulary, merges=merges, pad_token="</s>", add_bos_token=True,
                               additional_special_tokens=list(LLAMA_SPECIALS[3:]))
-
-
-def build_clip_tokenizer():
-    from transformers import CLIPTokenizer
-
-    vocabulary = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for letter in CHARACTERS.lower():
-        vocabulary.setdefault(letter, len(vocabulary))
-        vocabulary.setdefault(letter + "</w>", len(vocabulary))
-    merges = _bpe(vocabulary, WORDS, "</w>", at_end=True)
-    return CLIPTokenizer(vocab=vocabulary, merges=merges)
 
 
 def llama_config(vocab_size: int):
@@ -106,15 +79,6 @@ def build_image_processor():
     return CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
 
 
-def build_text_encoder_2(vocab_size: int):
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    config = CLIPTextConfig(vocab_size=vocab_size, hidden_size=TINY_POOLED_DIM, intermediate_size=48,
-                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77,
-                            projection_dim=TINY_POOLED_DIM, bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    return CLIPTextModel(config).eval()
-
-
 def build_vae(seed: int):
     from diffusers import AutoencoderKLHunyuanVideo
 
@@ -127,7 +91,7 @@ def build_tiny_pipeline(shape_class: str = "t2v", seed: int = 0):
 
     torch.manual_seed(seed)
     tokenizer, tokenizer_2 = build_llama_tokenizer(), build_clip_tokenizer()
-    components = dict(tokenizer=tokenizer, text_encoder_2=build_text_encoder_2(len(tokenizer_2)),
+    components = dict(tokenizer=tokenizer, text_encoder_2=build_clip_text_encoder(len(tokenizer_2), TINY_POOLED_DIM),
                       tokenizer_2=tokenizer_2, transformer=build_tiny_transformer(shape_class, seed),
                       vae=build_vae(seed), scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
     if MODEL_TYPE[shape_class] == "t2v":
@@ -137,14 +101,8 @@ def build_tiny_pipeline(shape_class: str = "t2v", seed: int = 0):
                                             image_processor=build_image_processor(), **components)
 
 
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--shape-class", type=click.Choice(sorted(SHAPE_CLASSES)), default="t2v", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def main(out: Path, shape_class: str, seed: int) -> None:
-    """Write a tiny HunyuanVideo pipeline folder to OUT."""
-    build_tiny_pipeline(shape_class, seed).save_pretrained(out)
-    click.echo(f"wrote {out} (tiny HunyuanVideo {shape_class})")
+main = pipeline_command(build_tiny_pipeline, "HunyuanVideo", click.option(
+    "--shape-class", type=click.Choice(sorted(SHAPE_CLASSES)), default="t2v", show_default=True))
 
 
 if __name__ == "__main__":

@@ -16,10 +16,8 @@ and pipeline folders of one shape class and seed fit together.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never fall back to the Hub
@@ -30,54 +28,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hunyuanvideo15_tiny import (LATENT, MODEL_TYPE, SHAPE_CLASSES, TINY_GLYPH_DIM, TINY_IMAGE_DIM,  # noqa: E402
                                  TINY_TEXT_DIM, build_tiny_transformer)
-from tiny_models import TOKENIZER_WORDS, randomize_  # noqa: E402
+from tiny_models import build_qwen_tokenizer, pipeline_command, randomize_  # noqa: E402
 
 TINY_VAE = {"block_out_channels": (8, 8, 16), "layers_per_block": 1, "latent_channels": LATENT,
             "spatial_compression_ratio": 4, "temporal_compression_ratio": 4}
-QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-# ChatML, as Qwen2.5-VL's template writes the system and user turns and the assistant's opening
-CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 # what render calls set on the pipeline: the release's 1000 + 108 text tokens and 256 glyph tokens are hundreds of
 # times the tiny model's work, and the tiny template has no 108-token system prompt to crop
 TINY_TEXT_TOKENS, TINY_CROP, TINY_GLYPH_TOKENS, TINY_TARGET_SIZE = 32, 0, 8, 32
-
-
-def _byte_pieces() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: each byte as a printable character."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    pieces, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            pieces[byte] = chr(byte)
-        else:
-            pieces[byte] = chr(256 + extra)
-            extra += 1
-    return pieces
-
-
-def build_qwen_tokenizer():
-    """A byte-level BPE Qwen2 tokenizer: every byte, merges that spell a few whole words (with their leading space),
-    the ChatML specials and template."""
-    from transformers import Qwen2Tokenizer
-
-    alphabet = _byte_pieces()
-    vocabulary = {piece: index for index, piece in enumerate(alphabet.values())}
-    space, merges = alphabet[ord(" ")], []
-    for word in sorted(set(TOKENIZER_WORDS)):
-        pieces = [space, *word]
-        while len(pieces) > 1:
-            merges.append(f"{pieces[0]} {pieces[1]}")
-            pieces = [pieces[0] + pieces[1], *pieces[2:]]
-            vocabulary.setdefault(pieces[0], len(vocabulary))
-    with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "vocab.json").write_text(json.dumps(vocabulary))
-        (Path(folder) / "merges.txt").write_text("#version: 0.2\n" + "\n".join(dict.fromkeys(merges)) + "\n")
-        tokenizer = Qwen2Tokenizer(str(Path(folder) / "vocab.json"), str(Path(folder) / "merges.txt"),
-                                   unk_token=None, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIALS)})
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def build_text_encoder(vocab_size: int):
@@ -144,14 +101,8 @@ def tiny_text_settings(pipeline) -> None:
     pipeline.target_size = TINY_TARGET_SIZE
 
 
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--shape-class", type=click.Choice(sorted(SHAPE_CLASSES)), default="t2v", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def main(out: Path, shape_class: str, seed: int) -> None:
-    """Write a tiny HunyuanVideo 1.5 pipeline folder to OUT."""
-    build_tiny_pipeline(shape_class, seed).save_pretrained(out)
-    click.echo(f"wrote {out} (tiny HunyuanVideo 1.5 {shape_class})")
+main = pipeline_command(build_tiny_pipeline, "HunyuanVideo 1.5", click.option(
+    "--shape-class", type=click.Choice(sorted(SHAPE_CLASSES)), default="t2v", show_default=True))
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kandinsky5_tiny import (MODEL_TYPE, SHAPE_CLASSES, TINY_POOLED_DIM, TINY_TEXT_DIM,  # noqa: E402
                              build_tiny_transformer)
-from make_tiny_hunyuanvideo import build_clip_tokenizer, build_vae  # noqa: E402
-from make_tiny_hunyuanvideo15 import build_qwen_tokenizer  # noqa: E402
+from make_tiny_hunyuanvideo import build_vae  # noqa: E402
+from tiny_models import (build_clip_text_encoder, build_clip_tokenizer, build_qwen_tokenizer,  # noqa: E402
+                         pipeline_command)
 
 # what a render of the tiny pipeline sets: the template's 128-token system prompt is not cropped from a tiny model's
 # few hundred byte tokens
@@ -48,22 +49,14 @@ def build_text_encoder(vocab_size: int):
     return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision)).eval()
 
 
-def build_text_encoder_2(vocab_size: int):
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    config = CLIPTextConfig(vocab_size=vocab_size, hidden_size=TINY_POOLED_DIM, intermediate_size=48,
-                            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77,
-                            projection_dim=TINY_POOLED_DIM, bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    return CLIPTextModel(config).eval()
-
-
 def build_tiny_pipeline(shape_class: str = "t2v", seed: int = 0):
     from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5I2VPipeline, Kandinsky5T2VPipeline
 
     torch.manual_seed(seed)
     tokenizer, tokenizer_2 = build_qwen_tokenizer(), build_clip_tokenizer()
     components = dict(text_encoder=build_text_encoder(len(tokenizer)), tokenizer=tokenizer,
-                      text_encoder_2=build_text_encoder_2(len(tokenizer_2)), tokenizer_2=tokenizer_2,
+                      text_encoder_2=build_clip_text_encoder(len(tokenizer_2), TINY_POOLED_DIM),
+                      tokenizer_2=tokenizer_2,
                       transformer=build_tiny_transformer(shape_class, seed), vae=build_vae(seed),
                       scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0))
     pipeline_class = Kandinsky5T2VPipeline if MODEL_TYPE[shape_class] == "t2v" else Kandinsky5I2VPipeline
@@ -74,14 +67,8 @@ def tiny_text_settings(pipeline) -> None:
     pipeline.prompt_template_encode_start_idx = TINY_CROP
 
 
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--shape-class", type=click.Choice(sorted(SHAPE_CLASSES)), default="t2v", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def main(out: Path, shape_class: str, seed: int) -> None:
-    """Write a tiny Kandinsky 5 video pipeline folder to OUT."""
-    build_tiny_pipeline(shape_class, seed).save_pretrained(out)
-    click.echo(f"wrote {out} (tiny Kandinsky 5 {shape_class})")
+main = pipeline_command(build_tiny_pipeline, "Kandinsky 5 video", click.option(
+    "--shape-class", type=click.Choice(sorted(SHAPE_CLASSES)), default="t2v", show_default=True))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_models import randomize_  # noqa: E402
+from tiny_models import pipeline_command, randomize_  # noqa: E402
 
 LAYOUTS = ("release", "render")
 TEXT_WIDTH, TEXT_LAYERS = 24, 2  # the Gemma 3 stand-in: its stacked hidden states are (layers + 1) x width wide
@@ -158,15 +158,10 @@ def render(folder: str | os.PathLike, steps: int = 2, seed: int = 0, frames: int
     return out.frames, out.audio
 
 
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--layout", type=click.Choice(LAYOUTS), default="render", show_default=True)
-@click.option("--task", type=click.Choice(("t2v", "i2v")), default="t2v", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def main(out: Path, layout: str, task: str, seed: int) -> None:
-    """Write a tiny LTX-2 pipeline folder to OUT."""
-    build_tiny_pipeline(layout, seed, task).save_pretrained(out)
-    click.echo(f"wrote {out} (tiny LTX-2, {layout} layout, {task})")
+main = pipeline_command(
+    build_tiny_pipeline, "LTX-2",
+    click.option("--layout", type=click.Choice(LAYOUTS), default="render", show_default=True),
+    click.option("--task", type=click.Choice(("t2v", "i2v")), default="t2v", show_default=True))
 
 
 if __name__ == "__main__":

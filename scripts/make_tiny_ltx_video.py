@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cogvideox_tiny_configs import TINY_TEXT_EMBED_DIM  # noqa: E402
-from tiny_models import TINY_TEXT_LENGTH, build_text_encoder, build_tokenizer, randomize_  # noqa: E402
+from tiny_models import (TINY_TEXT_LENGTH, build_text_encoder, build_tokenizer, pipeline_command,  # noqa: E402
+                         randomize_)
 
 LAYOUTS = ("2b", "13b")
 VAE_VERSIONS = ("0.9.0", "0.9.1", "0.9.5")
@@ -107,7 +108,8 @@ def build_tiny_pipeline(layout: str = "2b", version: str = "0.9.5", seed: int = 
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
     return getattr(diffusers, pipeline_class_name(layout))(
-        tokenizer=tokenizer, text_encoder=build_text_encoder(len(tokenizer), TINY_TEXT_EMBED_DIM), vae=build_vae(version, seed),
+        tokenizer=tokenizer, text_encoder=build_text_encoder(len(tokenizer), TINY_TEXT_EMBED_DIM),
+        vae=build_vae(version, seed),
         transformer=build_transformer(layout, seed), scheduler=build_scheduler(version))
 
 
@@ -125,15 +127,10 @@ def render(folder: str | os.PathLike, steps: int = 2, seed: int = 0):
                     output_type="pil").frames[0]
 
 
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--layout", type=click.Choice(LAYOUTS), default="2b", show_default=True)
-@click.option("--vae", "version", type=click.Choice(VAE_VERSIONS), default="0.9.5", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def main(out: Path, layout: str, version: str, seed: int) -> None:
-    """Write a tiny LTX-Video pipeline folder to OUT."""
-    build_tiny_pipeline(layout, version, seed).save_pretrained(out)
-    click.echo(f"wrote {out} (tiny LTX-Video {layout} layout, {version} VAE, {pipeline_class_name(layout)})")
+main = pipeline_command(
+    build_tiny_pipeline, "LTX-Video",
+    click.option("--layout", type=click.Choice(LAYOUTS), default="2b", show_default=True),
+    click.option("--vae", "version", type=click.Choice(VAE_VERSIONS), default="0.9.5", show_default=True))
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_models import TINY_TEXT_LENGTH, build_text_encoder, build_tokenizer, randomize_  # noqa: E402
+from tiny_models import (TINY_TEXT_LENGTH, build_text_encoder, build_tokenizer, pipeline_command,  # noqa: E402
+                         randomize_)
 
 RELEASE_LAYERS = 48
 # The T5 width: Mochi's attention pooler splits the text features over 8 heads.
@@ -161,13 +161,7 @@ def original_vae_files(state_dict: dict[str, torch.Tensor]) -> tuple[dict, dict]
     return encoder, decoder
 
 
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--seed", type=int, default=0, show_default=True)
-def main(out: Path, seed: int) -> None:
-    """Write a tiny Mochi pipeline folder to OUT."""
-    build_tiny_pipeline(seed).save_pretrained(out)
-    click.echo(f"wrote {out} (tiny Mochi, {RELEASE_LAYERS} thin layers, MochiPipeline)")
+main = pipeline_command(build_tiny_pipeline, f"Mochi ({RELEASE_LAYERS} thin layers)")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_models import build_text_encoder, build_tokenizer  # noqa: E402
+from tiny_models import build_text_encoder, build_tokenizer, pipeline_command  # noqa: E402
 from wan_tiny_configs import (TINY_IMAGE_DIM, TINY_TEXT_DIM, build_tiny_transformer,  # noqa: E402
                               build_tiny_vae)
 
@@ -84,14 +84,8 @@ def build_tiny_pipeline(variant: str = "t2v", seed: int = 0):
     return getattr(diffusers, pipeline_class)(**components, **settings)
 
 
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--variant", type=click.Choice(list(VARIANTS)), default="t2v", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def main(out: Path, variant: str, seed: int) -> None:
-    """Write a tiny Wan pipeline folder to OUT."""
-    build_tiny_pipeline(variant, seed).save_pretrained(out)
-    click.echo(f"wrote {out} (tiny Wan {variant}, {VARIANTS[variant][0]})")
+main = pipeline_command(build_tiny_pipeline, "Wan", click.option(
+    "--variant", type=click.Choice(list(VARIANTS)), default="t2v", show_default=True))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_tiny_wan import build_image_encoder  # noqa: E402
-from tiny_models import build_text_encoder, build_tokenizer  # noqa: E402
+from tiny_models import build_text_encoder, build_tokenizer, pipeline_command  # noqa: E402
 from wan_tiny_configs import TINY_TEXT_DIM, build_tiny_vae  # noqa: E402
 from wan_variants_tiny import build_tiny_variant  # noqa: E402
 
@@ -79,14 +79,8 @@ def with_projection(encoder):
     return CLIPVisionModelWithProjection(encoder.config).eval()
 
 
-@click.command()
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--variant", type=click.Choice(list(VARIANTS)), default="vace", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def main(out: Path, variant: str, seed: int) -> None:
-    """Write a tiny pipeline folder of one of Wan's variants to OUT."""
-    build_tiny_pipeline(variant, seed).save_pretrained(out)
-    click.echo(f"wrote {out} (tiny {variant}, {VARIANTS[variant][0]})")
+main = pipeline_command(build_tiny_pipeline, "Wan variant", click.option(
+    "--variant", type=click.Choice(list(VARIANTS)), default="vace", show_default=True))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def finetune(model_type: str, stage: int, world_size: int, dtype: str = "bf16", 
     (OUT/checkpoint-STEPS), with the base pipeline it started from."""
     base = tiny_pipeline(model_type)
     scripts = ("finetune_tiny_cogvideox.py", "make_tiny_cogvideox.py", "cogvideox_tiny_configs.py", "tiny_models.py",
-               "deepspeed_cpu.py", "make_deepspeed_checkpoint.py", "accelerate_finetune.py")
+               "deepspeed_cpu.py", "make_deepspeed_checkpoint.py", "tiny_training.py")
     name = f"finetune-{model_type}-zero{stage}-ws{world_size}-{dtype}" + (f"-lora{lora_rank}" if lora_rank else "")
     command = [str(SCRIPTS / "finetune_tiny_cogvideox.py"), str(base), "--stage", str(stage), "--world-size",
                str(world_size), "--dtype", dtype, "--steps", str(steps)]

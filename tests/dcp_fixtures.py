@@ -12,7 +12,7 @@ from fixtures import SCRIPTS, GroundTruth, cached_fixture
 SCRIPTS_USED = ("make_dcp_checkpoint.py", "deepspeed_cpu.py", "cogvideox_tiny_configs.py", "finetune_tiny_cogvideox.py",
                 "make_deepspeed_checkpoint.py", "wan_tiny_configs.py", "hunyuanvideo_tiny.py",
                 "finetune_tiny_hunyuanvideo.py", "make_tiny_ltx_video.py", "finetune_tiny_ltx_video.py",
-                "make_tiny_cogvideox.py", "accelerate_finetune.py", "tiny_models.py")
+                "make_tiny_cogvideox.py", "tiny_training.py", "tiny_models.py")
 
 
 class DcpFixture(GroundTruth):

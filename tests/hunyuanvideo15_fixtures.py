@@ -60,7 +60,7 @@ def tiny_pipeline(shape_class: str) -> Path:
 
 
 _FINETUNE_SCRIPTS = ("finetune_tiny_hunyuanvideo15.py", "hunyuanvideo15_tiny.py", "tiny_models.py",
-                     "deepspeed_cpu.py", "make_deepspeed_checkpoint.py")
+                     "deepspeed_cpu.py", "make_deepspeed_checkpoint.py", "tiny_training.py")
 
 
 class FinetuneFixture(DeepSpeedFixture):

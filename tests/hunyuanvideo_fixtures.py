@@ -52,7 +52,7 @@ class FinetuneFixture(DeepSpeedFixture):
 
 def finetune(stage: int = 2, world_size: int = 2, dtype: str = "bf16") -> FinetuneFixture:
     scripts = ("finetune_tiny_hunyuanvideo.py", "hunyuanvideo_tiny.py", "tiny_models.py", "deepspeed_cpu.py",
-               "make_deepspeed_checkpoint.py")
+               "make_deepspeed_checkpoint.py", "tiny_training.py")
     command = [str(SCRIPTS / "finetune_tiny_hunyuanvideo.py"), "--stage", str(stage), "--world-size",
                str(world_size), "--dtype", dtype]
     return FinetuneFixture(cached_fixture(f"hunyuanvideo-finetune-zero{stage}-ws{world_size}-{dtype}", scripts,

@@ -22,7 +22,7 @@ RELEASE_FILE = "kandinsky5lite_t2v_sft_5s.safetensors"
 _PIPELINE_SCRIPTS = ("make_tiny_kandinsky5.py", "kandinsky5_tiny.py", "make_tiny_hunyuanvideo.py",
                      "hunyuanvideo_tiny.py", "make_tiny_hunyuanvideo15.py", "hunyuanvideo15_tiny.py", "tiny_models.py")
 _FINETUNE_SCRIPTS = ("finetune_tiny_kandinsky5.py", "kandinsky5_tiny.py", "tiny_models.py", "deepspeed_cpu.py",
-                     "make_deepspeed_checkpoint.py")
+                     "make_deepspeed_checkpoint.py", "tiny_training.py")
 
 
 def release_file(folder: Path, weights: dict[str, torch.Tensor]) -> Path:

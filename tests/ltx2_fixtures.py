@@ -89,7 +89,7 @@ def finetune(writer: str = "deepspeed", stage: int = 2, world_size: int = 2, dty
     """A tiny LTX-2 transformer fine-tuned on CPU ranks (DeepSpeed ZeRO, or FSDP2 saved with DCP), with its base."""
     base = tiny_pipeline("render")
     scripts = ("finetune_tiny_ltx2.py", *PIPELINE_SCRIPTS, "deepspeed_cpu.py", "make_deepspeed_checkpoint.py",
-               "make_dcp_checkpoint.py")
+               "make_dcp_checkpoint.py", "tiny_training.py")
     command = [str(SCRIPTS / "finetune_tiny_ltx2.py"), str(base), "--writer", writer, "--stage", str(stage),
                "--world-size", str(world_size), "--dtype", dtype]
     name = f"finetune-ltx2-{writer}" + (f"-zero{stage}-{dtype}" if writer == "deepspeed" else "") + f"-ws{world_size}"

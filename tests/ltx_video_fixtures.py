@@ -46,7 +46,8 @@ def judge_vae(checkpoint: dict) -> dict:
 def finetune(stage: int = 2, world_size: int = 2, dtype: str = "bf16") -> DeepSpeedFixture:
     """A tiny LTX-Video transformer fine-tuned under real DeepSpeed (Diffusers names), with its base pipeline."""
     base = tiny_pipeline("2b", "0.9.5")
-    scripts = ("finetune_tiny_ltx_video.py", *PIPELINE_SCRIPTS, "deepspeed_cpu.py", "make_deepspeed_checkpoint.py")
+    scripts = ("finetune_tiny_ltx_video.py", *PIPELINE_SCRIPTS, "deepspeed_cpu.py", "make_deepspeed_checkpoint.py",
+               "tiny_training.py")
     command = [str(SCRIPTS / "finetune_tiny_ltx_video.py"), str(base), "--stage", str(stage), "--world-size",
                str(world_size), "--dtype", dtype]
     return DeepSpeedFixture(cached_fixture(f"finetune-ltx-zero{stage}-ws{world_size}-{dtype}", scripts, command), base)

@@ -88,7 +88,7 @@ def wan_finetune() -> DeepSpeedFixture:
     """A tiny Wan 2.1 T2V fine-tuned two steps in the original names under DeepSpeed ZeRO-2 (2 ranks, bf16), with
     the fp32 masters taken inside training (truth.safetensors, original names). Made once."""
     base = tiny_wan_pipeline("t2v")
-    scripts = ("finetune_tiny_wan.py", "accelerate_finetune.py", "deepspeed_cpu.py", "make_deepspeed_checkpoint.py",
+    scripts = ("finetune_tiny_wan.py", "tiny_training.py", "deepspeed_cpu.py", "make_deepspeed_checkpoint.py",
                "make_tiny_wan.py", "wan_tiny_configs.py", "tiny_models.py")
     return DeepSpeedFixture(cached_fixture("wan-finetune-t2v-zero2-ws2-bf16", scripts,
                                            [str(SCRIPTS / "finetune_tiny_wan.py"), str(base)]), base, "checkpoint-2")

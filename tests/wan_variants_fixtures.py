@@ -16,7 +16,7 @@ from wan_variants_tiny import SHAPE_CLASSES, build_tiny_variant, forward_inputs,
 
 PIPELINE_SCRIPTS = ("make_tiny_wan_variants.py", "wan_variants_tiny.py", "make_tiny_wan.py", "wan_tiny_configs.py",
                     "tiny_models.py")
-FINETUNE_SCRIPTS = ("finetune_tiny_wan_variants.py", "finetune_tiny_wan.py", "accelerate_finetune.py",
+FINETUNE_SCRIPTS = ("finetune_tiny_wan_variants.py", "finetune_tiny_wan.py", "tiny_training.py",
                     "deepspeed_cpu.py", "make_deepspeed_checkpoint.py", *PIPELINE_SCRIPTS)
 
 # Diffusers 0.42.1's convert_wan_transformer_to_diffusers has no rule for SkyReels-V2's fps projection (an nn.Sequential

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import CogExportError
+from .shape_facts import block_count, require
 
 PATCH = 2  # spatial patch size of every published variant
 PATCH_T = 2  # 1.5's temporal patch size
@@ -20,13 +21,10 @@ _NEEDED = ("patch_embed.proj.weight", "patch_embed.text_proj.weight", "proj_out.
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
     """Facts read off a Diffusers-named CogVideoX transformer state dict (names and shapes only)."""
-    absent = [name for name in _NEEDED if name not in shapes]
-    if absent:
-        raise CogExportError(f"the checkpoint has no {', '.join(absent)}: it is not a CogVideoX transformer")
+    require(shapes, _NEEDED, "a CogVideoX transformer")
     proj = shapes["patch_embed.proj.weight"]
     version = "1.0" if len(proj) == 4 else "1.5"  # 1.0 patches with a Conv2d, 1.5 with a Linear
     per_patch = PATCH * PATCH * (1 if version == "1.0" else PATCH_T)
-    layers = {int(name.split(".")[1]) for name in shapes if name.startswith("transformer_blocks.")}
     in_channels = proj[1] if version == "1.0" else proj[1] // per_patch
     out_channels = shapes["proj_out.weight"][0] // per_patch
     has_position_table = "patch_embed.pos_embedding" in shapes  # 5b-I2V's learned one, or a 2b file's sin-cos copy
@@ -36,7 +34,7 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
         "hidden": shapes["patch_embed.text_proj.weight"][0],
         "text_embed_dim": shapes["patch_embed.text_proj.weight"][1],
         "time_embed_dim": shapes["time_embedding.linear_1.weight"][0],
-        "layers": max(layers) + 1 if layers else 0,
+        "layers": block_count(shapes, "transformer_blocks."),
         "in_channels": in_channels,
         "out_channels": out_channels,
         "image_to_video": image_to_video,

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..errors import CogExportError
+from .shape_facts import block_count, require
 
 _NEEDED = ("x_embedder.proj.weight", "proj_out.weight", "context_embedder.proj_in.weight",
            "time_text_embed.text_embedder.linear_1.weight")
@@ -20,23 +21,16 @@ GUIDANCE = "time_text_embed.guidance_embedder.linear_1.weight"
 LATENT_CONCAT, TOKEN_REPLACE = "latent_concat", "token_replace"  # the two I2V conditionings (image_condition_type)
 
 
-def _count(shapes: Mapping[str, torch.Size], prefix: str) -> int:
-    indices = {int(name[len(prefix):].split(".")[0]) for name in shapes if name.startswith(prefix)}
-    return max(indices) + 1 if indices else 0
-
-
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
-    absent = [name for name in _NEEDED if name not in shapes]
-    if absent:
-        raise CogExportError(f"the checkpoint has no {', '.join(absent)}: it is not a HunyuanVideo transformer")
+    require(shapes, _NEEDED, "a HunyuanVideo transformer")
     patch = shapes["x_embedder.proj.weight"]  # Conv3d [hidden, C_in, pt, ph, pw]
     return {
         "hidden": patch[0],
         "in_channels": patch[1],
         "out_channels": shapes["proj_out.weight"][0] // patch[2:].numel(),
-        "layers": _count(shapes, "transformer_blocks."),
-        "single_layers": _count(shapes, "single_transformer_blocks."),
-        "refiner_layers": _count(shapes, "context_embedder.token_refiner.refiner_blocks."),
+        "layers": block_count(shapes, "transformer_blocks."),
+        "single_layers": block_count(shapes, "single_transformer_blocks."),
+        "refiner_layers": block_count(shapes, "context_embedder.token_refiner.refiner_blocks."),
         "guidance": GUIDANCE in shapes,
         "text_embed_dim": shapes["context_embedder.proj_in.weight"][1],
         "pooled_projection_dim": shapes["time_text_embed.text_embedder.linear_1.weight"][1],

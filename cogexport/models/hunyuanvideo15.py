@@ -17,6 +17,8 @@ import torch
 
 from ..errors import CogExportError
 from .diffusers_cache import diffusers_version
+from .original_config import original_config_beside
+from .shape_facts import block_count, require
 
 _NEEDED = ("x_embedder.proj.weight", "proj_out.weight", "context_embedder.proj_in.weight",
            "context_embedder_2.linear_1.weight", "image_embedder.norm_in.weight",
@@ -46,15 +48,8 @@ _REQUIRED_ORIGINAL = {
 }
 
 
-def _count(shapes: Mapping[str, torch.Size], prefix: str) -> int:
-    indices = {int(name[len(prefix):].split(".")[0]) for name in shapes if name.startswith(prefix)}
-    return max(indices) + 1 if indices else 0
-
-
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
-    absent = [name for name in _NEEDED if name not in shapes]
-    if absent:
-        raise CogExportError(f"the checkpoint has no {', '.join(absent)}: it is not a HunyuanVideo 1.5 transformer")
+    require(shapes, _NEEDED, "a HunyuanVideo 1.5 transformer")
     patch = shapes["x_embedder.proj.weight"]  # Conv3d [hidden, C_in, pt, ph, pw]
     hidden, head_dim = patch[0], shapes["transformer_blocks.0.attn.norm_q.weight"][0]
     return {
@@ -64,8 +59,8 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
         "in_channels": patch[1],
         "out_channels": shapes["proj_out.weight"][0] // patch[2:].numel(),
         "patch_size": list(patch[2:]),
-        "layers": _count(shapes, "transformer_blocks."),
-        "refiner_layers": _count(shapes, "context_embedder.token_refiner.refiner_blocks."),
+        "layers": block_count(shapes, "transformer_blocks."),
+        "refiner_layers": block_count(shapes, "context_embedder.token_refiner.refiner_blocks."),
         "text_embed_dim": shapes["context_embedder.proj_in.weight"][1],
         "text_embed_2_dim": shapes["context_embedder_2.linear_1.weight"][1],
         "image_embed_dim": shapes["image_embedder.norm_in.weight"][0],
@@ -112,17 +107,11 @@ def check_target(facts: Mapping[str, Any], config: Mapping[str, Any], where: str
 def config_beside(folders: Sequence[Path], facts: Mapping[str, Any]) -> dict | None:
     """The Diffusers config of a release or fine-tune in the original layout, from the HunyuanVideo_1_5 config.json
     beside its weights (so a release folder exports without --base)."""
-    for folder in folders:
-        path = Path(folder) / "config.json"
-        if not path.is_file():
-            continue
-        try:
-            original = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise CogExportError(f"{path} is not valid JSON") from None
-        if isinstance(original, dict) and original.get("_class_name") == ORIGINAL_CLASS:
-            return diffusers_config(original, facts, path)
-    return None
+    found = original_config_beside(folders, (ORIGINAL_CLASS,), strict=False)
+    if found is None:
+        return None
+    original, path = found
+    return diffusers_config(original, facts, path)
 
 
 def _check_original(original: Mapping[str, Any], where: Path | str) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..errors import CogExportError
+from .shape_facts import block_count, require
 
 _NEEDED = ("visual_embeddings.in_layer.weight", "out_layer.out_layer.weight", "time_embeddings.in_layer.weight",
            "text_embeddings.in_layer.weight", "pooled_text_embeddings.in_layer.weight",
@@ -22,15 +23,8 @@ PATCH_VOLUME = 4  # the (1, 2, 2) patch of every release: the visual embedding t
 PRO_WIDTH = 4096  # the 19B Pro model's width (Lite: 1792)
 
 
-def _count(shapes: Mapping[str, torch.Size], prefix: str) -> int:
-    indices = {int(name[len(prefix):].split(".")[0]) for name in shapes if name.startswith(prefix)}
-    return max(indices) + 1 if indices else 0
-
-
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
-    absent = [name for name in _NEEDED if name not in shapes]
-    if absent:
-        raise CogExportError(f"the checkpoint has no {', '.join(absent)}: it is not a Kandinsky 5 transformer")
+    require(shapes, _NEEDED, "a Kandinsky 5 transformer")
     visual_in = shapes["visual_embeddings.in_layer.weight"]  # Linear [model_dim, patch volume x visual channels]
     in_channels = visual_in[1] // PATCH_VOLUME
     out_channels = shapes["out_layer.out_layer.weight"][0] // PATCH_VOLUME
@@ -40,8 +34,8 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
         "time_dim": shapes["time_embeddings.in_layer.weight"][0],
         "ff_dim": feed_forward[0] if feed_forward is not None else None,
         "head_dim": shapes["visual_transformer_blocks.0.self_attention.query_norm.weight"][0],
-        "visual_blocks": _count(shapes, "visual_transformer_blocks."),
-        "text_blocks": _count(shapes, "text_transformer_blocks."),
+        "visual_blocks": block_count(shapes, "visual_transformer_blocks."),
+        "text_blocks": block_count(shapes, "text_transformer_blocks."),
         "in_channels": in_channels,
         "out_channels": out_channels,
         # the conditioned models take 2 x channels + 1: the noisy latents, the condition's latents and a mask

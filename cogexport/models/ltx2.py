@@ -12,18 +12,15 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from ..errors import CogExportError
 from .ltx2_release_config import release_config, transformer_config
+from .shape_facts import block_count, metadata_json, one_task, require
 
 _NEEDED = ("proj_in.weight", "audio_proj_in.weight", "proj_out.weight", "audio_proj_out.weight")
 LAYOUTS = {"2.0": "LTX-2-19B-dev", "2.3": "LTX-2.3-22B-dev"}  # the published variant each version's layout is
 
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
-    absent = [name for name in _NEEDED if name not in shapes]
-    if absent:
-        raise CogExportError(f"the checkpoint has no {', '.join(absent)}: it is not an LTX-2 transformer")
-    layers = {int(name.split(".")[1]) for name in shapes if name.startswith("transformer_blocks.")}
+    require(shapes, _NEEDED, "an LTX-2 transformer")
     caption = shapes.get("caption_projection.linear_1.weight")
     return {
         "hidden": shapes["proj_in.weight"][0],
@@ -31,7 +28,7 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
         "out_channels": shapes["proj_out.weight"][0],
         "audio_hidden": shapes["audio_proj_in.weight"][0],
         "audio_in_channels": shapes["audio_proj_in.weight"][1],
-        "layers": max(layers) + 1 if layers else 0,
+        "layers": block_count(shapes, "transformer_blocks."),
         "caption_channels": caption[1] if caption is not None else None,
         "version": version_of_names(shapes),
     }
@@ -49,18 +46,10 @@ def version_of_names(names: Sequence[str] | Mapping[str, Any]) -> str:
 
 def release_facts(shapes: Mapping[str, torch.Size], metadata: Mapping[str, str]) -> dict[str, Any]:
     """What a release file says beside the transformer: the config JSON in its header metadata."""
-    if "config" not in metadata:
-        return {}
-    try:
-        config = json.loads(metadata["config"])
-    except ValueError:
-        raise CogExportError("the checkpoint's safetensors metadata 'config' is not valid JSON; the file is corrupt or "
-                             "not an LTX-2 release") from None
-    return {"release_config": config} if isinstance(config, dict) else {}
+    return metadata_json(metadata, "config", "release_config", "an LTX-2 release")
 
 
-def task_of(facts: Mapping[str, Any]) -> str:
-    return "t2v"
+task_of = one_task("t2v")
 
 
 def tasks_of(facts: Mapping[str, Any]) -> tuple[str, ...]:

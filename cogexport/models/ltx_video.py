@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..errors import CogExportError
+from .shape_facts import block_count, require
 
 _NEEDED = ("proj_in.weight", "proj_out.weight", "caption_projection.linear_1.weight")
 VAE_PREFIX = "vae."  # the VAE's keys in a single-file release
@@ -22,17 +23,14 @@ WIDE_HEAD = 128  # 13B's attention head width (2B: 64)
 
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
-    absent = [name for name in _NEEDED if name not in shapes]
-    if absent:
-        raise CogExportError(f"the checkpoint has no {', '.join(absent)}: it is not an LTX-Video transformer")
+    require(shapes, _NEEDED, "an LTX-Video transformer")
     proj_in = shapes["proj_in.weight"]  # Linear [D, C_in] (patch size 1: latents are tokens)
-    layers = {int(name.split(".")[1]) for name in shapes if name.startswith("transformer_blocks.")}
     cross = shapes.get("transformer_blocks.0.attn2.to_k.weight")
     return {
         "hidden": proj_in[0],
         "in_channels": proj_in[1],
         "out_channels": shapes["proj_out.weight"][0],
-        "layers": max(layers) + 1 if layers else 0,
+        "layers": block_count(shapes, "transformer_blocks."),
         "caption_channels": shapes["caption_projection.linear_1.weight"][1],
         "cross_attention_dim": cross[1] if cross is not None else None,
     }

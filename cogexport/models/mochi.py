@@ -6,24 +6,21 @@ key_maps/mochi/family.toml.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from ..errors import CogExportError
+from .shape_facts import block_count, metadata_json, one_task, one_variant, require
 
 _NEEDED = ("patch_embed.proj.weight", "proj_out.weight", "time_embed.caption_proj.weight", "pos_frequencies")
 RELEASE = "mochi-1-preview"
 
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
-    absent = [name for name in _NEEDED if name not in shapes]
-    if absent:
-        raise CogExportError(f"the checkpoint has no {', '.join(absent)}: it is not a Mochi transformer")
+    require(shapes, _NEEDED, "a Mochi transformer")
     patch = shapes["patch_embed.proj.weight"]  # Conv2d [D, C_in, p, p]
-    layers = {int(name.split(".")[1]) for name in shapes if name.startswith("transformer_blocks.")}
     ffn = shapes.get("transformer_blocks.0.ff.net.0.proj.weight")
     return {
         "hidden": patch[0],
@@ -31,7 +28,7 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
         "patch_size": patch[2],
         "out_channels": shapes["proj_out.weight"][0] // (patch[2] * patch[3]),
         "heads": shapes["pos_frequencies"][1],  # [3 axes, heads, head_dim / 2]
-        "layers": max(layers) + 1 if layers else 0,
+        "layers": block_count(shapes, "transformer_blocks."),
         "pooled": shapes["time_embed.caption_proj.weight"][0],
         "text_dim": shapes["time_embed.caption_proj.weight"][1],
         "ffn": ffn[0] // 2 if ffn is not None else None,  # SwiGLU: value and gate stacked
@@ -40,18 +37,10 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
 
 def release_facts(shapes: Mapping[str, torch.Size], metadata: Mapping[str, str]) -> dict[str, Any]:
     """genmo's fine-tuner saves the model's constructor kwargs as JSON under the metadata key "kwargs"."""
-    if "kwargs" not in metadata:
-        return {}
-    try:
-        kwargs = json.loads(metadata["kwargs"])
-    except ValueError:
-        raise CogExportError("the checkpoint's safetensors metadata 'kwargs' is not valid JSON; the file is corrupt "
-                             "or not a genmo fine-tuner checkpoint") from None
-    return {"release_kwargs": kwargs} if isinstance(kwargs, dict) else {}
+    return metadata_json(metadata, "kwargs", "release_kwargs", "a genmo fine-tuner checkpoint")
 
 
-def task_of(facts: Mapping[str, Any]) -> str:
-    return "t2v"
+task_of = one_task("t2v")
 
 
 def describe(facts: Mapping[str, Any]) -> str:
@@ -59,9 +48,7 @@ def describe(facts: Mapping[str, Any]) -> str:
             f"stream {facts['pooled']} wide")
 
 
-def layout_variant(config: Mapping[str, Any], experts: Sequence[str] = (),
-                   pipeline: Mapping[str, Any] | None = None) -> str:
-    return RELEASE
+layout_variant = one_variant(RELEASE)
 
 
 def check_target(facts: Mapping[str, Any], config: Mapping[str, Any], where: str) -> None:

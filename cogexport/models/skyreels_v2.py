@@ -70,8 +70,7 @@ def config_beside(folders: Sequence[Path], facts: Mapping[str, Any]) -> dict | N
     if found is None:
         return None
     original, path = found
-    config = wan.diffusers_config({"text_dim": facts["text_dim"], "patch_size": facts["patch_size"], **original},
-                                  facts, path)
+    config = wan.config_from_release(original, facts, path)
     config[SAMPLE_INFO] = bool(original.get(SAMPLE_INFO, facts["sample_info"]))
     return config
 

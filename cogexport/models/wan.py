@@ -13,6 +13,8 @@ import torch
 
 from ..errors import CogExportError
 from .diffusers_cache import diffusers_version
+from .original_config import original_config_beside
+from .shape_facts import block_count, require
 
 _NEEDED = ("patch_embedding.weight", "proj_out.weight", "condition_embedder.text_embedder.linear_1.weight")
 IMAGE_EMBEDDER = "condition_embedder.image_embedder."
@@ -20,12 +22,9 @@ ORIGINAL_CLASS = "WanModel"
 
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
-    absent = [name for name in _NEEDED if name not in shapes]
-    if absent:
-        raise CogExportError(f"the checkpoint has no {', '.join(absent)}: it is not a Wan transformer")
+    require(shapes, _NEEDED, "a Wan transformer")
     patch = shapes["patch_embedding.weight"]  # Conv3d [D, C_in, pt, ph, pw]
     per_patch = patch[2:].numel()
-    layers = {int(name.split(".")[1]) for name in shapes if name.startswith("blocks.")}
     ffn = shapes.get("blocks.0.ffn.net.0.proj.weight")
     image_norm, image_positions = shapes.get(f"{IMAGE_EMBEDDER}norm1.weight"), shapes.get(f"{IMAGE_EMBEDDER}pos_embed")
     added_k = shapes.get("blocks.0.attn2.add_k_proj.weight")
@@ -34,7 +33,7 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
         "in_channels": patch[1],
         "out_channels": shapes["proj_out.weight"][0] // per_patch,
         "patch_size": list(patch[2:]),
-        "layers": max(layers) + 1 if layers else 0,
+        "layers": block_count(shapes, "blocks."),
         "ffn": ffn[0] if ffn is not None else None,
         "text_dim": shapes["condition_embedder.text_embedder.linear_1.weight"][1],
         "image_branch": image_norm is not None,
@@ -93,18 +92,18 @@ def config_beside(folders: Sequence[Path], facts: Mapping[str, Any]) -> dict | N
     """The Diffusers config for an original-layout release or fine-tune, from the WanModel config.json beside its
     weights (so a custom-size original checkpoint exports without --base). What the released files leave out (text_dim,
     patch_size) is read off the shapes."""
-    for folder in folders:
-        path = Path(folder) / "config.json"
-        if not path.is_file():
-            continue
-        try:
-            original = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise CogExportError(f"{path} is not valid JSON") from None
-        if isinstance(original, dict) and original.get("_class_name") == ORIGINAL_CLASS:
-            return diffusers_config({"text_dim": facts["text_dim"], "patch_size": facts["patch_size"], **original},
-                                    facts, path)
-    return None
+    found = original_config_beside(folders, (ORIGINAL_CLASS,), strict=False)
+    if found is None:
+        return None
+    original, path = found
+    return config_from_release(original, facts, path)
+
+
+def config_from_release(original: Mapping[str, Any], facts: Mapping[str, Any], where: Path | str) -> dict:
+    """The Diffusers config of a WanModel-like config.json as the releases write it: what they leave out (text_dim,
+    patch_size) read off the shapes."""
+    shapes_say = {"text_dim": facts["text_dim"], "patch_size": facts["patch_size"]}
+    return diffusers_config({**shapes_say, **original}, facts, where)
 
 
 def diffusers_config(original: Mapping[str, Any], facts: Mapping[str, Any], where: Path | str) -> dict:

@@ -16,6 +16,7 @@ from ..errors import CogExportError
 from . import wan
 from .diffusers_cache import remembered
 from .original_config import original_config_beside
+from .shape_facts import block_count, one_task, one_variant, require
 
 ORIGINAL_CLASS = "WanAnimateModel"
 _MOTION, _FACE = "motion_encoder.", "face_encoder."
@@ -26,11 +27,6 @@ _NEEDED = ("pose_patch_embedding.weight", f"{_MOTION}motion_synthesis_weight", f
 _ANIMATE_KEYS = ("latent_channels", "motion_encoder_size", "motion_style_dim", "motion_dim", "motion_encoder_dim",
                  "face_encoder_hidden_dim", "face_encoder_num_heads", "inject_face_latents_blocks",
                  "motion_encoder_channel_sizes")
-
-
-def _count(shapes: Mapping[str, torch.Size], prefix: str) -> int:
-    indices = {int(name[len(prefix):].split(".")[0]) for name in shapes if name.startswith(prefix)}
-    return max(indices) + 1 if indices else 0
 
 
 def _channel_sizes(shapes: Mapping[str, torch.Size], size: int, blocks: int) -> dict[str, int] | None:
@@ -56,11 +52,9 @@ def _default_channel_sizes() -> dict[str, int]:
 
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
-    absent = [name for name in _NEEDED if name not in shapes]
-    if absent:
-        raise CogExportError(f"the checkpoint has no {', '.join(absent)}: it is not a Wan Animate transformer")
+    require(shapes, _NEEDED, "a Wan Animate transformer")
     facts = wan.read_facts(shapes)
-    blocks, adapters = _count(shapes, f"{_MOTION}res_blocks."), _count(shapes, "face_adapter.")
+    blocks, adapters = block_count(shapes, f"{_MOTION}res_blocks."), block_count(shapes, "face_adapter.")
     size = 2 ** (blocks + 2)  # each residual block halves the map, down to the 4x4 conv_out
     synthesis, hidden = shapes[f"{_MOTION}motion_synthesis_weight"], shapes[f"{_FACE}conv2.weight"][0]
     facts.update(
@@ -73,8 +67,7 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
     return facts
 
 
-def task_of(facts: Mapping[str, Any]) -> str:
-    return "animate"
+task_of = one_task("animate")
 
 
 def describe(facts: Mapping[str, Any]) -> str:
@@ -82,9 +75,7 @@ def describe(facts: Mapping[str, Any]) -> str:
             f"{facts['face_adapters']} face adapters")
 
 
-def layout_variant(config: Mapping[str, Any], experts: Sequence[str] = (),
-                   pipeline: Mapping[str, Any] | None = None) -> str:
-    return "Wan2.2-Animate-14B"
+layout_variant = one_variant("Wan2.2-Animate-14B")
 
 
 def check_target(facts: Mapping[str, Any], config: Mapping[str, Any], where: str) -> None:
@@ -103,8 +94,7 @@ def config_beside(folders: Sequence[Path], facts: Mapping[str, Any]) -> dict | N
     if found is None:
         return None
     original, path = found
-    config = wan.diffusers_config({"text_dim": facts["text_dim"], "patch_size": facts["patch_size"], **original},
-                                  facts, path)
+    config = wan.config_from_release(original, facts, path)
     config.update({key: facts[key] for key in _ANIMATE_KEYS})
     return config
 

@@ -14,6 +14,7 @@ import torch
 from ..errors import CogExportError
 from . import wan
 from .original_config import original_config_beside
+from .shape_facts import block_count, one_task
 
 ORIGINAL_CLASS = "VaceWanModel"
 _VACE_EMBEDDING = "vace_patch_embedding.weight"
@@ -23,13 +24,11 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
     if _VACE_EMBEDDING not in shapes:
         raise CogExportError(f"the checkpoint has no {_VACE_EMBEDDING}: it is not a Wan VACE transformer")
     facts = wan.read_facts(shapes)
-    blocks = {int(name.split(".")[1]) for name in shapes if name.startswith("vace_blocks.")}
-    facts.update(vace_blocks=max(blocks) + 1 if blocks else 0, vace_in_channels=shapes[_VACE_EMBEDDING][1])
+    facts.update(vace_blocks=block_count(shapes, "vace_blocks."), vace_in_channels=shapes[_VACE_EMBEDDING][1])
     return facts
 
 
-def task_of(facts: Mapping[str, Any]) -> str:
-    return "vace"
+task_of = one_task("vace")
 
 
 def describe(facts: Mapping[str, Any]) -> str:
@@ -61,8 +60,7 @@ def config_beside(folders: Sequence[Path], facts: Mapping[str, Any]) -> dict | N
     if found is None:
         return None
     original, path = found
-    config = wan.diffusers_config({"text_dim": facts["text_dim"], "patch_size": facts["patch_size"], **original},
-                                  facts, path)
+    config = wan.config_from_release(original, facts, path)
     layers = original.get("vace_layers")
     config["vace_layers"] = list(range(0, config["num_layers"], 2)) if layers is None else [int(i) for i in layers]
     config["vace_in_channels"] = int(original.get("vace_in_dim") or config["in_channels"])
