@@ -160,7 +160,7 @@ def _verify_folder(folder: Path, sources: list[Path], options: SourceChoice, loa
         report = VerifyReport(str(folder), class_name)
         if component == "transformer" and lora_key(list(source)) is not None:
             report.kind = "fused model"
-            adapter = read_adapter(source, where, None, _folders(sources), source.info.metadata)
+            adapter = read_adapter(source, where, None, _folders(sources), source.info.header_metadata)
             if not adapter.has_base_weights:
                 raise CogExportError(f"{where} holds only a LoRA adapter; verify the fused folder against the run "
                                      "that holds the base weights too, or verify the adapter folder")
@@ -221,10 +221,11 @@ def _verify_adapter(folder: Path, sources: list[Path], options: SourceChoice) ->
     alphas: the strength its loader will apply is the trained one."""
     where = ", ".join(map(str, sources))
     with options.open(sources) as source, open_checkpoint(folder) as written_file:
-        trained = read_adapter(source, where, None, _folders(sources), source.info.metadata)
+        trained = read_adapter(source, where, None, _folders(sources), source.info.header_metadata)
         # the folder's names may fit another family too (Diffusers names CogVideoX and LTX-Video share): it holds
         # the run's family's adapter
-        written = read_adapter(written_file, str(folder), None, [folder], written_file.info.metadata, trained.family)
+        written = read_adapter(written_file, str(folder), None, [folder], written_file.info.header_metadata,
+                               trained.family)
         report = VerifyReport(str(folder), f"{written.table.format.title} LoRA adapter", kind="LoRA adapter")
         for name in sorted(set(trained.modules) - set(written.modules)):
             report.mismatches.append(f"{name}: the run adapts it, the folder does not")

@@ -11,9 +11,10 @@ publish.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
+from ..checkpoint.readers import info_dict
 from ..models.family import component_title
 from ..precision import describe_written
 from ..write.folder_plan import FolderPlan
@@ -51,7 +52,7 @@ def way_back_result(parts: list[OriginalPart], folder: FolderPlan, what: str, in
                     precision: str) -> ExportResult:
     source = next(iter(inputs.sources.values()))
     return ExportResult(output, what, parts[0].label, folder.written_paths, folder.tensors, folder.total_bytes,
-                        precision, family=parts[0].family.name, source=asdict(source.info),
+                        precision, family=parts[0].family.name, source=info_dict(source.info),
                         notes=[*source.info.notes, *(note for part in parts for note in part.notes)])
 
 
