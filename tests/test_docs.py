@@ -147,7 +147,7 @@ def test_the_reader_guide_names_every_field_of_a_reader_and_a_claim_and_every_re
     assert [(row[0], row[1]) for row in fields_table] == [
         (f"`{name}`", "yes" if needed else "no") for name, needed in required.items()], \
         "docs/adding-a-reader.md: the table of a reader's fields is not Reader's fields"
-    assert [(row[0], row[1]) for row in readers_table] == [(reader.name, f"`{reader.format}`") for reader in BUILT_IN], \
+    assert [(row[0], row[1]) for row in readers_table] == [(r.name, f"`{r.format}`") for r in BUILT_IN], \
         "docs/adding-a-reader.md: the table of cogexport's readers is not the registry's BUILT_IN"
     [claim_table] = _section_tables(guide, "Claims")
     assert [row[0] for row in claim_table] == [f"`{f.name}`" for f in fields(Claim)], \

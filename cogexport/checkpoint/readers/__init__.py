@@ -58,8 +58,9 @@ def remove_reader(name: str) -> None:
 def _installed() -> tuple[Reader, ...]:
     found: list[Reader] = []
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        package = getattr(entry, "dist", None)
         where = f"the reader {entry.name} = {entry.value} (entry point group {ENTRY_POINT_GROUP}" + \
-            (f" of the package {entry.dist.name})" if entry.dist else ")")
+            (f" of the package {package.name})" if package else ")")
         try:
             reader = entry.load()
         except Exception as error:  # anything its module raises: it is another package's code
@@ -75,8 +76,7 @@ def _installed() -> tuple[Reader, ...]:
 # -- what shared code asks -----------------------------------------------------------------------------------------
 def claiming_order() -> list[Reader]:
     """The readers in the order they claim a folder: whole-folder readers first, then the readers of loose files."""
-    every = readers()
-    return [reader for reader in every if reader.whole_folders] + [r for r in every if not r.whole_folders]
+    return sorted(readers(), key=lambda reader: not reader.whole_folders)  # a stable sort: registry order in each
 
 
 def reader_of_format(format: str) -> Reader | None:
