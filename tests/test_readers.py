@@ -126,6 +126,19 @@ def test_a_reader_that_supersedes_another_takes_the_folder_they_both_claim(tmp_p
     assert readers == (["toy folders"] if supersedes else ["Hugging Face writer", "toy folders"])
 
 
+@pytest.mark.parametrize("supersedes", [(), ("safetensors",)])
+def test_a_reader_that_supersedes_another_takes_the_files_they_both_name(tmp_path, supersedes):
+    """A variant of a format cogexport reads (DeepSpeed AutoTP's model states beside DeepSpeed's)."""
+    register_reader(Reader(name="toy variant", format="toy-variant", what="x", looks_for="x",
+                           claims=lambda scan: [], describe=lambda facts: "x", supersedes=supersedes,
+                           reads_file=lambda path: path.suffix == ".safetensors", open_file=lambda path, options: None))
+    try:
+        named = reader_of_file(tmp_path / "model.safetensors").name
+    finally:
+        remove_reader("toy variant")
+    assert named == ("toy variant" if supersedes else "safetensors")
+
+
 def test_register_reader_refuses_a_malformed_reader_in_one_line():
     clash = Reader(name="DCP", format="dcp2", what="x", looks_for="x", claims=lambda scan: [],
                    describe=lambda facts: "x")

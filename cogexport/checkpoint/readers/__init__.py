@@ -91,9 +91,12 @@ def phrase_of(format: str) -> str:
 
 
 def reader_of_file(path: Path) -> Reader | None:
-    """The reader of a file given alone: the first that names it, else the one that reads a file of any name."""
+    """The reader of a file given alone: the first that names it (but for one another reader naming it supersedes),
+    else the one that reads a file of any name."""
     every = readers()
-    named = next((reader for reader in every if reader.reads_file is not None and reader.reads_file(path)), None)
+    naming = [reader for reader in every if reader.reads_file is not None and reader.reads_file(path)]
+    superseded = {name for reader in naming for name in reader.supersedes}
+    named = next((reader for reader in naming if reader.name not in superseded), None)
     return named or next((reader for reader in every if reader.any_file), None)
 
 

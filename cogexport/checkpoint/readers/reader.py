@@ -33,7 +33,7 @@ class Reader:
     describe: Callable[[Any], str]  # inspect's "format" row, from its facts
     facts: type[ReaderFacts] = ReaderFacts  # its own facts (a dataclass), flattened into inspect's report
     whole_folders: bool = False  # claims folders whole: asked before the readers of loose files, which skip its covers
-    supersedes: tuple[str, ...] = ()  # readers whose whole-folder claims on a folder it claims too give way to its
+    supersedes: tuple[str, ...] = ()  # readers giving way to it on a folder both claim whole, a file both name
     not_weights: tuple[re.Pattern[str], ...] = ()  # files its saves keep that are never weights on their own
     reads_file: Callable[[Path], bool] | None = None  # whether a file given alone is its (by name or first bytes)
     open_file: Callable[[Path, OpenOptions], LazyCheckpoint] | None = None  # opens a file given alone
