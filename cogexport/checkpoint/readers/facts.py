@@ -26,7 +26,7 @@ def common_fact_names() -> list[str]:
 
 def fact_defaults(facts: type[ReaderFacts]) -> dict[str, Any]:
     """Each of a facts class's fields with its value when the reader records nothing."""
-    return {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+    return {f.name: f.default if f.default is not MISSING else f.default_factory()
             for f in fields(facts) if f.default is not MISSING or f.default_factory is not MISSING}
 
 
