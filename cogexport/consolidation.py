@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from .checkpoint import as_paths, open_checkpoint
+from .checkpoint.readers import info_dict
 from .errors import CogExportError
 from .lazy import LazyTensor
 from .precision import dtype_named
@@ -64,4 +65,4 @@ def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Pat
                    check=lambda: check_destination(output, source.own_folders(), [*paths, *source.info.files],
                                                    overwrite))
         return ConsolidateResult(str(output), folder.written_paths, len(tensors), plan.total_bytes, dtype,
-                                 asdict(source.info))
+                                 info_dict(source.info))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from .checkpoint import LazyCheckpoint, open_checkpoint
+from .checkpoint.readers import format_row, info_dict
 from .checkpoint.deepspeed_zero import DTYPE_NAMES
 from .errors import CogExportError
 from .exporter.output_formats import ReadBack, output_format, output_formats
@@ -47,16 +47,16 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bo
         if check_data:
             _check_data(checkpoint, progress)
         info = checkpoint.info
-        report = {**asdict(info), "data_checked": check_data, "usable": not info.problems and len(checkpoint) > 0,
+        report = {**info_dict(info), "data_checked": check_data, "usable": not info.problems and len(checkpoint) > 0,
                   "tensors": _tensor_rows(checkpoint), **_sizes(checkpoint)}
         folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
         folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
-        report["models"] = recognise_models(checkpoint, info.metadata, folders) if len(checkpoint) else {}
+        report["models"] = recognise_models(checkpoint, info.header_metadata, folders) if len(checkpoint) else {}
         back = read_back(checkpoint)
         if back is not None:  # a quantized file: say what it holds, and read the model in the weights it stands for
             info.notes += back.notes
             report["notes"] = info.notes
-            report["models"] = recognise_models(back.weights, info.metadata, folders)
+            report["models"] = recognise_models(back.weights, info.header_metadata, folders)
         if "problem" in report["models"].get("lora", {}):
             report["usable"] = False  # an adapter nothing reads
     return report
@@ -170,26 +170,6 @@ def _names(names: list[str], limit: int = 6) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _format_row(report: dict) -> str:
-    if report["format"] == "dcp":
-        return (f"PyTorch distributed checkpoint (DCP), saved by {report['writer']}, world size "
-                f"{report['world_size'] or '?'}")
-    if report["format"] == "hf-storage":
-        ranks = f", {report['world_size']} ranks" if report["world_size"] else ""
-        return f"PyTorch distributed checkpoint in safetensors, saved by {report['writer']}{ranks}"
-    if report["format"] == "gguf":
-        return f"GGUF, architecture {report['metadata'].get('general.architecture', '?')}"
-    if report["format"] != "deepspeed":
-        return {"safetensors": "safetensors", "torch": "torch.save state dict",
-                "deepspeed-universal": f"DeepSpeed universal checkpoint (saved at world size {report['world_size']}; "
-                                       "load with {\"checkpoint\": {\"load_universal\": true}})"}[report["format"]]
-    stage = report["stage"]
-    kind = {None: "model states only (as SAT saves them)", 0: "ZeRO stage 0 (no partitioning)"}.get(
-        stage, f"ZeRO-{stage}")
-    return (f"DeepSpeed {kind}, {report['training_dtype'] or '?'} training, world size {report['world_size']}"
-            + (f", saved by DeepSpeed {report['ds_version']}" if report["ds_version"] else ""))
-
-
 def model_components() -> tuple[str, ...]:
     """Every model any family exports (transformer, vae, audio_vae, ...), the transformer first."""
     return tuple(dict.fromkeys(name for family in families() for name in family.components))
@@ -241,7 +221,7 @@ def render_inspect_text(report: dict) -> str:
         ("checkpoint", ", ".join(report["paths"])),
         *([("tag", f"{report['tag']}" + (f" (tags here: {', '.join(tags)})" if len(tags) > 1 else ""))]
           if report["tag"] else []),
-        ("format", _format_row(report)),
+        ("format", format_row(report)),
         *([("step", str(report["step"]))] if report["step"] is not None else []),
         ("weights", report["weights_source"] or "cannot be assembled (see problems)"),
         *([("holds", "; ".join(report["contents"]))] if report.get("contents") else []),

@@ -29,6 +29,7 @@ from .checkpoint import as_paths
 from .checkpoint.deepspeed_universal import MODEL_STATES_NAMES, NOT_RESTORED, RESTORED
 from .checkpoint.dcp_locate import locate_dcp
 from .checkpoint.deepspeed_zero import DeepSpeedCheckpoint
+from .checkpoint.readers import info_dict
 from .checkpoint.torch_archive import StoredTensor
 from .errors import CogExportError
 from .lazy import LazyTensor
@@ -103,11 +104,11 @@ def _plan(source: DeepSpeedCheckpoint) -> tuple[list[TensorFile], list[str], tor
 def _optimizer_state(source: DeepSpeedCheckpoint, step: torch.Tensor | None) -> dict:
     """zero/optimizer_state.pt with the keys every stage's loader reads, and nothing it does not."""
     saved = source.optimizer_state
-    if source.info.stage == 3:
+    if source.facts.stage == 3:
         param_groups = saved["optimizer_state_dict"]["param_groups"]
     else:
         param_groups = saved["base_optimizer_state"]["param_groups"]
-    state = {"param_groups": param_groups, "ds_version": source.info.ds_version or saved.get("ds_version", "0.0.0"),
+    state = {"param_groups": param_groups, "ds_version": source.facts.ds_version or saved.get("ds_version", "0.0.0"),
              "optimizer_state_dict": {"state": {0: {"step": step}} if step is not None else {0: {}},
                                       "param_groups": param_groups}}
     state.update({key: saved[key] for key in _GLOBAL_KEYS if key in saved})
@@ -134,10 +135,10 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
         raise CogExportError(f"{paths[0]} is a PyTorch distributed checkpoint (DCP), which loads at any world size "
                              "as it is; cogexport universal converts DeepSpeed ZeRO checkpoints")
     with DeepSpeedCheckpoint(paths, tag) as source:
-        info = source.info
-        if info.stage not in (1, 2, 3) or not source.groups:
+        info, stage = source.info, source.facts.stage
+        if stage not in (1, 2, 3) or not source.groups:
             raise CogExportError(f"{source.files.where} is not a ZeRO-1/2/3 checkpoint with optimizer files (stage "
-                                 f"{info.stage}); a universal checkpoint is made from the optimizer's partitions, and "
+                                 f"{stage}); a universal checkpoint is made from the optimizer's partitions, and "
                                  "DeepSpeed cannot resume stage 0 from one")
         model_states = source.files.model_states or source.files.zero3_model_states[0]
         destination = Path(output) if output else model_states.parent.parent / f"{info.tag}{UNIVERSAL_SUFFIX}"
@@ -153,7 +154,7 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
                    check=lambda: check_destination(destination, source.own_folders(), info.files, overwrite))
         latest = current_ranks().from_leader(lambda: _point_latest(destination))
         return UniversalResult(str(destination), str(latest), len(info.trainable), state_names, len(info.frozen),
-                               len(info.buffers), len(files) + 3, total, source=asdict(info))
+                               len(info.buffers), len(files) + 3, total, source=info_dict(info))
 
 
 def _fp32_bytes(tensor: LazyTensor) -> int:

@@ -22,10 +22,11 @@ def _verify_adapter(folder: Path, request: VerifyRequest) -> VerifyReport:
     sources = request.against
     where = ", ".join(map(str, sources))
     with request.choice.open(sources) as source, open_checkpoint(folder) as written_file:
-        trained = read_adapter(source, where, None, source_folders(sources), source.info.metadata)
+        trained = read_adapter(source, where, None, source_folders(sources), source.info.header_metadata)
         # the folder's names may fit another family too (Diffusers names CogVideoX and LTX-Video share): it holds
         # the run's family's adapter
-        written = read_adapter(written_file, str(folder), None, [folder], written_file.info.metadata, trained.family)
+        written = read_adapter(written_file, str(folder), None, [folder], written_file.info.header_metadata,
+                               trained.family)
         report = VerifyReport(str(folder), f"{written.table.format.title} LoRA adapter", kind="LoRA adapter")
         for name in sorted(set(trained.modules) - set(written.modules)):
             report.mismatches.append(f"{name}: the run adapts it, the folder does not")

@@ -69,7 +69,7 @@ def _verify_folder(folder: Path, sources: list[Path], request: VerifyRequest) ->
         report = VerifyReport(str(folder), class_name)
         if component == "transformer" and lora_key(list(source)) is not None:
             report.kind = "fused model"
-            adapter = read_adapter(source, where, None, source_folders(sources), source.info.metadata)
+            adapter = read_adapter(source, where, None, source_folders(sources), source.info.header_metadata)
             if not adapter.has_base_weights:
                 raise CogExportError(f"{where} holds only a LoRA adapter; verify the fused folder against the run "
                                      "that holds the base weights too, or verify the adapter folder")

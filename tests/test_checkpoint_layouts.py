@@ -84,9 +84,9 @@ def test_latest_wins_and_tag_overrides_it(tmp_path):
     save_dir = _two_tags(tmp_path)
     (save_dir / "latest").write_text("global_step10")
     with open_checkpoint(save_dir) as opened:
-        assert opened.info.stage == 3
+        assert opened.info.facts.stage == 3
     with open_checkpoint(save_dir, tag="global_step2") as opened:
-        assert opened.info.stage == 2
+        assert opened.info.facts.stage == 2
     with pytest.raises(CogExportError, match="names tag 'global_step9'"):
         open_checkpoint(save_dir, tag="global_step9")
 

@@ -60,7 +60,7 @@ def test_reads_only_the_model_chunks_and_keeps_optimizer_states_readable(writer,
         assert list(checkpoint) == list(run.weights)  # the module's own names, in its state_dict order
         # the step comes from the step folder's name; a plain save's "step" entry is a pickle, never loaded
         assert (checkpoint.info.tag, checkpoint.info.step) == (run.last_step.name, None if writer == "plain" else 2)
-        assert checkpoint.info.world_size == world_size
+        assert checkpoint.info.facts.world_size == world_size
         for name in checkpoint:
             checkpoint[name].load()
         assert sum(checkpoint.bytes_read().values()) == sum(t.nbytes for t in run.weights.values())
@@ -123,7 +123,7 @@ def test_compiled_model_keys_lose_orig_mod():
     run = dcp_checkpoint("plain", "cogvideox-2b", 2, compile=True)
     with open_checkpoint(run.run) as checkpoint:
         assert set(checkpoint) == set(run.weights)  # saved as model.transformer_blocks.0._orig_mod.norm1...
-        assert checkpoint.info.writer == "torch.distributed.checkpoint (dcp.save)"
+        assert checkpoint.info.facts.writer == "torch.distributed.checkpoint (dcp.save)"
 
 
 def test_finetrainers_bf16_save_exports_and_says_it_is_bf16(tmp_path, cli):

@@ -206,3 +206,36 @@ def test_every_code_name_a_guide_gives_exists(page):
         elif CODE_NAME.fullmatch(span):
             missing += [span for word in re.findall(r"[A-Za-z_]\w*", span) if word not in words][:1]
     assert not missing, f"docs/{page} names code that does not exist: {', '.join(missing)}"
+
+
+
+def _section_tables(page: Path, heading: str) -> list[list[list[str]]]:
+    """The tables under ``## heading``, each as its rows (header row and rule left out), cell by cell."""
+    section = page.read_text(encoding="utf-8").split(f"\n## {heading}\n")[1].split("\n## ")[0]
+    tables, rows = [], []
+    for line in [*section.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            tables, rows = [*tables, rows[2:]], []
+    return tables
+
+
+def test_the_reader_guide_names_every_field_of_a_reader_and_a_claim_and_every_reader_of_cogexports():
+    """docs/adding-a-reader.md cannot go stale: its tables are Reader's fields (and which are required), cogexport's
+    own readers in registry order, and Claim's fields."""
+    from dataclasses import MISSING, fields
+
+    from cogexport.checkpoint.readers import BUILT_IN, Claim, Reader
+
+    guide = DOCS / "adding-a-reader.md"
+    fields_table, readers_table = _section_tables(guide, "What a reader declares")
+    required = {f.name: f.default is MISSING and f.default_factory is MISSING for f in fields(Reader)}
+    assert [(row[0], row[1]) for row in fields_table] == [
+        (f"`{name}`", "yes" if needed else "no") for name, needed in required.items()], \
+        "docs/adding-a-reader.md: the table of a reader's fields is not Reader's fields"
+    assert [(row[0], row[1]) for row in readers_table] == [(r.name, f"`{r.format}`") for r in BUILT_IN], \
+        "docs/adding-a-reader.md: the table of cogexport's readers is not the registry's BUILT_IN"
+    [claim_table] = _section_tables(guide, "Claims")
+    assert [row[0] for row in claim_table] == [f"`{f.name}`" for f in fields(Claim)], \
+        "docs/adding-a-reader.md: the table of a claim's fields is not Claim's fields"

@@ -85,7 +85,7 @@ def test_verify_finds_every_tensor_equal_to_the_reference(original, quant, tmp_p
     family, tensors = original
     write_gguf(tmp_path / "model.gguf", plan_gguf(tensors, quantization_policy(family.key), quant))
     with GgufCheckpoint(tmp_path / "model.gguf") as checkpoint:
-        assert checkpoint.info.metadata["general.architecture"] == quantization_policy(family.key).architecture
+        assert checkpoint.info.facts.metadata["general.architecture"] == quantization_policy(family.key).architecture
         assert {n: tuple(t.shape) for n, t in checkpoint.items()} == {n: tuple(t.shape) for n, t in tensors.items()}
         checks = check_gguf(checkpoint, tensors)
     assert all(check.exact for check in checks), [c.name for c in checks if not c.exact]

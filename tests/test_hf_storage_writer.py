@@ -53,7 +53,7 @@ def test_every_layout_reads_the_weights_gathered_in_training(model, world_size):
             assert not any("sharded" in path for path in checkpoint.bytes_read()) or layout.endswith("sharded")
             assert checkpoint.info.format == "hf-storage"
             if layout in (*PER_RANK, "lone"):
-                assert checkpoint.info.world_size == world_size
+                assert checkpoint.info.facts.world_size == world_size
                 assert f"ranks 1-{world_size}" in " ".join(checkpoint.info.notes)
 
 

@@ -378,7 +378,7 @@ def test_ltx_video_lycoris_own_files(tmp_path):
     fresh = LTXVideoTransformer3DModel.from_config(config)
     fresh.load_state_dict(weights)
     with open_checkpoint(path) as checkpoint:
-        adapter = read_adapter(checkpoint, str(path), None, [path.parent], checkpoint.info.metadata)
+        adapter = read_adapter(checkpoint, str(path), None, [path.parent], checkpoint.info.header_metadata)
         assert adapter.table.name == "ltx_video/lycoris_lora" and adapter.type_name == "LoKr + LoHa"
         planned = plan_output(adapter, "lycoris", adapter.names, PrecisionPolicy(torch.float32), str(path))
         (tmp_path / "lycoris").mkdir()

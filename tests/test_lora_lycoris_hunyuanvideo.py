@@ -116,7 +116,7 @@ def _lycoris(source, out) -> None:
     from cogexport.precision import PrecisionPolicy
 
     with open_checkpoint(source) as checkpoint:
-        adapter = read_adapter(checkpoint, str(source), None, [source.parent], checkpoint.info.metadata)
+        adapter = read_adapter(checkpoint, str(source), None, [source.parent], checkpoint.info.header_metadata)
         planned = plan_output(adapter, "lycoris", adapter.names, PrecisionPolicy(torch.float32), str(source))
         out.mkdir(parents=True)
         save_file({name: t.load().contiguous() for name, t in planned.tensors.items()}, out / planned.file)

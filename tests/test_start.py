@@ -7,7 +7,9 @@ really happen."""
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import fresh_python
+from safetensors.torch import save_file
 
 
 @pytest.mark.parametrize("collecting", [True, False])
@@ -67,3 +69,16 @@ def test_export_and_consolidate_stay_functions_when_their_modules_are_imported()
     assert fresh_python(code).splitlines() == [*(f"{call} refused" for call in ("export", "consolidate", "export",
                                                                                 "consolidate", "export_original")),
                                                "True True", "True True", "True"]
+
+
+def test_the_readers_of_other_packages_are_looked_up_when_a_checkpoint_is_opened_not_at_the_start(tmp_path):
+    """Reading every installed package's entry points is tens of milliseconds: the command line's start and importing
+    the checkpoint package leave the group cogexport.readers unread; opening a checkpoint reads it."""
+    save_file({"w": torch.zeros(2)}, tmp_path / "model.safetensors")
+    code = ("import importlib.metadata as m; asked = []; real = m.entry_points\n"
+            "m.entry_points = lambda **kw: asked.append(kw.get('group')) or real(**kw)\n"
+            "from cogexport.__main__ import _command_line; _command_line(); import cogexport.checkpoint as c\n"
+            "before = 'cogexport.readers' in asked\n"
+            f"c.open_checkpoint({str(tmp_path / 'model.safetensors')!r}).close()\n"
+            "print(before, 'cogexport.readers' in asked)")
+    assert fresh_python(code) == "False True"

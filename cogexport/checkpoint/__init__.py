@@ -7,7 +7,7 @@ from typing import Sequence
 
 from ..errors import CogExportError
 from .base import CheckpointInfo, LazyCheckpoint
-from .claims import is_deepspeed_folder
+from .readers import is_deepspeed_folder
 from .dcp import DcpCheckpoint
 from .deepspeed_universal import UniversalCheckpoint
 from .deepspeed_zero import DeepSpeedCheckpoint

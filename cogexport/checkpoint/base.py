@@ -5,41 +5,66 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Generic, Iterator, TypeVar
 
 from ..lazy import LazyTensor
 
 
 @dataclass
-class CheckpointInfo:
-    """What a checkpoint is, for ``inspect`` and for the decisions of later stages."""
+class ReaderFacts:
+    """What one reader knows of a checkpoint beyond the facts every reader has: a reader's own facts subclass this as
+    a dataclass (DeepSpeed's ZeRO stage, DCP's writer, a safetensors header). Its fields are flattened into
+    ``inspect``'s report, so each field's name is a key of ``inspect --json``. This class itself is the facts of a
+    reader that has none of its own."""
+
+    def header_metadata(self) -> dict[str, str]:
+        """The key-value header the format stores beside the tensors (safetensors' ``__metadata__``, a GGUF file's
+        fields), which family and LoRA recognition read; empty for a format that stores none."""
+        return {}
+
+
+@dataclass
+class HeaderFacts(ReaderFacts):
+    """The facts of a file format whose header holds key-value metadata beside the tensors."""
+
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def header_metadata(self) -> dict[str, str]:
+        return self.metadata
+
+
+Facts = TypeVar("Facts", bound=ReaderFacts)
+
+
+@dataclass
+class CheckpointInfo(Generic[Facts]):
+    """What a checkpoint is, for ``inspect`` and for the decisions of later stages: the facts every reader has, and
+    the reader's own in ``facts``."""
 
     format: str
     paths: list[str]
+    facts: Facts = field(default_factory=ReaderFacts)  # the reader's own facts (ReaderFacts itself: none)
     tag: str | None = None
     tags: list[str] = field(default_factory=list)
     step: int | None = None
-    stage: int | None = None
-    training_dtype: str | None = None
-    world_size: int | None = None
     weights_source: str = ""
-    ds_version: str | None = None
     trainable: list[str] = field(default_factory=list)
     frozen: list[str] = field(default_factory=list)
     tied: dict[str, str] = field(default_factory=dict)
     buffers: list[str] = field(default_factory=list)
-    client_state: dict[str, str] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    metadata: dict[str, str] = field(default_factory=dict)  # e.g. a safetensors file's __metadata__
-    writer: str | None = None  # the program that saved it, when the format tells (DCP: accelerate, torchtitan, ...)
-    contents: list[str] = field(default_factory=list)  # what the save holds beside the model (optimizer, ...)
     # The checkpoint in one phrase, for lines such as "wrote OUT from <origin>": the reader's kind, the path, tag, step.
     origin: str = ""
     # Why this checkpoint was read when the path given held it among others or below it ("took the newest step
     # step-2 of run/checkpoint ..."); empty when the path was the checkpoint itself.
     picked: str = ""
+
+    @property
+    def header_metadata(self) -> dict[str, str]:
+        """The format's key-value header, whichever reader read it (see ``ReaderFacts.header_metadata``)."""
+        return self.facts.header_metadata()
 
 
 class LazyCheckpoint(Mapping[str, LazyTensor]):

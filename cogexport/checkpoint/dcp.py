@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..errors import CogExportError
 from ..lazy import ByteRanges, LazyTensor, joined_ranges
-from .base import CheckpointInfo, LazyCheckpoint
+from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp_locate import ACCELERATE_MODEL, DcpLocation, STEP_NUMBER
 from .dcp_metadata import METADATA_FILE, BytesEntry, Chunk, DcpMetadata, TensorEntry, read_metadata
 from .tiling import overlapping_pair, row_block_order
@@ -38,6 +39,18 @@ OPTIMIZER_GROUP = "optimizer"
 # Top-level groups trainers save beside the model; with no "model" group, the remaining top-level tensors are it.
 TRAINING_STATE_GROUPS = frozenset({"optimizer", "lr_scheduler", "lr_schedulers", "scheduler", "dataloader",
                                    "train_state", "rng", "sampler", "step", "epoch", "global_step"})
+
+
+@dataclass
+class DcpFacts(ReaderFacts):
+    """What a DCP save says of itself: the program that saved it (accelerate, torchtitan, finetrainers, dcp.save), the
+    number of ranks that wrote it, what it holds beside the model (optimizer states, schedulers, ...), and its other
+    entries by name (never unpickled)."""
+
+    writer: str | None = None
+    world_size: int | None = None
+    contents: list[str] = field(default_factory=list)
+    client_state: dict[str, str] = field(default_factory=dict)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -280,9 +293,10 @@ class DcpCheckpoint(LazyCheckpoint):
         self.optimizer_files = DcpFiles(location.optimizer) if location.optimizer not in (None, location.model) \
             else None
         self.optimizer_tensors: dict[str, dict[str, LazyTensor]] = {}
-        self.info = CheckpointInfo(format="dcp", paths=[str(location.model)], tag=location.step_dir.name,
-                                   tags=location.steps or [location.step_dir.name], step=location.step,
-                                   notes=list(location.notes))
+        self.facts = DcpFacts()
+        self.info = CheckpointInfo(format="dcp", paths=[str(location.model)], facts=self.facts,
+                                   tag=location.step_dir.name, tags=location.steps or [location.step_dir.name],
+                                   step=location.step, notes=list(location.notes))
         self._open()
 
     def optimizer_states(self, name: str) -> dict[str, LazyTensor]:
@@ -315,10 +329,10 @@ class DcpCheckpoint(LazyCheckpoint):
                                      f"(one is {key}); the checkpoint mixes models")
             self._tensors[name] = self.model_files.lazy(key, entry, f"{name} (DCP chunks of {key})")
         self._read_optimizer(self.optimizer_files or self.model_files)
-        info.world_size = self.model_files.world_size
+        self.facts.world_size = self.model_files.world_size
         info.files = self.model_files.files + (self.optimizer_files.files if self.optimizer_files else [])
-        info.client_state = self._other_entries(model_paths)
-        info.writer = self._writer(groups)
+        self.facts.client_state = self._other_entries(model_paths)
+        self.facts.writer = self._writer(groups)
         floating = [t for t in self._tensors.values() if t.dtype.is_floating_point]
         dtypes = sorted({dtype_name(t.dtype) for t in floating})
         if self.optimizer_tensors:
@@ -336,7 +350,7 @@ class DcpCheckpoint(LazyCheckpoint):
         if low:
             info.notes.append(f"the saved model weights are {'/'.join(low)}, not fp32 (the run kept its model in "
                               f"{'/'.join(low)}); the export is exact to the {'/'.join(low)} values, no finer")
-        info.contents = self._contents(groups)
+        self.facts.contents = self._contents(groups)
 
     def _model_paths(self, metadata: DcpMetadata, groups: set) -> dict[str, tuple]:
         """Flat key -> the module path of every model tensor: under the "model" group, else at the top level."""

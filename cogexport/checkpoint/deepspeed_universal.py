@@ -3,12 +3,13 @@ the weights are the per-parameter ``zero/<name>/fp32.pt`` files, described by th
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CogExportError
 from ..lazy import LazyTensor
-from .base import CheckpointInfo, LazyCheckpoint
+from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .deepspeed_zero import ENGINE_KEYS, _summary
 from .torch_archive import StoredTensor, TorchArchive, load_torch_file
 
@@ -18,6 +19,16 @@ RESTORED = ("trainable parameters' fp32 masters, every per-parameter optimizer s
             "param_groups (lr, betas, ...), global_steps, the lr scheduler and client state")
 NOT_RESTORED = ("frozen parameters and buffers: they keep the resuming model's own initialisation (cogexport "
                 "stores them in zero/<name>/fp32.pt and the model-states file, but DeepSpeed does not read them)")
+
+
+@dataclass
+class UniversalFacts(ReaderFacts):
+    """What a universal checkpoint says of the run it was made from: the world size it was saved at, the DeepSpeed
+    version, and the training code's own entries (client state), each summarised."""
+
+    world_size: int | None = None
+    ds_version: str | None = None
+    client_state: dict[str, str] = field(default_factory=dict)
 
 
 def _read_and_close(tensor: StoredTensor, archive: TorchArchive):
@@ -33,7 +44,8 @@ class UniversalCheckpoint(LazyCheckpoint):
         super().__init__()
         folder = Path(folder)
         self._archives: list[TorchArchive] = []
-        self.info = CheckpointInfo(format="deepspeed-universal", paths=[str(folder)], tag=folder.name,
+        self.facts = UniversalFacts()
+        self.info = CheckpointInfo(format="deepspeed-universal", paths=[str(folder)], facts=self.facts, tag=folder.name,
                                    weights_source="fp32 masters (universal checkpoint)")
         try:
             self._open(folder)
@@ -55,9 +67,9 @@ class UniversalCheckpoint(LazyCheckpoint):
                                  "universal checkpoint")
         states = self._load(states_path)
         info.step = states.get("global_steps")
-        info.ds_version = states.get("ds_version")
-        info.world_size = states.get("dp_world_size")
-        info.client_state = {k: _summary(v) for k, v in states.items() if k not in ENGINE_KEYS}
+        self.facts.ds_version = states.get("ds_version")
+        self.facts.world_size = states.get("dp_world_size")
+        self.facts.client_state = {k: _summary(v) for k, v in states.items() if k not in ENGINE_KEYS}
         info.buffers = list(states.get("buffer_names") or [])
         module_order = list(states.get("module") or {})
         saved = {}

@@ -10,7 +10,7 @@ time when loaded. ``deepspeed`` is never imported.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import torch
 from ..errors import CogExportError, quoted
 from ..lazy import ByteRanges, LazyTensor, joined_ranges
 from ..pickled import PickledObject
-from .base import CheckpointInfo, LazyCheckpoint
+from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .locate import RankFiles, locate, optim_file_name, rank_file_identity, zero3_model_file_name
 from .torch_archive import StoredTensor, TorchArchive, load_torch_file
 from .zero_layout import FlatGroupLayout, Zero3SubGroupLayout, gather_zero3_pieces
@@ -47,6 +47,19 @@ def _summary(value: Any) -> str:
     if isinstance(value, (dict, list, tuple)):
         return f"{type(value).__name__} of {len(value)}"
     return type(value).__name__
+
+
+@dataclass
+class DeepSpeedFacts(ReaderFacts):
+    """What a DeepSpeed checkpoint says of its run: the ZeRO stage (None: model states only, as SAT saves them), the
+    training dtype, the data-parallel world size, the DeepSpeed version that saved it, and the training code's own
+    entries (client state), each summarised."""
+
+    stage: int | None = None
+    training_dtype: str | None = None
+    world_size: int | None = None
+    ds_version: str | None = None
+    client_state: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,8 +121,9 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         self._group_of: dict[str, PartitionedGroup] = {}
         self.optimizer_state: dict = {}  # ZeRO-1/2/3: rank 0's optimizer file, tensors as references
         self.files: RankFiles = locate(paths, tag)
-        self.info = CheckpointInfo(format="deepspeed", paths=[str(p) for p in paths], tag=self.files.tag,
-                                   tags=self.files.tags_available)
+        self.facts = DeepSpeedFacts()
+        self.info = CheckpointInfo(format="deepspeed", paths=[str(p) for p in paths], facts=self.facts,
+                                   tag=self.files.tag, tags=self.files.tags_available)
         try:
             self._open(strict)
         except BaseException:
@@ -184,33 +198,34 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         module = self._weights(states, main_path)
         if module is states:  # a plain state dict under DeepSpeed's file name: no engine entries around it
             states = {}
-        info = self.info
+        info, facts = self.info, self.facts
         info.step = states.get("global_steps")
-        info.ds_version = states.get("ds_version")
-        info.client_state = {k: _summary(v) for k, v in states.items() if k not in ENGINE_KEYS}
+        facts.ds_version = states.get("ds_version")
+        facts.client_state = {k: _summary(v) for k, v in states.items() if k not in ENGINE_KEYS}
         config = states.get("ds_config") if isinstance(states.get("ds_config"), dict) else {}
-        info.training_dtype = _training_dtype(config, module)
-        info.stage = _stage(config, files, states)
-        info.world_size = int(states.get("dp_world_size") or max([*files.optim_states, *files.zero3_model_states, 0]) + 1)
+        facts.training_dtype = _training_dtype(config, module)
+        facts.stage = _stage(config, files, states)
+        facts.world_size = int(states.get("dp_world_size")
+                               or max([*files.optim_states, *files.zero3_model_states, 0]) + 1)
         info.buffers = [n for n in states.get("buffer_names") or [] if n in module]
 
         if self.entry != "module":  # a copy the training code saved beside the module (EMA): its own values
             info.weights_source = f"the '{self.entry}' state dict saved beside the module"
             self._assemble_module(states, module)
-        elif info.stage == 3:
+        elif facts.stage == 3:
             self._open_zero3(states, module, config, strict)
-        elif info.stage in (1, 2) and files.optim_states:
+        elif facts.stage in (1, 2) and files.optim_states:
             self._open_zero12(states, module, config, strict)
-        elif info.stage in (1, 2) and states.get("param_shapes") is not None and "iteration" not in states:
+        elif facts.stage in (1, 2) and states.get("param_shapes") is not None and "iteration" not in states:
             # DeepSpeed records param_shapes only when it saves a ZeRO optimizer. SAT saves the same model states
             # through DeepSpeed but never the optimizer (its client state carries "iteration"): its weights are
             # the module's copy by design. Anyone else's missing files would silently cost the fp32 masters.
-            expected = optim_file_name(0, info.training_dtype == "bf16")
-            self._problem(strict, f"{main_path.name} records a ZeRO-{info.stage} optimizer but {files.where} holds none "
-                                  f"of its files (expected {expected} and the other ranks'): without them only the "
-                                  f"module's {info.training_dtype} copy is left, not the fp32 masters; copy the "
+            expected = optim_file_name(0, facts.training_dtype == "bf16")
+            self._problem(strict, f"{main_path.name} records a ZeRO-{facts.stage} optimizer but {files.where} holds "
+                                  f"none of its files (expected {expected} and the other ranks'): without them only "
+                                  f"the module's {facts.training_dtype} copy is left, not the fp32 masters; copy the "
                                   "optimizer files too (on a multi-node run, give every node's folder)")
-        elif info.stage == 0 or info.stage is None:
+        elif facts.stage == 0 or facts.stage is None:
             self._open_stage0(states, module, strict)
         else:
             self._open_module_only(states, module, "no optimizer files")
@@ -232,7 +247,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
 
     def _expect_ranks(self, strict: bool, found: dict[int, Path], name_of) -> bool:
         """Check ranks 0..ws-1 are all present and nothing beyond; True if the set is complete."""
-        world_size = self.info.world_size
+        world_size = self.facts.world_size
         ok = True
         for rank in range(world_size):
             if rank not in found:
@@ -256,15 +271,15 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
     def _read_optimizer_files(self, strict: bool, config: dict, partitions_key: str) -> dict[int, dict] | None:
         """Every rank's optimizer state dict (small pickles only), once the set of rank files is complete and
         every file is this run's: its ZeRO stage, its DeepSpeed config, its world size."""
-        files, world_size = self.files, self.info.world_size
+        files, world_size = self.files, self.facts.world_size
         bf16_prefix = True in files.bf16_prefixed
         if not (self._expect_ranks(strict, files.optim_states, lambda r: optim_file_name(r, bf16_prefix))
                 and self._check_prefix(strict)):
             return None
-        if self.info.training_dtype is not None and bf16_prefix != (self.info.training_dtype == "bf16"):
+        if self.facts.training_dtype is not None and bf16_prefix != (self.facts.training_dtype == "bf16"):
             self._problem(strict, f"mixed runs: {files.optim_states[0].name} in {files.where} is from a "
                                 f"{'bf16' if bf16_prefix else 'non-bf16'} run, the model states from a "
-                                f"{self.info.training_dtype} run; give one run's files")
+                                f"{self.facts.training_dtype} run; give one run's files")
         paths = [files.optim_states[rank] for rank in range(world_size)]
         trees = self._load_rank_files(strict, paths)
         if trees is None:
@@ -274,7 +289,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         for rank, saved in enumerate(trees):
             state = saved.get("optimizer_state_dict") if isinstance(saved, dict) else None
             if not isinstance(state, dict) or partitions_key not in state:
-                self._problem(True, f"{files.optim_states[rank]} is not a ZeRO-{self.info.stage} optimizer file (no "
+                self._problem(True, f"{files.optim_states[rank]} is not a ZeRO-{self.facts.stage} optimizer file (no "
                                     f"{partitions_key}); is it from another run?")
             if config and isinstance(saved.get("ds_config"), dict) and saved["ds_config"] != config:
                 self._problem(strict, f"mixed runs: {files.optim_states[rank]} was saved with another DeepSpeed config "
@@ -322,7 +337,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
 
     # ZeRO-1/2 ---------------------------------------------------------------------------------------------
     def _open_zero12(self, states: dict, module: dict, config: dict, strict: bool) -> None:
-        info = self.info
+        info, facts = self.info, self.facts
         shapes: list[dict] = states.get("param_shapes") or []
         info.trainable = [n for group in shapes for n in group]
         info.tied = dict(states.get("shared_params") or {})
@@ -333,15 +348,15 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         if optim is None:
             return
         padding_stripped = "zero_stage" in optim[0]  # BF16_Optimizer keeps each rank's tail padding
-        info.weights_source = f"fp32 masters (ZeRO-{info.stage} partitions)" if padding_stripped else \
+        info.weights_source = f"fp32 masters (ZeRO-{facts.stage} partitions)" if padding_stripped else \
             "fp32 masters (BF16_Optimizer partitions)"
         gaps_by_group = optim[0].get("param_alignment_paddings") or [None] * len(shapes)
         for index, group_shapes in enumerate(shapes):
-            layout = FlatGroupLayout.build(group_shapes, info.world_size, gaps_by_group[index])
+            layout = FlatGroupLayout.build(group_shapes, facts.world_size, gaps_by_group[index])
             self._check_slice_mappings(strict, index, layout, optim)
             self._add_group(index, layout,
-                            [optim[r]["single_partition_of_fp32_groups"][index] for r in range(info.world_size)],
-                            [optim[r]["base_optimizer_state"]["state"].get(index, {}) for r in range(info.world_size)],
+                            [optim[r]["single_partition_of_fp32_groups"][index] for r in range(facts.world_size)],
+                            [optim[r]["base_optimizer_state"]["state"].get(index, {}) for r in range(facts.world_size)],
                             lambda rank, layout=layout: layout.saved_length(rank, padding_stripped), strict)
 
         def frozen(name: str) -> LazyTensor:
@@ -404,7 +419,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
 
     # ZeRO-3 -----------------------------------------------------------------------------------------------
     def _open_zero3(self, states: dict, module: dict, config: dict, strict: bool) -> None:
-        info, files = self.info, self.files
+        info, facts, files = self.info, self.facts, self.files
         shapes: list[dict] = states.get("param_shapes") or []
         info.trainable = [n for group in shapes for n in group]
         info.tied = dict(states.get("shared_params") or {})
@@ -415,37 +430,37 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         if not models_ok or optim is None:
             return
         info.weights_source = "fp32 masters (ZeRO-3 partitions)"
-        others = self._load_rank_files(strict, [files.zero3_model_states[r] for r in range(1, info.world_size)])
+        others = self._load_rank_files(strict, [files.zero3_model_states[r] for r in range(1, facts.world_size)])
         if others is None:
             return
         rank_states = {0: states, **dict(enumerate(others, start=1))}
-        for rank in range(info.world_size):
+        for rank in range(facts.world_size):
             claimed = rank_states[rank].get("dp_world_size")
-            if claimed is not None and int(claimed) != info.world_size:
+            if claimed is not None and int(claimed) != facts.world_size:
                 self._problem(True, f"mixed world sizes: {files.zero3_model_states[rank]} says {claimed} ranks, "
-                                    f"rank 0 says {info.world_size}")
+                                    f"rank 0 says {facts.world_size}")
             step = rank_states[rank].get("global_steps")
             if step != info.step:
                 self._problem(True, f"mixed tags: {files.zero3_model_states[rank]} is from step {step}, rank 0 from "
                                     f"step {info.step}; give one tag's files")
         for index, group_shapes in enumerate(shapes):
-            layout = Zero3SubGroupLayout.build(group_shapes, info.world_size)
+            layout = Zero3SubGroupLayout.build(group_shapes, facts.world_size)
             masters = []
-            for rank in range(info.world_size):
+            for rank in range(facts.world_size):
                 groups = optim[rank]["fp32_flat_groups"]
                 if index >= len(groups):
                     self._problem(True, f"{files.optim_states[rank]} has no sub-group {index}; is it from another "
                                         "tag or run?")
                 masters.append(groups[index])
             self._add_group(index, layout, masters,
-                            [optim[r]["optimizer_state_dict"]["state"].get(index, {}) for r in range(info.world_size)],
+                            [optim[r]["optimizer_state_dict"]["state"].get(index, {}) for r in range(facts.world_size)],
                             lambda rank, layout=layout: layout.length, strict)
 
         def frozen(name: str) -> LazyTensor:
             shape = torch.Size(frozen_shapes[name])
-            pieces = [rank_states[r]["frozen_param_fragments"][name] for r in range(info.world_size)]
+            pieces = [rank_states[r]["frozen_param_fragments"][name] for r in range(facts.world_size)]
             piece = pieces[0].numel
-            if any(p.numel != piece for p in pieces) or piece * info.world_size < shape.numel():
+            if any(p.numel != piece for p in pieces) or piece * facts.world_size < shape.numel():
                 self._problem(True, f"frozen parameter {quoted(name)} has inconsistent fragments across ranks")
             dtype = pieces[0].dtype
             return LazyTensor(shape, dtype, lambda: gather_zero3_pieces(pieces, 0, piece, shape, dtype),
@@ -458,7 +473,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         optimizer = states.get("optimizer")
         masters = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None
         if not masters:
-            source = "stage 0, fp32 training" if self.info.training_dtype == "fp32" else "no fp32 masters saved"
+            source = "stage 0, fp32 training" if self.facts.training_dtype == "fp32" else "no fp32 masters saved"
             self._open_module_only(states, module, source)
             return
         self.info.weights_source = "fp32 masters (stage 0 optimizer fp32_groups)"
@@ -479,10 +494,10 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         self._assemble(module, master, lambda name: _stored(module[name], f"frozen {name}"))
 
     def _open_module_only(self, states: dict, module: dict, why: str) -> None:
-        info = self.info
-        dtype = info.training_dtype or "the stored dtype"
+        info, facts = self.info, self.facts
+        dtype = facts.training_dtype or "the stored dtype"
         info.weights_source = f"module state_dict ({why}: weights are the {dtype} copy)"
-        if info.training_dtype not in (None, "fp32"):
+        if facts.training_dtype not in (None, "fp32"):
             info.notes.append(f"{why}: the weights are the module's {dtype} copy")
         self._assemble_module(states, module)
 

@@ -4,8 +4,9 @@ what was found and how to name one.
 
 The rules, in order:
 
-- ``--tag`` on a DeepSpeed save dir names one of its tags (or its universal checkpoint); anywhere else it names a
-  checkpoint below the folder by its folder or file name (a run's step: ``--tag step-2``), or its path from there.
+- ``--tag`` on a folder a reader with tags of its own claims whole (a DeepSpeed save dir) names one of its tags (or
+  its universal checkpoint); anywhere else it names a checkpoint below the folder by its folder or file name (a
+  run's step: ``--tag step-2``), or its path from there.
 - No claim: the folder holds nothing any reader reads, and the line says what each looked for.
 - One claim: it is read (named in a note when it lies below the folder given).
 - Every claim a step of the same run (a folder named checkpoint-N, checkpoint_N, step-N, global_stepN or
@@ -19,8 +20,14 @@ finetune/); a consolidated Hugging Face writer save's ``sharded/`` (the same sav
 safetensors copy inside it holding the same tensors (``accelerate merge-weights`` into checkpoint-N: the original is
 read); a folder's weights in other forms (``stem.fp16.safetensors`` variants, ``pytorch_model.bin`` beside
 safetensors weights); other safetensors files of a save_pretrained model folder (its config.json names its class: it
-is its plain weights, and cogexport keeps there a release's tensors the class has no place for); training state (optimizer, scheduler, RNG, trainer files); hidden folders. One rank's file of a
-distributed save (PyTorch's Hugging Face writer) is never read as a model: pointing at it is refused.
+is its plain weights, and cogexport keeps there a release's tensors the class has no place for); training state
+(optimizer, scheduler, RNG, trainer files); hidden folders. One rank's file of a distributed save (PyTorch's Hugging
+Face writer) is never read as a model: pointing at it is refused.
+
+A path given alone that is a file is read by the first reader that names it (by name or first bytes), else as a
+torch.save file (any name); several paths, by the reader of them all when they are one reader's files read together
+(one model's parts), else as a checkpoint spread over folders (DeepSpeed's, a folder per node). Which reader does
+what is the readers' own word (readers/).
 """
 
 from __future__ import annotations
@@ -30,15 +37,11 @@ from typing import Sequence
 
 from ..errors import CogExportError, quoted
 from .base import LazyCheckpoint
-from .claims import LOOKS_FOR, SEARCH_DEPTH, Claim, OpenOptions, gather
+from .claims import SEARCH_DEPTH, gather
 from .dcp_locate import STEP_NUMBER, step_number
-from .dcp_metadata import METADATA_FILE
-from .deepspeed_zero import DeepSpeedCheckpoint
-from .locate import MODEL_STATES, ZERO3_MODEL_STATES, natural_sorted
-from .safetensors_files import RANK_FILE, SafetensorsCheckpoint, refuse_distributed_piece
-from .torch_state_dict import TorchStateDictCheckpoint
-
-ENTRY_READERS = ("DeepSpeed", "torch.save")  # formats that keep other state dicts (an EMA) beside the model's
+from .locate import natural_sorted
+from .readers import Claim, OpenOptions, Reader, looks_for, phrase_of, reader_of_file, reader_of_several, \
+    stands_for_folder
 
 
 def as_paths(checkpoint: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -61,40 +64,28 @@ def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | No
     options = OpenOptions(tag, strict, entry)
     if len(paths) == 1 and not paths[0].exists():
         raise CogExportError(f"{paths[0]} does not exist")
-    if len(paths) == 1 and (paths[0].is_dir() or paths[0].name == METADATA_FILE):
+    if len(paths) == 1 and (paths[0].is_dir() or stands_for_folder(paths[0])):
         return _open_folder(paths[0] if paths[0].is_dir() else paths[0].parent, options)
     opened = _open_several(paths, options) if len(paths) > 1 else _open_file(paths[0], options)
-    what = {"deepspeed": "the DeepSpeed checkpoint", "safetensors": "safetensors weights",
-            "torch": "torch.save weights", "gguf": "a GGUF file"}.get(opened.info.format, opened.info.format)
-    return _named(opened, what, ", ".join(map(str, paths)))
+    return _named(opened, phrase_of(opened.info.format), ", ".join(map(str, paths)))
 
 
 def _open_several(paths: list[Path], options: OpenOptions) -> LazyCheckpoint:
-    if all(p.is_file() and p.suffix == ".safetensors" for p in paths):
-        for path in paths:
-            if RANK_FILE.match(path.name):
-                refuse_distributed_piece(path, {})
-        return SafetensorsCheckpoint(paths)  # one model's parts, one file each
-    return DeepSpeedCheckpoint(paths, options.tag, strict=options.strict, entry=options.entry or "module")
+    reader = reader_of_several(paths)
+    if reader is None or reader.open_several is None:
+        raise CogExportError(f"no reader reads {', '.join(map(str, paths))} together as one checkpoint; point at one")
+    return reader.open_several(paths, options)
 
 
 def _open_file(path: Path, options: OpenOptions) -> LazyCheckpoint:
-    if MODEL_STATES.match(path.name) or ZERO3_MODEL_STATES.match(path.name):
-        return DeepSpeedCheckpoint([path], options.tag, strict=options.strict, entry=options.entry or "module")
-    if options.tag is not None:
+    reader = reader_of_file(path)
+    if reader is None or reader.open_file is None:
+        raise CogExportError(f"{path} is no file cogexport reads (it looks for {looks_for()})")
+    if options.tag is not None and not reader.own_tags:
         raise CogExportError(f"--tag {quoted(options.tag)} does not apply to {path}: one file has no steps or tags; "
                              "drop --tag")
-    if path.suffix == ".gguf":
-        from .gguf_file import GgufCheckpoint
-
-        _refuse_entry(options, "GGUF", path)
-        return GgufCheckpoint(path)
-    if path.suffix == ".safetensors":
-        if RANK_FILE.match(path.name):
-            refuse_distributed_piece(path, {})
-        _refuse_entry(options, "safetensors", path)
-        return SafetensorsCheckpoint(path)
-    return TorchStateDictCheckpoint(path, options.entry)
+    _refuse_entry(options, reader, path)
+    return reader.open_file(path, options)
 
 
 def _open_folder(root: Path, options: OpenOptions) -> LazyCheckpoint:
@@ -144,10 +135,11 @@ def _open_tagged(root: Path, candidates: list[Claim], options: OpenOptions) -> L
 
 
 def _tag_of_one_checkpoint(root: Path, own: list[Claim], options: OpenOptions) -> LazyCheckpoint:
-    """--tag on a folder that is a checkpoint itself: a DeepSpeed save dir's tag; anything else has no tags."""
-    deepspeed = next((claim for claim in own if claim.reader == "DeepSpeed"), None)
-    if deepspeed is not None:
-        return _opened(deepspeed, root, options, "")
+    """--tag on a folder that is a checkpoint itself: a tag of a reader's own (a DeepSpeed save dir's); anything else
+    has no tags."""
+    tagged = next((claim for claim in own if claim.reader.own_tags), None)
+    if tagged is not None:
+        return _opened(tagged, root, options, "")
     if options.tag != root.name:
         raise CogExportError(f"--tag {quoted(options.tag)}: {root} is one checkpoint already ({own[0].what}); drop "
                              "--tag or point at the run folder")
@@ -161,7 +153,7 @@ def _without_copies(root: Path, candidates: list[Claim]) -> list[Claim]:
     shapes; a copy may be in another dtype): the original is read, and a note names the copy."""
     kept = list(candidates)
     for original in [claim for claim in candidates if claim.whole_folder]:
-        beside = [claim for claim in candidates if claim.reader == "safetensors" and not claim.whole_folder
+        beside = [claim for claim in candidates if claim.reader.may_be_a_copy and not claim.whole_folder
                   and original.path in (claim.path, claim.path.parent)]
         if len(beside) == 1 and _same_tensors(original, beside[0]):
             kept.remove(beside[0])
@@ -207,7 +199,7 @@ def _opened(claim: Claim, root: Path, options: OpenOptions, picked: str,
     step = step_folder(claim, root)
     if step is not None and info.tag is None:
         info.tag, info.step = step.name, step_number(step) if info.step is None else info.step
-    if steps and step is not None and claim.reader != "DeepSpeed":
+    if steps and step is not None and not claim.reader.own_tags:
         info.tags = steps
     info.picked = picked
     info.notes[:0] = [picked] * bool(picked) + claim.notes
@@ -222,12 +214,12 @@ def _named(checkpoint: LazyCheckpoint, what: str, where: str) -> LazyCheckpoint:
     return checkpoint
 
 
-def _refuse_entry(options: OpenOptions, reader: str, path: Path) -> None:
-    """Only DeepSpeed and torch.save files keep other state dicts (an EMA) beside the model: asking another format
-    for one would silently give the model's weights."""
-    if options.entry not in (None, "module") and reader not in ENTRY_READERS:
-        raise CogExportError(f"{path} holds no {quoted(options.entry)} state dict ({reader} checkpoints hold one set "
-                             "of weights)")
+def _refuse_entry(options: OpenOptions, reader: Reader, path: Path) -> None:
+    """Only some formats keep other state dicts (an EMA) beside the model (DeepSpeed's, torch.save files): asking
+    another for one would silently give the model's weights."""
+    if options.entry not in (None, "module") and not reader.takes_entry:
+        raise CogExportError(f"{path} holds no {quoted(options.entry)} state dict ({reader.name} checkpoints hold one "
+                             "set of weights)")
 
 
 # -- the lines that say why not --------------------------------------------------------------------------------
@@ -236,7 +228,7 @@ def _nothing_here(root: Path) -> CogExportError:
         empty = not any(root.iterdir())
     except OSError as error:
         return CogExportError(f"cannot read {root}: {error.strerror}")
-    looked = "; ".join(LOOKS_FOR.values())
+    looked = looks_for()
     if empty:
         return CogExportError(f"{root} is empty: expected {looked}")
     return CogExportError(f"{root} holds no checkpoint cogexport can read (looked in it and up to {SEARCH_DEPTH} "
@@ -262,7 +254,7 @@ def _step_groups(root: Path, candidates: list[Claim]) -> tuple[list[str], set[Cl
         names = natural_sorted(steps[claim].name for claim in claims)
         if len(claims) > 1 and len(names) == len(claims):
             where = f" in {run.relative_to(root)}" if run != root else ""
-            readers = "/".join(sorted({claim.reader for claim in claims}))
+            readers = "/".join(sorted({claim.reader.name for claim in claims}))
             parts.append(f"the {readers} checkpoint steps {', '.join(names)}{where} (pick one with --tag {names[-1]})")
             grouped.update(claims)
     return parts, grouped

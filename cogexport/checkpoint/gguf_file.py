@@ -19,7 +19,7 @@ import torch
 from ..errors import CogExportError, quoted
 from ..lazy import LazyTensor
 from ..tensor_bytes import pread_into
-from .base import CheckpointInfo, LazyCheckpoint
+from .base import CheckpointInfo, HeaderFacts, LazyCheckpoint
 
 ORIG_SHAPE_KEY = "comfy.gguf.orig_shape."
 _PLAIN = {gguf.GGMLQuantizationType.F32: torch.float32, gguf.GGMLQuantizationType.F16: torch.float16,
@@ -52,7 +52,7 @@ class GgufCheckpoint(LazyCheckpoint):
         self._ranges: dict[str, tuple[int, int]] = {}
         self.info = CheckpointInfo(format="gguf", paths=[str(self.path)], files=[str(self.path)],
                                    weights_source="GGUF tensors, dequantized on load",
-                                   metadata=_scalar_fields(reader))
+                                   facts=HeaderFacts(_scalar_fields(reader)))
         self._descriptor = os.open(self.path, os.O_RDONLY)
         try:
             for tensor in reader.tensors:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,7 +30,7 @@ import torch
 from ..errors import CogExportError, quoted
 from ..lazy import ByteRange, ByteRanges, LazyTensor, joined_ranges
 from ..tensor_bytes import pread_into, tensor_buffer
-from .base import CheckpointInfo, LazyCheckpoint
+from .base import CheckpointInfo, HeaderFacts, LazyCheckpoint
 from .deepspeed_zero import DTYPE_NAMES
 from .locate import natural_sorted
 from .safetensors_files import RANK_FILE, SHARDING_INFO, SafetensorsCheckpoint, read_header
@@ -39,6 +39,16 @@ from .tiling import overlapping_pair, row_block_order
 SAVED_OFFSETS = "saved_offsets"
 SHARDED_FOLDER = "sharded"  # where a consolidated save keeps the per-rank files it was made from
 INDEX = "model.safetensors.index.json"
+
+
+@dataclass
+class HfWriterFacts(HeaderFacts):
+    """What a Hugging Face writer save says of itself: the layout it was written in, the number of ranks that wrote it
+    (per rank: the highest rank's files), what it holds, and the consolidated files' header metadata."""
+
+    writer: str | None = None
+    world_size: int | None = None
+    contents: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -143,9 +153,10 @@ class HfShardedCheckpoint(LazyCheckpoint):
         self._descriptors: dict[Path, int] = {}
         self._read: dict[Path, int] = {}
         ranks = sorted({n.rank for n in self.names.values()})
-        self.info = CheckpointInfo(format="hf-storage", paths=[str(self.folder)], files=[str(f) for f in self.files],
-                                   world_size=ranks[-1], writer="torch.distributed.checkpoint HuggingFaceStorageWriter "
-                                   "(save_distributed: one file per rank)", weights_source="")
+        self.facts = HfWriterFacts(writer="torch.distributed.checkpoint HuggingFaceStorageWriter (save_distributed: "
+                                          "one file per rank)", world_size=ranks[-1])
+        self.info = CheckpointInfo(format="hf-storage", paths=[str(self.folder)], facts=self.facts,
+                                   files=[str(f) for f in self.files], weights_source="")
         try:
             self._check_names()
             pieces = self._read_headers()
@@ -157,8 +168,8 @@ class HfShardedCheckpoint(LazyCheckpoint):
             raise
         self.info.weights_source = f"model weights as saved ({_dtypes(self)}, per-rank pieces)"
         self.info.trainable = list(self._tensors)
-        self.info.contents = [f"model ({len(self._tensors)} tensors) in {len(self.files)} files of {ranks[-1]} "
-                              f"ranks"]
+        self.facts.contents = [f"model ({len(self._tensors)} tensors) in {len(self.files)} files of {ranks[-1]} "
+                               f"ranks"]
         self.info.notes.append(f"a per-rank Hugging Face writer save does not record how many ranks wrote it: read "
                                f"the files of ranks 1-{ranks[-1]} as the whole save")
 
@@ -310,7 +321,8 @@ class HfConsolidatedCheckpoint(SafetensorsCheckpoint):
         super().__init__(Path(folder))
         self.folder = Path(folder)
         self.info.format = "hf-storage"
-        self.info.writer = "torch.distributed.checkpoint HuggingFaceStorageWriter (consolidated)"
+        self.info.facts = HfWriterFacts(writer="torch.distributed.checkpoint HuggingFaceStorageWriter (consolidated)",
+                                        metadata=self.header.metadata)
         self.info.weights_source = f"model weights as saved ({_dtypes(self)}, consolidated)"
         leftover = consolidated_leftover(self.folder)
         if leftover is not None:

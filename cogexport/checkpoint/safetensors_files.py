@@ -20,7 +20,7 @@ from ..errors import CogExportError, quoted
 from ..lazy import ByteRange, LazyTensor
 from ..safetensors_dtypes import SAFETENSORS_DTYPES
 from ..tensor_bytes import pread_into, tensor_buffer
-from .base import CheckpointInfo, LazyCheckpoint
+from .base import CheckpointInfo, HeaderFacts, LazyCheckpoint
 
 _DTYPES = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()}
 _MAX_HEADER = 100_000_000
@@ -86,7 +86,8 @@ class SafetensorsCheckpoint(LazyCheckpoint):
         path = parts[0] if parts else Path(path)
         files = parts or (safetensors_files(path) if path.is_dir() else [path])
         prefixes = component_prefixes(parts) if parts else {}
-        self.info = CheckpointInfo(format="safetensors", paths=[str(p) for p in parts or [path]],
+        self.header = HeaderFacts()  # every file's __metadata__, merged
+        self.info = CheckpointInfo(format="safetensors", paths=[str(p) for p in parts or [path]], facts=self.header,
                                    weights_source="safetensors tensors")
         self._descriptors: dict[Path, int] = {}
         self._read: dict[Path, int] = {}
@@ -108,7 +109,7 @@ class SafetensorsCheckpoint(LazyCheckpoint):
         self.info.files.append(str(file))
         entries, metadata = read_header(file, descriptor)
         refuse_distributed_piece(file, metadata)
-        self.info.metadata.update(metadata)
+        self.header.metadata.update(metadata)
         for name, (dtype, shape, offset) in entries.items():
             name = name_prefix + name
             if name in self._tensors:

@@ -5,8 +5,9 @@ reads beside them and a model card.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
+from ..checkpoint.readers import info_dict
 from ..errors import CogExportError
 from ..lora import AdapterOutput, LoraAdapter, check_fits, plan_output, read_adapter
 from ..lora.formats import writable_format
@@ -29,7 +30,7 @@ def read_adapters(inputs: ExportInputs, options: ExportOptions) -> dict[str, Lor
     adapters = {}
     for component, source in inputs.sources.items():
         adapters[component] = read_adapter(source, inputs.where_of(component), options.lora_alpha,
-                                           inputs.search_folders(component), source.info.metadata, hint)
+                                           inputs.search_folders(component), source.info.header_metadata, hint)
     families = {adapter.family.name for adapter in adapters.values()}
     if len(families) > 1:
         raise CogExportError(f"{inputs.where}: the experts' adapters are of different families "
@@ -135,7 +136,7 @@ def plan_adapter_export(inputs: ExportInputs, adapters: dict[str, LoraAdapter], 
     result = ExportResult(output, "lora adapter", facts.label, folder.paths, folder.tensors, folder.total_bytes,
                           precision(first.family.lora_keep_fp32, options).describe(), family=first.family.name,
                           lora={**lora_summary(adapters, inputs), "written_as": lora_format.name},
-                          source=asdict(inputs.source.info),
+                          source=info_dict(inputs.source.info),
                           notes=[*inputs.source.info.notes, *(n for a in adapters.values() for n in a.warnings)])
     return folder, result
 

@@ -8,15 +8,13 @@ from pathlib import Path
 from typing import Mapping
 
 from ..checkpoint import LazyCheckpoint
+from ..checkpoint.readers import phrase_of
 from ..lora import LoraAdapter
 from ..lora.formats import LoraFormat
 from ..models.family import ModelFamily, Task, Variant
 from ..write.model_card import CardFacts, model_card
 from .options import ExportOptions
 from .parts import ModelExport
-
-_FORMAT_WORDS = {"deepspeed": "DeepSpeed checkpoint", "safetensors": "safetensors weights", "torch": "torch state dict",
-                 "dcp": "PyTorch distributed checkpoint", "deepspeed-universal": "DeepSpeed universal checkpoint"}
 
 
 def source_line(source: LazyCheckpoint) -> str:
@@ -25,7 +23,7 @@ def source_line(source: LazyCheckpoint) -> str:
     info = source.info
     if info.origin:
         return f"{info.origin} ({info.weights_source})"
-    where = f"{_FORMAT_WORDS.get(info.format, info.format)} {', '.join(Path(p).name for p in info.paths)}"
+    where = f"{phrase_of(info.format)} {', '.join(Path(p).name for p in info.paths)}"
     if info.tag:
         where += f", tag {info.tag}"
     if info.step is not None:

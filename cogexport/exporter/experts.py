@@ -53,7 +53,7 @@ def assign_experts(adapters: dict[str, LoraAdapter], inputs: ExportInputs,
                                  "transformer (give the pipeline folder holding every expert)")
         return adapters
     (adapter,) = adapters.values()
-    metadata = inputs.source.info.metadata
+    metadata = inputs.source.info.header_metadata
     if options.lora_expert:
         return {named_expert(options.lora_expert, experts): adapter}
     if trained_on_every_expert(metadata, experts):

@@ -72,7 +72,7 @@ def plan_transformer(source: Mapping[str, LazyTensor], options: ExportOptions, w
     """The transformer (or the expert ``component`` of a model with ``experts``) of the checkpoint ``source``,
     translated into its Diffusers model; ``folders`` are where the run may keep its config."""
     family, table = choose_table(source, "transformer", "transformer", where, family_hint(base, options, folders))
-    metadata = source.info.metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
+    metadata = source.info.header_metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
     recognised = recognise(source, table, family, experts, metadata)
     chosen = choose_transformer(recognised, family, target_request(options, base, component, experts), where, folders)
     plan = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where)

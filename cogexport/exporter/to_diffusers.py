@@ -10,9 +10,10 @@ and each family's small shapes module.
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
+from ..checkpoint.readers import info_dict
 from ..errors import CogExportError
 from ..lora import LoraAdapter
 from ..models.family import ModelFamily, Variant, family_of_variant
@@ -122,7 +123,7 @@ def _model_result(parts: list[ModelExport], variant: Variant | None, component: 
     label = parts[0].label or (variant.name if variant else f"{parts[0].family.name} VAE")
     result = ExportResult(output, component, label, folder.written_paths, sum(len(p.tensors) for p in parts),
                           sum(p.shards.total_bytes for p in parts), parts[0].policy.describe(),
-                          family=parts[0].family.name, source=asdict(inputs.source.info),
+                          family=parts[0].family.name, source=info_dict(inputs.source.info),
                           notes=list(inputs.source.info.notes))
     if adapters:
         result.lora = lora_summary(adapters, inputs)

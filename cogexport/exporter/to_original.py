@@ -17,7 +17,6 @@ from pathlib import Path
 from ..models.family import component_title
 from ..precision import describe_written
 from ..write.folder_plan import FolderPlan
-from .inputs import ExportInputs
 from .options import ExportOptions, checked_format
 from .original_parts import add_components_beside, open_way_back, plan_way_back, release_folder
 from .original_writers import OriginalPart, original_files

@@ -3,9 +3,9 @@ and the result they report."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
+from ..checkpoint.readers import info_dict
 from ..write.folder_plan import FolderPlan
 from .inputs import ExportInputs
 from .options import ExportOptions
@@ -27,7 +27,7 @@ def way_back_result(parts: list[OriginalPart], folder: FolderPlan, what: str, in
                     precision: str, notes: list[str] = ()) -> ExportResult:
     source = next(iter(inputs.sources.values()))
     return ExportResult(output, what, parts[0].label, folder.written_paths, folder.tensors, folder.total_bytes,
-                        precision, family=parts[0].family.name, source=asdict(source.info),
+                        precision, family=parts[0].family.name, source=info_dict(source.info),
                         notes=[*source.info.notes, *(note for part in parts for note in part.notes), *notes])
 
 

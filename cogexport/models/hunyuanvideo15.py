@@ -9,7 +9,6 @@ which. Only the step-distilled 480p I2V model (MeanFlow: a second timestep embed
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 

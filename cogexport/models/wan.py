@@ -5,7 +5,6 @@ variant a custom config is built like, and the WanModel config.json the original
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
