@@ -17,11 +17,10 @@ from safetensors.torch import load_file
 
 from cogexport.checkpoint.base import CheckpointInfo
 from cogexport.checkpoint.claims import folder_claims
-from cogexport.checkpoint.readers import (BUILT_IN, Claim, FolderScan, Reader, info_dict, reader_of_file,
-                                          register_reader, remove_reader)
+from cogexport.checkpoint.readers import (BUILT_IN, Claim, FolderScan, Reader, ReaderDeclarationError, info_dict,
+                                          reader_of_file, register_reader, remove_reader)
 from cogexport.checkpoint.readers.facts import KEY_ORDER
 from cogexport.checkpoint.readers.registry_checks import problem_with
-from cogexport.errors import CogExportError
 
 TOY_READER = '''
 """A toy format: a JSON file of tensors (*.toyckpt) with the version of the program that saved it."""
@@ -142,9 +141,10 @@ def test_a_reader_that_supersedes_another_takes_the_files_they_both_name(tmp_pat
 def test_register_reader_refuses_a_malformed_reader_in_one_line():
     clash = Reader(name="DCP", format="dcp2", what="x", looks_for="x", claims=lambda scan: [],
                    describe=lambda facts: "x")
-    with pytest.raises(CogExportError, match=r"^register_reader: reader 'DCP': the reader 'DCP' .* has its name"):
+    with pytest.raises(ReaderDeclarationError, match=r"^register_reader: reader 'DCP': the reader 'DCP' .* has its "
+                                                     "name"):
         register_reader(clash)
-    with pytest.raises(CogExportError, match="open_file needs reads_file"):
+    with pytest.raises(ReaderDeclarationError, match="open_file needs reads_file"):
         register_reader(Reader(name="t", format="t", what="x", looks_for="x", claims=lambda scan: [],
                                describe=lambda facts: "x", open_file=lambda path, options: None))
 

@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
-from ...errors import CogExportError
+from ...errors import ExtensionError
 from ..base import CheckpointInfo, HeaderFacts, ReaderFacts
 from .dcp import DCP
 from .deepspeed import DEEPSPEED, is_deepspeed_folder
@@ -36,6 +36,13 @@ ENTRY_POINT_GROUP = "cogexport.readers"
 _added: list[Reader] = []
 
 
+class ReaderDeclarationError(ExtensionError):
+    """A reader's declaration or registration is malformed (a bug in the reader, maybe another package's, found when
+    it joins the registry)."""
+
+    kind = "readers"
+
+
 def readers() -> tuple[Reader, ...]:
     """Every reader: cogexport's own, then installed packages', then those registered at run time."""
     return (*BUILT_IN, *_installed(), *_added)
@@ -45,7 +52,7 @@ def register_reader(reader: Reader) -> None:
     """Add ``reader`` (checked first: a malformed one is refused in one line)."""
     problem = problem_with(reader, readers())
     if problem:
-        raise CogExportError(f"register_reader: {problem}")
+        raise ReaderDeclarationError(f"register_reader: {problem}")
     _added.append(reader)
 
 
@@ -64,11 +71,11 @@ def _installed() -> tuple[Reader, ...]:
         try:
             reader = entry.load()
         except Exception as error:  # anything its module raises: it is another package's code
-            raise CogExportError(f"{where} does not load: {type(error).__name__}: {error}; fix or uninstall the "
+            raise ReaderDeclarationError(f"{where} does not load: {type(error).__name__}: {error}; fix or uninstall the "
                                  "package") from None
         problem = problem_with(reader, (*BUILT_IN, *found))
         if problem:
-            raise CogExportError(f"{where}: {problem}; fix or uninstall the package")
+            raise ReaderDeclarationError(f"{where}: {problem}; fix or uninstall the package")
         found.append(reader)
     return tuple(found)
 
@@ -131,6 +138,7 @@ def format_row(report: Mapping[str, Any]) -> str:
 
 
 __all__ = ["BUILT_IN", "ENTRY_POINT_GROUP", "Claim", "FolderScan", "HeaderFacts", "OpenOptions", "Reader",
+           "ReaderDeclarationError",
            "ReaderFacts", "claiming_order", "format_row", "info_dict", "is_deepspeed_folder", "looks_for", "phrase_of",
            "reader_of_file", "reader_of_format", "reader_of_several", "readers", "register_reader", "remove_reader",
            "stands_for_folder"]
