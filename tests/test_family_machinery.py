@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from diffusers import UNet2DModel
+from outside_package import outside_package, run_with_package
 from safetensors.torch import save_file
 
 from cogexport.exporter.original_writers import ORIGINAL_WRITERS
@@ -139,6 +140,28 @@ def test_a_toy_family_in_another_package_exports(toy_root, cli, tmp_path):
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
     assert loaded.state_dict().keys() == model.state_dict().keys()
+
+
+def test_a_family_of_an_installed_package_is_found_through_its_entry_point(tmp_path):
+    """The toy family as pip would install it: its folders in a package declaring the cogexport.key_maps entry point,
+    in a fresh process that nothing else tells of it."""
+    files = {"toyfamily_installed/__init__.py": "", "toyfamily_installed/key_maps/__init__.py": "",
+             "toyfamily_installed/toy_shapes.py": TOY_SHAPES,
+             "toyfamily_installed/key_maps/toy/family.toml": TOY_FAMILY.format(package="toyfamily_installed"),
+             "toyfamily_installed/key_maps/toy/original_transformer.toml": TOY_TABLE}
+    package = outside_package(tmp_path / "site", "toyfamily-installed", files,
+                              {"cogexport.key_maps": {"toy": "toyfamily_installed.key_maps"}})
+    assert "Toy t2i" in " ".join(run_with_package(package, "export", "--help").stdout.split())
+    torch.manual_seed(0)
+    model = UNet2DModel(sample_size=8, block_out_channels=(8,), down_block_types=("DownBlock2D",),
+                        up_block_types=("UpBlock2D",), layers_per_block=1, norm_num_groups=4)
+    release = tmp_path / "toy-release.safetensors"
+    save_file({f"toy_unet.{name}": tensor.contiguous() for name, tensor in model.state_dict().items()}, release)
+    done = run_with_package(package, release, tmp_path / "out", "--dtype", "fp32")
+    assert done.returncode == 0, done.stderr
+    loaded = UNet2DModel.from_pretrained(tmp_path / "out")
+    assert loaded.state_dict().keys() == model.state_dict().keys()
+    assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
 
 
 def test_a_shapes_module_lacking_a_hook_is_refused_when_the_family_loads(toy_root, cli, tmp_path):
