@@ -11,6 +11,7 @@ import click
 
 from . import __version__
 from .cli_common import checkpoint_paths, json_option, output_path, tag_option, user_errors_exit_2, workers_option
+from .errors import ExtensionError, one_line
 from .sizes import human_bytes
 
 
@@ -32,7 +33,11 @@ class ExportByDefault(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.LAZY and name not in self.commands:
-            module = importlib.import_module(f".{self.LAZY[name]}", __package__)
+            try:
+                module = importlib.import_module(f".{self.LAZY[name]}", __package__)
+            except ExtensionError as error:  # a malformed family or format, met as the command is built from them
+                click.echo(f"cogexport: error: {error.kind}: {one_line(str(error))}", err=True)
+                ctx.exit(2)
             self.add_command(getattr(module, name), name)
         return super().get_command(ctx, name)
 
