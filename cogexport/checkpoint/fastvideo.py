@@ -187,7 +187,7 @@ def choose_weights(sets: KeySets, entry: str | None, files: DcpFiles) -> Choice:
     if entry == EMA:
         return _shadow_choice(sets, files)
     raise RoleError(f"{where} holds no {quoted(entry)} role (roles: {roles}); name one with --role, or drop it to "
-                    f"read the {STUDENT}")
+                    "read the trained one")
 
 
 def _role_names(sets: KeySets) -> list[str]:
