@@ -10,7 +10,7 @@ written by hand from FastVideo's ``param_names_mapping`` facts, independently of
 runs the Diffusers model on them (tiny_training.OriginalLayoutModule). Ranks are fresh processes over gloo; every role
 is one FSDP2 module (``fully_shard`` on its root).
 
-Roles, as a DMD2 run with a causal-CD style EMA and the EMA callback would hold them:
+Roles, as a DMD2 run with a causal-CD style EMA and the EMA callback would hold them (OUT/run):
 
 - ``student`` and ``critic``: trainable, each with its own AdamW and LambdaLR scheduler, trained ``--steps`` steps;
 - ``ema``: a frozen copy of the student, moved towards it after every step (decay 0.5), saved whole;
@@ -29,7 +29,9 @@ After every step, OUT/run/checkpoint-{step}/ is saved as CheckpointManager saves
     dataloader                  the sampler's position
     callbacks                   {"ema": {"student_ema": {name: local shard}, "ema_started": True}}
 
-then every rank writes rng_state_rank<R>.pt.
+then every rank writes rng_state_rank<R>.pt. The same state is saved as a fine-tuning run with the EMA callback
+saves it too (OUT/finetune/checkpoint-{step}: the student, its optimizer and scheduler, dataloader, callbacks; no
+critic, no ema role), whose only EMA is the callback's.
 
 Ground truth (OUT/truth.safetensors, OUT/truth.json), gathered with full_state_dict inside training after the last
 step: ``student.``, ``critic.``, ``ema.`` and ``callback_ema.`` + each Diffusers name, fp32; truth.json holds the
@@ -188,13 +190,15 @@ class PlainState(TrainableWeights):
         return self.give()
 
 
-def checkpoint_states(trainable: list[TrainableRole], ema: nn.Module, callback: dict, rank: int, step: int) -> dict:
+def checkpoint_states(trainable: list[TrainableRole], ema: nn.Module | None, callback: dict, rank: int,
+                      step: int) -> dict:
     states = {}
     for role in trainable:
         states[f"roles.{role.name}.transformer"] = TrainableWeights(role.module)
         states[f"optimizers.{role.name}"] = OptimizerState(role)
         states[f"schedulers.{role.name}"] = PlainState(lambda role=role: {"scheduler": role.scheduler.state_dict()})
-    states["roles.ema.transformer"] = WholeModule(ema)
+    if ema is not None:
+        states["roles.ema.transformer"] = WholeModule(ema)
     states["dataloader"] = PlainState(lambda: {"sampler": {"rank": rank, "samples_yielded": 4 * step}})
     states["callbacks"] = PlainState(lambda: {"ema": {"student_ema": {k: v.clone() for k, v in callback.items()},
                                                       "ema_started": True}})
@@ -251,12 +255,14 @@ def update_full_callback(shadow: dict, student: nn.Module) -> None:
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
-def run_config(spec: dict) -> dict:
+def run_config(spec: dict, method: str) -> dict:
     """The run's YAML as metadata.json keeps it (FastVideo's RunConfig sections)."""
     model = {"_target_": "fastvideo.train.models.wan.WanModel", "init_from": "tiny-wan-t2v"}
-    return {"models": {"student": {**model, "trainable": True}, "critic": {**model, "trainable": True},
-                       "teacher": {**model, "trainable": False}},
-            "method": {"_target_": "fastvideo.train.methods.distribution_matching.dmd2.DMD2Method"},
+    models = {"student": {**model, "trainable": True}, "critic": {**model, "trainable": True},
+              "teacher": {**model, "trainable": False}} if method == "DMD2Method" else \
+        {"student": {**model, "trainable": True}}
+    package = "distribution_matching.dmd2" if method == "DMD2Method" else "fine_tuning.finetune"
+    return {"models": models, "method": {"_target_": f"fastvideo.train.methods.{package}.{method}"},
             "callbacks": {"ema": {"decay": CALLBACK_DECAY, "start_iter": 0}},
             "training": {"checkpoint": {"save_steps": 1, "keep_last": 0},
                          "distributed": {"num_gpus": spec["world_size"]}}}
@@ -288,14 +294,17 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
         callback, callback_truth = {}, {}
         update_callback(callback, student.module)
         update_full_callback(callback_truth, student.module)
-        config, run = run_config(spec), Path(spec["out"]) / "run"
+        out = Path(spec["out"])
         for step in range(1, spec["steps"] + 1):
             student.train_step(step, rank)
             critic.train_step(step, rank)
             update_ema_role(ema, student.module)
             update_callback(callback, student.module)
             update_full_callback(callback_truth, student.module)
-            save_checkpoint(run, step, checkpoint_states([student, critic], ema, callback, rank, step), config, rank)
+            save_checkpoint(out / "run", step, checkpoint_states([student, critic], ema, callback, rank, step),
+                            run_config(spec, "DMD2Method"), rank)
+            save_checkpoint(out / "finetune", step, checkpoint_states([student], None, callback, rank, step),
+                            run_config(spec, "FinetuneMethod"), rank)
         roles = {"student": full_weights(student.module), "critic": full_weights(critic.module),
                  "ema": full_weights(ema),
                  "callback_ema": callback_truth}
