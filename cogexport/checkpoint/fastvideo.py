@@ -70,6 +70,7 @@ class KeySets:
     groups: dict[str, str] = field(default_factory=dict)  # role -> its top-level group
     optimized: dict[str, set[str]] = field(default_factory=dict)  # role -> the parameters its optimizer holds
     optimizer_states: dict[str, set[str]] = field(default_factory=dict)  # role -> exp_avg, step, ...
+    state_shapes: dict[str, dict[str, tuple]] = field(default_factory=dict)  # role -> name -> its exp_avg's shape
     shadows: dict[str, dict[str, str]] = field(default_factory=dict)  # its top-level group -> flat key -> name
     held: dict[str, str] = field(default_factory=dict)  # every other top-level group -> what it is
 
@@ -94,7 +95,7 @@ def place_key_sets(metadata: DcpMetadata, where: Path) -> KeySets:
         if role:
             _place_role_key(sets, role.group(1), group, key, path, tensor, where)
         elif OPTIMIZER_GROUP.match(group):
-            _place_optimizer_key(sets, OPTIMIZER_GROUP.match(group).group(1), path, tensor)
+            _place_optimizer_key(sets, OPTIMIZER_GROUP.match(group).group(1), path, entry)
         elif _shadow_prefix(path) is not None and tensor and len(path) == len(_shadow_prefix(path)) + 1:
             sets.shadows.setdefault(".".join(_shadow_prefix(path)), {})[key] = module_name(path[-1:])
         elif SCHEDULER_GROUP.match(group):
@@ -136,35 +137,47 @@ def _place_role_key(sets: KeySets, role: str, group: str, key: str, path: tuple,
     weights[key] = name
 
 
-def _place_optimizer_key(sets: KeySets, role: str, path: tuple, tensor: bool) -> None:
+def _place_optimizer_key(sets: KeySets, role: str, path: tuple, entry) -> None:
     """The parameter a key of the role's optimizer is about: ``state.<module>.<name>.<state>`` or
     ``param_groups.<module>.<name>.<setting>`` (torch's flattened optimizer state dict, FQNs of the role's
-    container, whose child is the role's module)."""
+    container, whose child is the role's module); a per-element state has the parameter's shape."""
     sets.optimized.setdefault(role, set())
     parts = ".".join(str(part) for part in path[1:]).split(".")
-    if len(parts) >= 4 and parts[0] in ("state", "param_groups"):
-        sets.optimized[role].add(".".join(parts[2:-1]))
-        if parts[0] == "state" and tensor:
-            sets.optimizer_states.setdefault(role, set()).add(parts[-1])
+    if len(parts) < 4 or parts[0] not in ("state", "param_groups"):
+        return
+    name = module_name((".".join(parts[2:-1]),))
+    sets.optimized[role].add(name)
+    if parts[0] == "state" and isinstance(entry, TensorEntry):
+        sets.optimizer_states.setdefault(role, set()).add(parts[-1])
+        if len(entry.size):
+            sets.state_shapes.setdefault(role, {})[name] = tuple(entry.size)
 
 
-def check_roles(sets: KeySets, where: Path) -> None:
-    """A trainable role's weights are the parameters its optimizer trains, no more and no fewer."""
+def check_roles(sets: KeySets, metadata: DcpMetadata, where: Path) -> None:
+    """A trainable role's weights are the parameters its optimizer trains, no more and no fewer, each of the shape
+    of its optimizer's per-element state."""
     for role in sets.trainable:
-        names = set(sets.roles.get(role, {}).values())
-        trained = {module_name((name,)) for name in sets.optimized[role]}
+        weights, trained = sets.roles.get(role, {}), sets.optimized[role]
         if not trained:
             continue
-        extra, missing = sorted(names - trained), sorted(trained - names)
+        extra, missing = sorted(set(weights.values()) - trained), sorted(trained - set(weights.values()))
         if extra:
-            raise CogExportError(f"{where}: {sets.groups[role]} holds {quoted(extra[0])}"
-                                 f"{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}, which its optimizer "
+            raise CogExportError(f"{where}: {sets.groups[role]} holds {_some(extra)}, which its optimizer "
                                  f"(optimizers.{role}) trains no parameter of: a key set of another kind among the "
                                  "role's weights; the save is damaged")
         if missing:
-            raise CogExportError(f"{where}: {sets.groups[role]} lacks {quoted(missing[0])}"
-                                 f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}, which its optimizer "
-                                 f"trains: the {role} role's weights are incomplete; copy the checkpoint again")
+            raise CogExportError(f"{where}: {sets.groups[role]} lacks {_some(missing)}, which its optimizer trains: "
+                                 f"the {role} role's weights are incomplete; copy the checkpoint again")
+        for key, name in weights.items():
+            shape, size = sets.state_shapes.get(role, {}).get(name), tuple(metadata.entries[key].size)
+            if shape is not None and size != shape:
+                raise CogExportError(f"{where}: {quoted(key)} is {list(size)} but its optimizer state is "
+                                     f"{list(shape)}: the {role} role's weights are not its parameters (the save is "
+                                     "damaged)")
+
+
+def _some(names: list[str]) -> str:
+    return quoted(names[0]) + (f" and {len(names) - 1} more" if len(names) > 1 else "")
 
 
 # -- which weights ---------------------------------------------------------------------------------------------
@@ -301,7 +314,7 @@ class FastVideoCheckpoint(LazyCheckpoint):
                                    files=[str(self.step_folder / METADATA_JSON), *self.files.files])
         self._read_metadata(strict)
         sets = place_key_sets(self.files.metadata, self.files.folder)
-        check_roles(sets, self.files.folder)
+        check_roles(sets, self.files.metadata, self.files.folder)
         choice = choose_weights(sets, entry, self.files)
         for key, name in choice.keys.items():
             stored = self.files.metadata.entries[key]
