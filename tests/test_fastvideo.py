@@ -168,6 +168,14 @@ def test_optimizer_state_filed_among_a_roles_weights_is_refused(tmp_path):
         open_checkpoint(step)
 
 
+def test_a_trainable_roles_weights_must_have_its_optimizer_states_shapes(tmp_path):
+    role = small_role(0)
+    piece = {**role, "blocks.0.to_q.weight": role["blocks.0.to_q.weight"][:2]}  # one rank's rows, as an EMA shard
+    step = write_fastvideo_step(tmp_path, {"roles.student.transformer": piece, "optimizers.student": optimizer_of(role)})
+    with pytest.raises(CogExportError, match=r"is \[2, 4\] but its optimizer state is \[4, 4\]"):
+        open_checkpoint(step)
+
+
 def test_the_default_role_is_the_student_else_the_only_trainable_one(tmp_path):
     critic, generator = small_role(1), small_role(2)
     only = write_fastvideo_step(tmp_path / "one", {"roles.critic.transformer": critic,
