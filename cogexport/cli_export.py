@@ -83,8 +83,8 @@ def _model_name_examples() -> str:
 @json_option
 @user_errors_exit_2
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
-           tag, ema, role, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, quant, fp8_layout,
-           overwrite, push_to_hub, private, workers, as_json) -> None:
+           tag, ema, role, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, quant,
+           fp8_layout, overwrite, push_to_hub, private, workers, as_json) -> None:
     from .exporter import ExportOptions, command_line
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,

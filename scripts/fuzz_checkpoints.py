@@ -6,8 +6,8 @@ Sources are the test suite's real fixtures: DeepSpeed ZeRO stages 0-3 made by re
 CogVideoX run, a safetensors file, PyTorch distributed checkpoints (DCP) made by real ``dcp.save`` and accelerate
 FSDP2 runs on gloo ranks, per-rank saves of PyTorch's Hugging Face writer (``HuggingFaceStorageWriter`` with
 ``save_distributed``, FSDP2 on gloo ranks, with and without a mapping), and a FastVideo run (FSDP2 on 2 gloo ranks,
-saved as FastVideo's CheckpointManager saves: roles, optimizers, the EMA callback's per-rank shards). Each case copies one source and damages it
-one way:
+saved as FastVideo's CheckpointManager saves: roles, optimizers, the EMA callback's per-rank shards). Each case
+copies one source and damages it one way:
 
   truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
   flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of

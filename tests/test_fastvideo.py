@@ -171,7 +171,8 @@ def test_optimizer_state_filed_among_a_roles_weights_is_refused(tmp_path):
 def test_a_trainable_roles_weights_must_have_its_optimizer_states_shapes(tmp_path):
     role = small_role(0)
     piece = {**role, "blocks.0.to_q.weight": role["blocks.0.to_q.weight"][:2]}  # one rank's rows, as an EMA shard
-    step = write_fastvideo_step(tmp_path, {"roles.student.transformer": piece, "optimizers.student": optimizer_of(role)})
+    step = write_fastvideo_step(tmp_path, {"roles.student.transformer": piece,
+                                           "optimizers.student": optimizer_of(role)})
     with pytest.raises(CogExportError, match=r"is \[2, 4\] but its optimizer state is \[4, 4\]"):
         open_checkpoint(step)
 
@@ -269,7 +270,7 @@ def test_a_safetensors_file_never_yields_optimizer_state(tmp_path, cli):
     weights = {"proj.weight": torch.randn(3, 2)}
     save_file({**weights, "optimizer.state.proj.weight.exp_avg_sq": torch.ones(3, 2)}, tmp_path / "model.safetensors")
     result = cli("consolidate", tmp_path / "model.safetensors", tmp_path / "first")
-    assert result.exit_code == 0 and "left out 1 tensors of training state" in result.stderr, result.stderr
+    assert result.exit_code == 0 and "left out 1 tensor of training state" in result.stderr, result.stderr
     assert_same_tensors(load_file(tmp_path / "first" / "model.safetensors"), weights)
     save_file({"lr_scheduler.last_lr": torch.ones(1)}, tmp_path / "state.safetensors")
     assert_refused(cli, tmp_path, ["consolidate", tmp_path / "state.safetensors", tmp_path / "out"],

@@ -33,7 +33,7 @@ from pathlib import Path
 from ..errors import CogExportError, RoleError, quoted
 from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
-from .dcp_metadata import DcpMetadata, TensorEntry
+from .dcp_metadata import METADATA_FILE, DcpMetadata, TensorEntry
 from .torch_archive import TorchArchive
 from .training_state import components, is_optimizer_state, is_training_state_group
 
@@ -81,7 +81,7 @@ class KeySets:
 
 def is_fastvideo_step(folder: Path) -> bool:
     """FastVideo's step folder by its names: ``dcp/`` holding a DCP save, beside ``metadata.json``."""
-    return (folder / METADATA_JSON).is_file() and (folder / DCP_FOLDER / ".metadata").is_file()
+    return (folder / METADATA_JSON).is_file() and (folder / DCP_FOLDER / METADATA_FILE).is_file()
 
 
 # -- placing the key sets -------------------------------------------------------------------------------------------
@@ -90,14 +90,14 @@ def place_key_sets(metadata: DcpMetadata, where: Path) -> KeySets:
     sets = KeySets()
     for key, entry in metadata.entries.items():
         path = metadata.path_of(key)
-        group, tensor = str(path[0]), isinstance(entry, TensorEntry)
+        group, tensor, shadow = str(path[0]), isinstance(entry, TensorEntry), _shadow_prefix(path)
         role = ROLE_GROUP.match(group)
         if role:
             _place_role_key(sets, role.group(1), group, key, path, tensor, where)
         elif OPTIMIZER_GROUP.match(group):
             _place_optimizer_key(sets, OPTIMIZER_GROUP.match(group).group(1), path, entry)
-        elif _shadow_prefix(path) is not None and tensor and len(path) == len(_shadow_prefix(path)) + 1:
-            sets.shadows.setdefault(".".join(_shadow_prefix(path)), {})[key] = module_name(path[-1:])
+        elif shadow is not None and tensor and len(path) == len(shadow) + 1:
+            sets.shadows.setdefault(".".join(shadow), {})[key] = module_name(path[-1:])
         elif SCHEDULER_GROUP.match(group):
             sets.held.setdefault(group, f"the {SCHEDULER_GROUP.match(group).group(1)} role's lr scheduler")
         elif group == "callbacks" or METHOD_EMA_GROUP.match(group) or is_training_state_group(group):

@@ -113,7 +113,7 @@ class SafetensorsCheckpoint(LazyCheckpoint):
                                  "never model weights; point at the model's weights")
         for name in left_out:
             del self._tensors[name]
-        self.info.notes.append(f"left out {len(left_out)} tensors of training state, never model weights: "
+        self.info.notes.append(f"left out {len(left_out)} tensor{'s' * (len(left_out) != 1)} of training state, never model weights: "
                                f"{named_training_state(left_out)}")
 
     def _open_file(self, file: Path, name_prefix: str = "") -> None:

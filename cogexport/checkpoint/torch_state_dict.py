@@ -64,7 +64,7 @@ class TorchStateDictCheckpoint(LazyCheckpoint):
             self.close()
             raise CogExportError(f"{path} holds training state only ({named_training_state(left_out)}): optimizer, "
                                  "scheduler and trainer state are never model weights; point at the model's weights")
-        self.info.notes.append(f"left out {len(left_out)} tensors of training state, never model weights: "
+        self.info.notes.append(f"left out {len(left_out)} tensor{'s' * (len(left_out) != 1)} of training state, never model weights: "
                                f"{named_training_state(left_out)}")
         return kept
 
