@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .cli_common import checkpoint_paths, json_option, output_path, tag_option, user_errors_exit_2, workers_option
+from .cli_common import (checkpoint_paths, json_option, output_path, role_option, tag_option, user_errors_exit_2,
+                         workers_option)
 from .errors import ExtensionError, one_line
 from .sizes import human_bytes
 
@@ -72,12 +73,13 @@ def main() -> None:
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
               help="Dtype of floating parameters (buffers keep their own).")
 @tag_option
+@role_option
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file (decimal units).")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
 @workers_option
 @json_option
 @user_errors_exit_2
-def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, workers, as_json) -> None:
+def consolidate(checkpoint, output, dtype, tag, role, max_shard_size, overwrite, workers, as_json) -> None:
     """Consolidate a DeepSpeed ZeRO or PyTorch distributed (DCP) checkpoint into safetensors weights.
 
     CHECKPOINT is the save dir (with 'latest'), a tag dir or a checkpoint-N folder; give several folders
@@ -86,7 +88,7 @@ def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, worke
     """
     from .consolidation import consolidate as run_consolidate
 
-    result = run_consolidate(list(checkpoint), output, dtype=dtype, tag=tag, max_shard_size=max_shard_size,
+    result = run_consolidate(list(checkpoint), output, dtype=dtype, tag=tag, role=role, max_shard_size=max_shard_size,
                              overwrite=overwrite, workers=workers)
     for note in result.source["notes"]:
         click.echo(f"cogexport: warning: {note}", err=True)
@@ -102,11 +104,12 @@ def consolidate(checkpoint, output, dtype, tag, max_shard_size, overwrite, worke
 @main.command()
 @checkpoint_paths
 @tag_option
+@role_option
 @click.option("--quick", is_flag=True,
               help="Read no tensor data: skip the CRC-32 checks and the masters' agreement with the module.")
 @json_option
 @user_errors_exit_2
-def inspect(checkpoint, tag, quick, as_json) -> None:
+def inspect(checkpoint, tag, role, quick, as_json) -> None:
     """Describe a checkpoint: format, stage, dtype, ranks, step, parameters, and every problem found.
 
     Unless --quick, every byte of the checkpoint's files is read and checked as the exporters check what they
@@ -115,7 +118,7 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
     """
     from .inspect_report import inspect_paths, render_inspect_text
 
-    report = inspect_paths(list(checkpoint), tag, check_data=not quick)
+    report = inspect_paths(list(checkpoint), tag, check_data=not quick, role=role)
     click.echo(json.dumps(report, indent=2) if as_json else render_inspect_text(report))
     if not report["usable"]:
         sys.exit(1)
@@ -129,13 +132,14 @@ def inspect(checkpoint, tag, quick, as_json) -> None:
 @click.option("--vae-against", type=click.Path(path_type=Path),
               help="For a pipeline folder: the VAE checkpoint its vae/ was exported from (else vae/ is not checked).")
 @click.option("--ema", is_flag=True, help="The folder was exported from the EMA weights (--ema).")
+@role_option
 @click.option("--no-load", is_flag=True, help="Skip loading the folder with Diffusers.")
 @click.option("--judge-limit", default="8GB", show_default=True,
               help="Largest source (decimal units) for which Diffusers' own converter is asked for a second opinion "
                    "(it holds the converted model in memory).")
 @json_option
 @user_errors_exit_2
-def verify(output, against, vae_against, tag, ema, no_load, judge_limit, as_json) -> None:
+def verify(output, against, vae_against, tag, ema, role, no_load, judge_limit, as_json) -> None:
     """Check an exported folder (model, pipeline or LoRA adapter) against the checkpoint it came from.
 
     Says what it proves: the folder holds what cogexport's key map makes of the checkpoint, cast as declared (a
@@ -146,7 +150,7 @@ def verify(output, against, vae_against, tag, ema, no_load, judge_limit, as_json
     from .verify import is_pipeline, verify as run_verify
     from .write.shards import parse_size
 
-    reports = run_verify(output, list(against), tag=tag, ema=ema, load=not no_load, vae_against=vae_against,
+    reports = run_verify(output, list(against), tag=tag, ema=ema, role=role, load=not no_load, vae_against=vae_against,
                          judge_limit=parse_size(judge_limit))
     vae_files = list((output / "vae").glob("*.safetensors")) if is_pipeline(output) else []
     # Hard-linked files came from --base as they were; only an exported (or copied) VAE deserves the reminder.

@@ -62,6 +62,11 @@ checkpoint_paths = click.argument("checkpoint", nargs=-1, required=True, type=cl
 output_path = click.argument("output", type=click.Path(path_type=Path))
 tag_option = click.option("--tag", help="Tag to read instead of the one named by 'latest' (e.g. global_step500), or "
                                          "the step of a DCP run folder instead of the newest (e.g. checkpoint-500).")
+role_option = click.option(
+    "--role", metavar="NAME",
+    help="The set of weights to read from a checkpoint that keeps several: a FastVideo run's role (student, critic, "
+         "ema, ...), or a state dict saved beside the module in a DeepSpeed or torch.save file (module, ema) "
+         "[default: the trained weights: FastVideo's student, DeepSpeed's module].")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
 workers_option = click.option("--workers", type=click.IntRange(1), metavar="N",
                               help="Threads reading, checking and casting (or quantizing) tensors ahead of the writer "

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import click
 
-from .cli_common import checkpoint_paths, json_option, output_path, tag_option, user_errors_exit_2, workers_option
+from .cli_common import (checkpoint_paths, json_option, output_path, role_option, tag_option, user_errors_exit_2,
+                         workers_option)
 from .exporter.experts import expert_names
 from .exporter.options import DTYPES, component_choices, lora_format_help, quant_help, task_help, to_help
 from .exporter.output_formats import chosen_format, to_choices
@@ -54,7 +55,9 @@ def _model_name_examples() -> str:
 @click.option("--variant", help="File-name variant, as save_pretrained(variant=...) (e.g. bf16).")
 @tag_option
 @click.option("--ema", is_flag=True,
-              help="Export the EMA weights: SAT's TAG-ema folder, or an 'ema' state dict beside 'module'.")
+              help="Export the EMA weights: SAT's TAG-ema folder, an 'ema' state dict beside 'module', or a FastVideo "
+                   "run's EMA (its ema role, else its EMA callback's when whole).")
+@role_option
 @click.option("--lora", type=click.Choice(["adapter", "fuse"]),
               help="A LoRA run: write the adapter (the default for LoRA runs) or fuse it into the model.")
 @click.option("--lora-alpha", type=float, help="The run's lora_alpha, when the checkpoint does not record it.")
@@ -80,13 +83,13 @@ def _model_name_examples() -> str:
 @json_option
 @user_errors_exit_2
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
-           tag, ema, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, quant, fp8_layout,
-           overwrite, push_to_hub, private, workers, as_json) -> None:
+           tag, ema, role, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, quant,
+           fp8_layout, overwrite, push_to_hub, private, workers, as_json) -> None:
     from .exporter import ExportOptions, command_line
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
                             keep_fp32=tuple(keep_fp32), max_shard_size=max_shard_size, variant=variant, tag=tag,
-                            ema=ema, lora=lora, lora_alpha=lora_alpha, lora_expert=lora_expert,
+                            ema=ema, role=role, lora=lora, lora_alpha=lora_alpha, lora_expert=lora_expert,
                             lora_format=lora_format, model_name=model_name,
                             base_model=base_model, overwrite=overwrite, quant=quant, fp8_layout=fp8_layout,
                             push_to_hub=push_to_hub, private=private, command=command_line(),

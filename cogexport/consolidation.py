@@ -48,14 +48,15 @@ def consolidation_dtypes(tensors: dict[str, LazyTensor], buffers: set[str], dtyp
 
 
 def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Path, *, dtype: str = "fp32",
-                tag: str | None = None, max_shard_size: str | int = "5GB", overwrite: bool = False,
+                tag: str | None = None, role: str | None = None, max_shard_size: str | int = "5GB",
+                overwrite: bool = False,
                 progress: bool | None = None, workers: int | None = None) -> ConsolidateResult:
     """Write the consolidated weights of ``checkpoint`` into the folder ``output``. ``workers``: threads loading
     tensors ahead of the writer (None: one per core); in a torchrun job (``write.ranks``) each rank writes its
     share of the shards."""
     target_dtype = dtype_named(dtype)
     paths, output = as_paths(checkpoint), Path(output)
-    with open_checkpoint(paths, tag) as source:
+    with open_checkpoint(paths, tag, entry=role) as source:
         tensors = consolidation_dtypes(dict(source), set(source.info.buffers), target_dtype)
         if not tensors:
             raise CogExportError(f"{', '.join(source.info.paths)} holds no tensors to consolidate")

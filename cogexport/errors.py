@@ -36,6 +36,11 @@ class UnsafeCheckpointError(CogExportError):
     """A checkpoint file asks to run code while loading; it was refused before anything ran."""
 
 
+class RoleError(CogExportError):
+    """The set of weights asked for (``--role``, ``--ema``) is not in the checkpoint, or not whole there: the reader's
+    own reason, which no other reader's fallback may replace."""
+
+
 class ExtensionError(ValueError):
     """An extension is malformed: a bug in a family's data, a key map, or a LoRA, output or reader format's declaration
     (maybe another package's), found when it loads, not in the user's input. The CLI says it in one line, after

@@ -20,7 +20,7 @@ from .progress import byte_progress
 
 
 def inspect_paths(paths: list[Path], tag: str | None = None, check_data: bool = True,
-                  progress: bool | None = None) -> dict:
+                  progress: bool | None = None, role: str | None = None) -> dict:
     """``inspect_checkpoint`` of the checkpoint, or of each expert of a release holding several (Wan 2.2 A14B's
     high_noise_model/ and low_noise_model/), under ``experts`` by the pipeline component each becomes."""
     if len(paths) == 1 and Path(paths[0]).is_dir():  # a folder of an output format (a Diffusers pipeline, ...)
@@ -30,20 +30,20 @@ def inspect_paths(paths: list[Path], tag: str | None = None, check_data: bool = 
                 return {**report, "output_format": fmt.name}
     experts = expert_folders([Path(p) for p in paths])
     if not experts:
-        return inspect_checkpoint(paths, tag, check_data, progress)
-    reports = {component: inspect_checkpoint([folder], tag, check_data, progress)
+        return inspect_checkpoint(paths, tag, check_data, progress, role)
+    reports = {component: inspect_checkpoint([folder], tag, check_data, progress, role)
                for component, folder in experts.items()}
     return {"paths": [str(p) for p in paths], "experts": reports, "usable": all(r["usable"] for r in reports.values())}
 
 
 def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bool = True,
-                       progress: bool | None = None) -> dict:
+                       progress: bool | None = None, role: str | None = None) -> dict:
     """Everything ``inspect`` reports. Problems (missing ranks, ...) are listed, not raised.
 
     ``check_data`` reads every tensor the way the readers do (so the same checks run: CRC-32s, masters against
     the module's copy, ...) and then every remaining byte of the files; ``report["usable"]`` says whether the
     checkpoint can be exported as it is."""
-    with open_checkpoint(paths, tag, strict=False) as checkpoint:
+    with open_checkpoint(paths, tag, strict=False, entry=role) as checkpoint:
         if check_data:
             _check_data(checkpoint, progress)
         info = checkpoint.info

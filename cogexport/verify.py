@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .checkpoint import as_paths, open_checkpoint, open_ema
+from .checkpoint import as_paths, open_weights
 from .errors import CogExportError
 from .lazy import LazyTensor
 
@@ -35,9 +35,10 @@ class SourceChoice:
 
     tag: str | None = None
     ema: bool = False
+    role: str | None = None
 
     def open(self, paths: list[Path]):
-        return open_ema(paths, self.tag) if self.ema else open_checkpoint(paths, self.tag)
+        return open_weights(paths, self.tag, ema=self.ema, role=self.role)
 
 
 @dataclass(frozen=True)
@@ -111,14 +112,14 @@ def is_pipeline(output: Path) -> bool:
 
 
 def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, tag: str | None = None,
-           ema: bool = False, load: bool = True, vae_against: str | Path | None = None,
+           ema: bool = False, role: str | None = None, load: bool = True, vae_against: str | Path | None = None,
            judge_limit: int = JUDGE_LIMIT) -> list[VerifyReport]:
     """Verify OUTPUT (a model or pipeline folder, a LoRA adapter folder, quantized files, or any format's output)
     against ``against``, and a pipeline's exported VAE against ``vae_against`` (its own source)."""
     from .exporter.output_formats import output_formats
 
     output = Path(output)
-    request = VerifyRequest(as_paths(against), SourceChoice(tag, ema), load,
+    request = VerifyRequest(as_paths(against), SourceChoice(tag, ema, role), load,
                             Path(vae_against) if vae_against is not None else None, judge_limit)
     for fmt in output_formats():
         reports = fmt.verify(output, request) if fmt.verify is not None else None

@@ -4,9 +4,10 @@
 
 Sources are the test suite's real fixtures: DeepSpeed ZeRO stages 0-3 made by real DeepSpeed runs, a SAT-style
 CogVideoX run, a safetensors file, PyTorch distributed checkpoints (DCP) made by real ``dcp.save`` and accelerate
-FSDP2 runs on gloo ranks, and per-rank saves of PyTorch's Hugging Face writer (``HuggingFaceStorageWriter`` with
-``save_distributed``, FSDP2 on gloo ranks, with and without a mapping). Each case copies one source and damages it
-one way:
+FSDP2 runs on gloo ranks, per-rank saves of PyTorch's Hugging Face writer (``HuggingFaceStorageWriter`` with
+``save_distributed``, FSDP2 on gloo ranks, with and without a mapping), and a FastVideo run (FSDP2 on 2 gloo ranks,
+saved as FastVideo's CheckpointManager saves: roles, optimizers, the EMA callback's per-rank shards). Each case
+copies one source and damages it one way:
 
   truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
   flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of
@@ -28,6 +29,13 @@ one way:
                            file of the highest rank
   move a piece             (Hugging Face writer) one piece's saved offset moved by a few rows or columns
   rewrite latest           DeepSpeed's ``latest`` replaced by garbage, a missing tag, a path, ...
+  rewrite metadata.json    (FastVideo) a step's metadata.json replaced by garbage, nothing, a list, another step's, or
+                           with no step, another step, the step as a string, a config that is no mapping; or deleted
+  key set of the wrong kind
+                           (FastVideo) the step's ``.metadata`` re-pickled with keys filed under another group, bytes
+                           untouched: an optimizer state among the student's weights, the student's weights under a
+                           group FastVideo never saves, the EMA callback's per-rank pieces swapped with the student's
+                           weights, the student's optimizer filed as a role
   rewrite .metadata        a DCP ``.metadata`` replaced by garbage, nothing, another object's pickle, a pickle that
                            would run code, the ``.metadata`` of the next folder or step, or re-pickled with one chunk's
                            storage record pointing at another chunk's bytes, reaching over the next one, or dropped
@@ -190,9 +198,22 @@ def cogvideox_sources() -> list[Source]:
             Source("safetensors-2b", "cogvideox", folder / "safetensors", "model.safetensors", truth, export, truth)]
 
 
+def fastvideo_source() -> Source:
+    """A FastVideo run (scripts/make_fastvideo_checkpoint.py: student, critic, an ema role and the EMA callback's
+    per-rank shards, FSDP2 on 2 ranks): the run folder given, the newest step damaged; consolidate must write the
+    student's weights in FastVideo's names, export them in Diffusers' (the run's config as --base)."""
+    from fastvideo_fixtures import fastvideo_run
+
+    fixture = fastvideo_run(2)
+    base = fixture.base(fixture.root.with_name(f"{fixture.root.name}-fuzz-base"))
+    return Source("fastvideo-ws2", "fastvideo", fixture.root, "run", fixture.fastvideo_weights("student"),
+                  ("--base", str(base), "--dtype", "fp32"), fixture.diffusers_weights("student"),
+                  damage="run/checkpoint-2", reference="dcp_to_torch_save", reference_input="run/checkpoint-2/dcp")
+
+
 def sources() -> list[Source]:
     return [zero_source(v) for v in ZERO_VARIANTS] + cogvideox_sources() + [dcp_source(*save) for save in DCP_SAVES] \
-        + [hf_source(*save) for save in HF_SAVES]
+        + [hf_source(*save) for save in HF_SAVES] + [fastvideo_source()]
 
 
 # -- where the bytes are ------------------------------------------------------------------------------------
@@ -334,6 +355,9 @@ def mutations_for(source: Source, folder: Path) -> dict[str, Mutation]:
     found["truncate"] = truncate
     if source.family == "dcp":
         found.update(dcp_rank_mutations(folder))
+    elif source.family == "fastvideo":
+        found.update(dcp_rank_mutations(folder))
+        found.update(fastvideo_mutations(folder))
     elif source.family == "hf-storage":
         found.update(hf_rank_mutations(folder))
     else:
@@ -412,6 +436,79 @@ def dcp_rank_mutations(step: Path) -> dict[str, Mutation]:
         found["swap rank files"] = swap
     found["rewrite .metadata"] = rewrite_metadata
     return found
+
+
+def fastvideo_mutations(step: Path) -> dict[str, Mutation]:
+    """A FastVideo step's own damage: its metadata.json rewritten, and key sets of the wrong kind (its .metadata
+    re-pickled with keys filed under another group, bytes and layout untouched)."""
+    def rewrite_metadata_json(root: Path, rng: random.Random) -> str:
+        how, content = rng.choice(metadata_json_rewrites(step, root, rng))
+        if content is None:
+            (step / "metadata.json").unlink()
+        else:
+            (step / "metadata.json").write_bytes(content)
+        return f"{(step / 'metadata.json').relative_to(root)} := {how}"
+
+    def misfile_key_set(root: Path, rng: random.Random) -> str:
+        how, metadata = rng.choice(misfiled_key_sets(step / "dcp", rng))
+        (step / "dcp" / ".metadata").write_bytes(pickle.dumps(metadata))
+        return f"{(step / 'dcp' / '.metadata').relative_to(root)}: {how}"
+
+    return {"rewrite metadata.json": rewrite_metadata_json, "key set of the wrong kind": misfile_key_set}
+
+
+def metadata_json_rewrites(step: Path, root: Path, rng: random.Random) -> list[tuple[str, bytes | None]]:
+    """What metadata.json can become, each named: every one damaged in a way a reader can tell (a config that is
+    merely different is not damage: nothing could tell it)."""
+    original = json.loads((step / "metadata.json").read_text())
+    garbage = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
+    rewrites = [("random bytes", garbage), ("nothing", b""), ("a JSON list", b"[]"), ("deleted", None),
+                ("no step", json.dumps({"config": original["config"]}).encode()),
+                ("step 99", json.dumps({**original, "step": 99}).encode()),
+                ("the step as a string", json.dumps({**original, "step": str(original["step"])}).encode()),
+                ("a config that is a list", json.dumps({**original, "config": [1, 2]}).encode())]
+    rewrites += [(f"the metadata.json of {other.parent.relative_to(root)}", other.read_bytes())
+                 for other in sorted(root.rglob("metadata.json")) if other.parent.name != step.name]
+    return rewrites
+
+
+def rekeyed(metadata: Any, paths: dict[str, tuple]) -> Any:
+    """``metadata`` with each key of ``paths`` filed under its new path (its entry, planner path and byte records)."""
+    def fqn(old: str) -> str:
+        return ".".join(paths[old]) if old in paths else old
+
+    metadata.state_dict_metadata = {fqn(key): value for key, value in metadata.state_dict_metadata.items()}
+    metadata.planner_data = {fqn(key): paths.get(key, path) for key, path in metadata.planner_data.items()}
+    metadata.storage_data = {dataclasses.replace(index, fqn=fqn(index.fqn)): where
+                             for index, where in metadata.storage_data.items()}
+    return metadata
+
+
+def misfiled_key_sets(folder: Path, rng: random.Random) -> list[tuple[str, Any]]:
+    """The save's .metadata (read by torch from the pristine copy) with keys filed where they do not belong: an
+    optimizer state among the student's weights, the student's weights under a group FastVideo never saves, the EMA
+    callback's per-rank pieces swapped with the student's weights, the student's optimizer filed as a role."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    reader = FileSystemReader(str(folder))
+    planner = reader.read_metadata().planner_data
+    student = {key: path for key, path in planner.items() if path[0] == "roles.student.transformer"}
+    states = sorted(key for key, path in planner.items() if path[0] == "optimizers.student"
+                    and key.endswith(".exp_avg"))
+    state = rng.choice(states)
+    name = state[len("optimizers.student.state.transformer."):-len(".exp_avg")]
+    shadow = {key: path for key, path in planner.items() if tuple(path[:3]) == ("callbacks", "ema", "student_ema")}
+    swapped = {**{key: ("callbacks", "ema", "student_ema", path[1]) for key, path in student.items()},
+               **{key: ("roles.student.transformer", path[3]) for key, path in shadow.items()}}
+    optimizer = {key: ("roles.adam.transformer", *path[1:]) for key, path in planner.items()
+                 if path[0] == "optimizers.student"}
+    changes = [(f"{state} filed as the student's {name}.exp_avg", {state: ("roles.student.transformer",
+                                                                             f"{name}.exp_avg")}),
+               ("the student's weights filed under student_weights",
+                {key: ("student_weights", *path[1:]) for key, path in student.items()}),
+               ("the EMA callback's per-rank pieces swapped with the student's weights", swapped),
+               ("the student's optimizer filed as a role, roles.adam.transformer", optimizer)]
+    return [(how, rekeyed(reader.read_metadata(), paths)) for how, paths in changes]
 
 
 def hf_header(path: Path) -> tuple[dict, int]:
@@ -866,7 +963,7 @@ def table(title: str, rows: dict[str, dict], columns: tuple[str, ...]) -> list[s
 @click.option("--count", type=click.IntRange(1), default=100, show_default=True, help="Damaged copies to make.")
 @click.option("--cogexport-only", is_flag=True, help="Do not run zero_to_fp32 and dcp_to_torch_save side by side.")
 @click.option("--only", "families", multiple=True,
-              type=click.Choice(["deepspeed", "cogvideox", "dcp", "hf-storage"]),
+              type=click.Choice(["deepspeed", "cogvideox", "dcp", "hf-storage", "fastvideo"]),
               help="Only these sources (repeatable).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--verbose", is_flag=True, help="One line per case on stderr.")

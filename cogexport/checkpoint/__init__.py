@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import CogExportError
+from ..errors import CogExportError, RoleError, quoted
 from .base import CheckpointInfo, LazyCheckpoint
 from .readers import is_deepspeed_folder
 from .dcp import DcpCheckpoint
@@ -27,11 +27,23 @@ def open_ema(checkpoint: str | Path | Sequence[str | Path], tag: str | None = No
     except CogExportError as no_folder:
         try:
             return open_checkpoint(paths, tag, entry="ema")
+        except RoleError:
+            raise  # the reader's own word on its EMA (a FastVideo EMA kept in per-rank pieces, ...)
         except CogExportError:
             raise CogExportError(f"{no_folder}, and the checkpoint file holds no 'ema' state dict") from None
     return open_checkpoint(ema_paths, ema_tag)
 
 
+def open_weights(checkpoint: str | Path | Sequence[str | Path], tag: str | None = None, *, ema: bool = False,
+                 role: str | None = None, strict: bool = True) -> LazyCheckpoint:
+    """The set of weights asked for: the trained one by default; with ``role`` (``--role``) the one of that name in
+    a checkpoint keeping several (a FastVideo role; a state dict beside ``module`` in a DeepSpeed or torch.save
+    file); with ``ema``, ``open_ema``'s."""
+    if ema and role not in (None, "ema"):
+        raise CogExportError(f"--ema reads the EMA weights and --role {quoted(role)} another set: give one of them")
+    return open_ema(checkpoint, tag) if ema else open_checkpoint(checkpoint, tag, strict=strict, entry=role)
+
+
 __all__ = ["CheckpointInfo", "DcpCheckpoint", "DeepSpeedCheckpoint", "HfConsolidatedCheckpoint", "HfShardedCheckpoint",
            "LazyCheckpoint", "SafetensorsCheckpoint", "TorchStateDictCheckpoint", "UniversalCheckpoint", "as_paths",
-           "is_deepspeed_folder", "open_checkpoint", "open_ema"]
+           "is_deepspeed_folder", "open_checkpoint", "open_ema", "open_weights"]

@@ -26,6 +26,7 @@ from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp_locate import ACCELERATE_MODEL, DcpLocation, STEP_NUMBER
 from .dcp_metadata import METADATA_FILE, BytesEntry, Chunk, DcpMetadata, TensorEntry, read_metadata
 from .tiling import overlapping_pair, row_block_order
+from .training_state import components, is_optimizer_state, is_training_state_group
 from .deepspeed_zero import DTYPE_NAMES
 from .torch_archive import StoredTensor, TorchArchive
 
@@ -36,9 +37,6 @@ _TAIL = 4096  # bytes read from the end of each record: its zip directory (every
 WRAPPER_COMPONENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
 MODEL_GROUP = "model"
 OPTIMIZER_GROUP = "optimizer"
-# Top-level groups trainers save beside the model; with no "model" group, the remaining top-level tensors are it.
-TRAINING_STATE_GROUPS = frozenset({"optimizer", "lr_scheduler", "lr_schedulers", "scheduler", "dataloader",
-                                   "train_state", "rng", "sampler", "step", "epoch", "global_step"})
 
 
 @dataclass
@@ -353,18 +351,34 @@ class DcpCheckpoint(LazyCheckpoint):
         self.facts.contents = self._contents(groups)
 
     def _model_paths(self, metadata: DcpMetadata, groups: set) -> dict[str, tuple]:
-        """Flat key -> the module path of every model tensor: under the "model" group, else at the top level."""
+        """Flat key -> the module path of every model tensor: under the "model" group, else at the top level, where
+        training state (training_state.py: optimizer, schedulers, callbacks, ...) is never a weight and several sets
+        of weights (groups of their own, as FastVideo's roles.<role>.transformer) are refused, never merged."""
         # planner_data keeps the saved state dict's own order (the module's state_dict order); the entries do not.
         order = [*metadata.paths, *(key for key in metadata.entries if key not in metadata.paths)]
         tensors = {key: metadata.path_of(key) for key in order if isinstance(metadata.entries.get(key), TensorEntry)}
         if MODEL_GROUP in groups:
             return {key: path[1:] for key, path in tensors.items() if path[0] == MODEL_GROUP and len(path) > 1}
-        top = {key: path for key, path in tensors.items() if str(path[0]) not in TRAINING_STATE_GROUPS}
+        top = {key: path for key, path in tensors.items()
+               if not is_training_state_group(str(path[0])) and not is_optimizer_state(components(path))}
         if not top:
             raise CogExportError(f"{self.model_files.folder} holds no model weights (its top-level entries are "
                                  f"{', '.join(sorted(map(str, groups)))}); point at the model's save, e.g. "
                                  "pytorch_model_fsdp_0")
+        self._refuse_several_sets(top)
         return top
+
+    def _refuse_several_sets(self, top: dict[str, tuple]) -> None:
+        """Weights at the top level are one model's (torchtitan's flat keys) or one group's; two groups of tensors,
+        or a group beside flat keys, are two sets of weights, which no rule here may pick between or merge."""
+        sets = sorted({str(path[0]) for path in top.values() if len(path) > 1})
+        flat = [str(path[0]) for path in top.values() if len(path) == 1]
+        named = sets + ([f"the top-level tensors ({flat[0]}, ...)"] if flat else [])
+        if len(named) > 1:
+            raise CogExportError(f"{self.model_files.folder} holds several sets of weights ({', '.join(named)}): "
+                                 "cogexport reads one model and will not guess which, nor merge them; point at a "
+                                 "save of one model (a FastVideo step: the checkpoint-N folder beside its "
+                                 "metadata.json, whose reader takes --role)")
 
     def _read_optimizer(self, files: DcpFiles) -> None:
         metadata = files.metadata

@@ -22,6 +22,7 @@ from ..pickled import PickledObject
 from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .locate import RankFiles, locate, optim_file_name, rank_file_identity, zero3_model_file_name
 from .torch_archive import StoredTensor, TorchArchive, load_torch_file
+from .training_state import refuse_training_state_role
 from .zero_layout import FlatGroupLayout, Zero3SubGroupLayout, gather_zero3_pieces
 
 # Keys DeepSpeed writes into a model-states file; anything else is the user's client_state.
@@ -115,6 +116,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         super().__init__()
         self.entry = entry  # the model-states entry holding the weights: module, or a copy beside it (ema)
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+        refuse_training_state_role(entry, "a DeepSpeed model-states file")
         self._archives: list[TorchArchive] = []
         self._unchecked: list[str] = []  # files saved without CRC-32s
         self.groups: list[PartitionedGroup] = []  # ZeRO-1/2/3: the optimizer's partitioned parameter groups

@@ -21,6 +21,7 @@ from ..lazy import ByteRange, LazyTensor
 from ..safetensors_dtypes import SAFETENSORS_DTYPES
 from ..tensor_bytes import pread_into, tensor_buffer
 from .base import CheckpointInfo, HeaderFacts, LazyCheckpoint
+from .training_state import is_training_state, named_training_state
 
 _DTYPES = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()}
 _MAX_HEADER = 100_000_000
@@ -94,10 +95,26 @@ class SafetensorsCheckpoint(LazyCheckpoint):
         try:
             for file in files:
                 self._open_file(file, prefixes.get(file, ""))
+            self._leave_out_training_state()
         except BaseException:
             self.close()
             raise
         self.info.trainable = list(self._tensors)
+
+    def _leave_out_training_state(self) -> None:
+        """Tensors a trainer saved beside the weights (training_state.py: ``optimizer.state.<name>.exp_avg``, a
+        ``step``) are never weights: left out and named in a note; a file of nothing else holds no weights."""
+        left_out = [name for name in self._tensors if is_training_state(name)]
+        if not left_out:
+            return
+        if len(left_out) == len(self._tensors):
+            raise CogExportError(f"{', '.join(self.info.files)} holds training state only "
+                                 f"({named_training_state(left_out)}): optimizer, scheduler and trainer state are "
+                                 "never model weights; point at the model's weights")
+        for name in left_out:
+            del self._tensors[name]
+        self.info.notes.append(f"left out {len(left_out)} tensor{'s' * (len(left_out) != 1)} of training state, never model weights: "
+                               f"{named_training_state(left_out)}")
 
     def _open_file(self, file: Path, name_prefix: str = "") -> None:
         try:

@@ -8,6 +8,7 @@ from ..errors import CogExportError
 from ..lazy import LazyTensor
 from .base import CheckpointInfo, LazyCheckpoint
 from .torch_archive import StoredTensor, load_torch_file
+from .training_state import is_training_state, named_training_state, refuse_training_state_role
 
 # Where training code puts the weights inside a saved dict, most specific first.
 _STATE_DICT_KEYS = ("state_dict", "module", "model", "model_state_dict")
@@ -20,6 +21,7 @@ class TorchStateDictCheckpoint(LazyCheckpoint):
     def __init__(self, path: Path, entry: str | None = None) -> None:
         super().__init__()
         path = Path(path)
+        refuse_training_state_role(entry, str(path))
         self._archive, tree = load_torch_file(path)
         self.info = CheckpointInfo(format="torch", paths=[str(path)], files=[str(path)])
         weights, where = tree, "the file"
@@ -43,11 +45,28 @@ class TorchStateDictCheckpoint(LazyCheckpoint):
             self.info.notes.append(f"ignored {len(skipped)} non-tensor entries: {', '.join(map(str, skipped[:5]))}")
         if isinstance(tree, dict) and isinstance(tree.get("iteration"), int):
             self.info.step = tree["iteration"]
+        weights = self._without_training_state(path, weights)
         for name, tensor in weights.items():
             if isinstance(tensor, StoredTensor):
                 self._tensors[str(name)] = LazyTensor(tensor.shape, tensor.dtype, tensor.read,
                                                       f"{name} in {path.name}", tensor.byte_ranges())
         self.info.trainable = list(self._tensors)
+
+    def _without_training_state(self, path: Path, weights: dict) -> dict:
+        """The state dict's tensors but those that are a trainer's state (training_state.py: an optimizer's
+        ``state.<name>.exp_avg``, a ``step`` counter), named in a note; none left is no state dict."""
+        left_out = [str(name) for name, value in weights.items()
+                    if isinstance(value, StoredTensor) and is_training_state(str(name))]
+        if not left_out:
+            return weights
+        kept = {name: value for name, value in weights.items() if str(name) not in left_out}
+        if not any(isinstance(value, StoredTensor) for value in kept.values()):
+            self.close()
+            raise CogExportError(f"{path} holds training state only ({named_training_state(left_out)}): optimizer, "
+                                 "scheduler and trainer state are never model weights; point at the model's weights")
+        self.info.notes.append(f"left out {len(left_out)} tensor{'s' * (len(left_out) != 1)} of training state, never model weights: "
+                               f"{named_training_state(left_out)}")
+        return kept
 
     def bytes_read(self) -> dict[str, int]:
         return {str(self._archive.path): self._archive.bytes_read}

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..checkpoint import LazyCheckpoint, as_paths, open_checkpoint, open_ema
+from ..checkpoint import LazyCheckpoint, as_paths, open_checkpoint
+from ..checkpoint import open_weights as open_chosen
 from ..errors import CogExportError
 from ..lora.experts import expert_pairs
 from ..models.base_folder import BaseFolder, open_base
@@ -18,9 +19,9 @@ from ..models.recognize import expert_folders, lora_key
 from .options import ExportOptions
 
 
-def open_weights(paths: Sequence[Path], tag: str | None, ema: bool) -> LazyCheckpoint:
-    """The checkpoint's weights, or with ``ema`` its EMA weights."""
-    return open_ema(list(paths), tag) if ema else open_checkpoint(list(paths), tag)
+def open_weights(paths: Sequence[Path], options: ExportOptions) -> LazyCheckpoint:
+    """The checkpoint's weights the options ask for: the trained ones, ``--role``'s or ``--ema``'s."""
+    return open_chosen(list(paths), options.tag, ema=options.ema, role=options.role)
 
 
 def search_folders(paths: Sequence[Path], source: LazyCheckpoint) -> list[Path]:
@@ -121,7 +122,7 @@ def open_inputs(checkpoint, options: ExportOptions) -> Iterator[ExportInputs]:
     base = open_base(options.base) if options.base else None
     experts, subfolders = _experts(paths)
     with ExitStack() as stack:
-        sources = {component: stack.enter_context(open_weights([path], options.tag, options.ema))
+        sources = {component: stack.enter_context(open_weights([path], options))
                    for component, path in experts.items()} or \
-            {"transformer": stack.enter_context(open_weights(paths, options.tag, options.ema))}
+            {"transformer": stack.enter_context(open_weights(paths, options))}
         yield ExportInputs(paths, base, experts, sources, stack, expert_folders=subfolders)

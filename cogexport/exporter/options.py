@@ -68,6 +68,7 @@ class ExportOptions:
     variant: str | None = None  # file-name variant, as save_pretrained(variant=...)
     tag: str | None = None
     ema: bool = False
+    role: str | None = None  # the set of weights of a checkpoint keeping several (a FastVideo role, an entry)
     lora: str | None = None  # adapter or fuse; a LoRA run defaults to adapter
     lora_alpha: float | None = None
     lora_format: str | None = None  # the adapter file's layout (see lora/formats.py); default diffusers

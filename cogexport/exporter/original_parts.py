@@ -32,7 +32,7 @@ def open_way_back(checkpoint, options: ExportOptions, component: str, stack) -> 
     own checkpoint (a training run, a model folder, a LoRA run)."""
     paths = as_paths(checkpoint)
     folders = _model_folders(paths, component)
-    sources = {name: stack.enter_context(open_weights(where, options.tag, options.ema))
+    sources = {name: stack.enter_context(open_weights(where, options))
                for name, where in folders.items()}
     # a pipeline folder's models are read from their own subfolders (messages name those)
     experts = {} if folders == {component: paths} else {name: where[0] for name, where in folders.items()}
