@@ -22,6 +22,7 @@ from .dcp import DCP
 from .deepspeed import DEEPSPEED, is_deepspeed_folder
 from .facts import facts_of_report, flatten
 from .gguf import GGUF
+from .hf_trainer import HF_TRAINER
 from .hf_writer import HF_WRITER
 from .reader import Claim, FolderScan, OpenOptions, Reader
 from .registry_checks import problem_with
@@ -30,7 +31,7 @@ from .torch_file import TORCH_FILE
 from .universal import UNIVERSAL
 
 # cogexport's own, in the order the line saying what a folder lacks lists them.
-BUILT_IN: tuple[Reader, ...] = (DEEPSPEED, UNIVERSAL, DCP, HF_WRITER, SAFETENSORS, TORCH_FILE, GGUF)
+BUILT_IN: tuple[Reader, ...] = (DEEPSPEED, UNIVERSAL, HF_TRAINER, DCP, HF_WRITER, SAFETENSORS, TORCH_FILE, GGUF)
 ENTRY_POINT_GROUP = "cogexport.readers"
 
 _added: list[Reader] = []
