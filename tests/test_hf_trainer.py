@@ -6,6 +6,7 @@ fp32 masters of DeepSpeed's save, bit for bit, with a note naming what was read 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -143,8 +144,11 @@ def test_placeholders_alone_are_no_weights(left, tmp_path, cli):
         else:
             assert "diffusion_pytorch_model.safetensors holds DeepSpeed ZeRO-3's empty placeholders, not weights: 22 " \
                    "of its 64 tensors have shape [0]" in line and "read that step's DeepSpeed save instead" in line
-    inspected = cli("inspect", step / "diffusion_pytorch_model.safetensors")
-    assert inspected.exit_code == 1 and "empty placeholders, not weights" in inspected.stdout
+    # a model folder once DeepSpeed's save is gone (its config.json names the class): described, never usable
+    for source in (step / "diffusion_pytorch_model.safetensors", step) if left == "nothing" else ():
+        inspected = cli("inspect", source)
+        assert inspected.exit_code == 1 and "empty placeholders, not weights" in inspected.stdout, inspected.stdout
+        assert re.search(r"^usable +no", inspected.stdout, re.MULTILINE), inspected.stdout
 
 
 def other_tensors(file: Path, how: str) -> None:
