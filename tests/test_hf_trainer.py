@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_refused, assert_same_tensors
+from fixtures import DeepSpeedVariant, deepspeed_checkpoint
 from safetensors.torch import load_file, save_file
 from trainer_fixtures import RUNS, ZERO2, ZERO3, ZERO3_DIFFUSERS_PLACEHOLDERS, ZERO3_NO_GATHER, TrainerRun, \
     trainer_checkpoint
@@ -106,6 +107,25 @@ def test_the_trainers_placeholders_as_model_safetensors_are_set_aside(tmp_path, 
     assert_same_tensors(written, trainer_checkpoint(ZERO3_NO_GATHER).masters())
     assert "checkpoint-2/model.safetensors beside it holds the same names with ZeRO-3's empty placeholders for 22 of " \
            "its 64 tensors" in stderr
+
+
+@pytest.mark.parametrize("trainer_state", [True, False], ids=["Trainer", "DeepSpeed"])
+def test_a_copy_may_keep_a_tied_weight_once(trainer_state, tmp_path, cli):
+    """safetensors cannot store a tensor twice: a model with tied weights is copied without the alias (the toy model
+    of the DeepSpeed fixtures ties head.weight to embed.weight). The copy rule is every reader's, the Trainer's or not."""
+    fixture = deepspeed_checkpoint(DeepSpeedVariant(2, "bf16", 2))
+    step = Path(shutil.copytree(fixture.checkpoint, tmp_path / "checkpoint-2"))
+    expected = fixture.expected_state_dict()
+    copy = {name: tensor.bfloat16() if tensor.is_floating_point() else tensor for name, tensor in expected.items()
+            if name not in fixture.truth["tied"]}
+    save_file(copy, step / "model.safetensors")
+    if trainer_state:
+        (step / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    written, stderr = consolidated(cli, step, tmp_path / "out")
+    assert_same_tensors(written, {name: tensor for name, tensor in expected.items()
+                                  if name not in fixture.truth["tied"]})
+    assert "model.safetensors beside it holds the same tensors (names and shapes): a lower-precision copy" in stderr
+    assert ("the weights of the Hugging Face Trainer's checkpoint-2" in stderr) == trainer_state
 
 
 def test_without_the_trainers_state_it_is_a_deepspeed_checkpoint(tmp_path):

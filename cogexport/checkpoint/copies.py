@@ -4,9 +4,9 @@ Trainers leave the weights a second time inside a checkpoint's folder: ``acceler
 the Hugging Face Trainer's ``model.safetensors`` beside DeepSpeed's save (the step's weights in the training dtype), a
 Diffusers-based trainer's ``save_pretrained`` copy. The only loose weights inside a checkpoint's folder are a possible
 copy of that checkpoint (``possible_copies``), never a candidate of their own. Once the checkpoint is open,
-``judge_copy`` says what the copy is: the same tensors (names and shapes, in any dtype), or the same names with
-ZeRO-3's empty placeholders where DeepSpeed had partitioned the tensors (no weights at all); anything else is a second
-set of weights.
+``judge_copy`` says what the copy is: the same tensors (names and shapes, in any dtype; a tied alias may be left
+out), or the same names with ZeRO-3's empty placeholders where DeepSpeed had partitioned the tensors (no weights at
+all); anything else is a second set of weights.
 
 ZeRO-3 keeps no data in a module's parameters between forward passes: each holds a 0-element tensor of shape [0].
 Saving the module's own state dict without ``stage3_gather_16bit_weights_on_model_save`` writes these placeholders (for
@@ -80,7 +80,8 @@ def judge_copy(checkpoint: LazyCheckpoint, copy: Claim, shown: str) -> str:
         raise NotACopy(f"it cannot be read: {error}") from None
     if not len(checkpoint):
         return f"{shown} beside it was not compared with it (it cannot be read whole): not read"
-    own = {name: (tensor.shape, tensor.dtype) for name, tensor in checkpoint.items()}
+    own = {name: (tensor.shape, tensor.dtype) for name, tensor in checkpoint.items()
+           if name in copied or name not in checkpoint.info.tied}  # safetensors keeps a tied weight once
     _check_same_names(own, copied)
     holes = [name for name, (shape, _) in copied.items() if shape == PLACEHOLDER_SHAPE != own[name][0]]
     differing = [name for name, (shape, _) in copied.items() if shape != own[name][0] and name not in holes]
