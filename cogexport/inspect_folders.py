@@ -83,6 +83,7 @@ def _model_report(folder: Path, check_data: bool) -> dict:
             report.update(tensors=len(tensors), parameter_count=sum(t.numel for t in tensors),
                           stored_bytes=sum(t.nbytes for t in tensors),
                           dtypes=_dtype_counts(tensors), data_checked=check_data)
+            report["problems"] += weights.info.problems  # what the reader found wrong (ZeRO-3's placeholders, ...)
     except CogExportError as error:
         report["problems"].append(str(error))
     return report

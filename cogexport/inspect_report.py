@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 
 from .checkpoint import LazyCheckpoint, open_checkpoint
 from .checkpoint.readers import format_row, info_dict
+from .checkpoint.copies import placeholders
 from .checkpoint.deepspeed_zero import DTYPE_NAMES
 from .errors import CogExportError
 from .exporter.output_formats import ReadBack, output_format, output_formats
@@ -51,7 +52,9 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bo
                   "tensors": _tensor_rows(checkpoint), **_sizes(checkpoint)}
         folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
         folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
-        report["models"] = recognise_models(checkpoint, info.header_metadata, folders) if len(checkpoint) else {}
+        # ZeRO-3's empty placeholders (a problem already) have no shapes to tell a model by
+        readable = len(checkpoint) and not placeholders(checkpoint)
+        report["models"] = recognise_models(checkpoint, info.header_metadata, folders) if readable else {}
         back = read_back(checkpoint)
         if back is not None:  # a quantized file: say what it holds, and read the model in the weights it stands for
             info.notes += back.notes

@@ -5,9 +5,11 @@
 Sources are the test suite's real fixtures: DeepSpeed ZeRO stages 0-3 made by real DeepSpeed runs, a SAT-style
 CogVideoX run, a safetensors file, PyTorch distributed checkpoints (DCP) made by real ``dcp.save`` and accelerate
 FSDP2 runs on gloo ranks, per-rank saves of PyTorch's Hugging Face writer (``HuggingFaceStorageWriter`` with
-``save_distributed``, FSDP2 on gloo ranks, with and without a mapping), and a FastVideo run (FSDP2 on 2 gloo ranks,
-saved as FastVideo's CheckpointManager saves: roles, optimizers, the EMA callback's per-rank shards). Each case
-copies one source and damages it one way:
+``save_distributed``, FSDP2 on gloo ranks, with and without a mapping), a FastVideo run (FSDP2 on 2 gloo ranks,
+saved as FastVideo's CheckpointManager saves: roles, optimizers, the EMA callback's per-rank shards), and Hugging Face
+Trainer run folders (``transformers.Trainer`` under DeepSpeed on CPU ranks: ZeRO-2 with the Trainer's 16-bit
+``model.safetensors``, ZeRO-3 with a Diffusers ``save_pretrained`` copy of empty placeholders beside the save). Each
+case copies one source and damages it one way:
 
   truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
   flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of
@@ -36,6 +38,10 @@ copies one source and damages it one way:
                            untouched: an optimizer state among the student's weights, the student's weights under a
                            group FastVideo never saves, the EMA callback's per-rank pieces swapped with the student's
                            weights, the student's optimizer filed as a role
+  replace the copy         (Trainer) the weights beside DeepSpeed's save in checkpoint-N replaced by other tensors: one
+                           left out, one cut short, one added, or another model's
+  delete DeepSpeed's save  (Trainer) the step's ``global_stepN/`` deleted (``latest`` still naming it); where the copy
+                           is ZeRO-3's placeholders, ``latest`` too, leaving the placeholders alone
   rewrite .metadata        a DCP ``.metadata`` replaced by garbage, nothing, another object's pickle, a pickle that
                            would run code, the ``.metadata`` of the next folder or step, or re-pickled with one chunk's
                            storage record pointing at another chunk's bytes, reaching over the next one, or dropped
@@ -121,6 +127,9 @@ DCP_SAVES = [("plain", "toy", 3), ("accelerate-fsdp2", "toy", 2), ("accelerate-f
 # empty pieces, a dim-1 shard, replicated buffers written by one rank), a tiny Wan's mapped files at 2 ranks (exported
 # too, with the config as --base).
 HF_SAVES = [("toy", 3, "distributed"), ("wan-t2v", 2, "mapping")]
+# Trainer runs (tests/trainer_fixtures.py) by id: their run folder is given, the damage goes to its newest step.
+TRAINER_RUNS = ("trainer-zero2", "trainer-zero3-nogather-diffusers-persist100")
+TRAINER_COPIES = ("model.safetensors", "diffusion_pytorch_model.safetensors")  # what the Trainer leaves beside
 
 
 # -- sources: a pristine copy, what to run on it, and the ground truth ---------------------------------------
@@ -211,9 +220,22 @@ def fastvideo_source() -> Source:
                   damage="run/checkpoint-2", reference="dcp_to_torch_save", reference_input="run/checkpoint-2/dcp")
 
 
+def trainer_source(run_id: str) -> Source:
+    """cogexport is given the Trainer's run folder (it reads the newest step's DeepSpeed save); the damage goes to
+    that step, copy of the weights included."""
+    from trainer_fixtures import RUNS, trainer_checkpoint
+
+    fixture = trainer_checkpoint(next(run for run in RUNS if run.id == run_id))
+    step = str(fixture.checkpoint.relative_to(fixture.root))
+    export = ("--model-type", "t2v", "--base", str(fixture.base), "--component", "transformer", "--dtype", "fp32")
+    return Source(run_id, "hf-trainer", fixture.root, "run", fixture.masters(), export, fixture.masters(),
+                  damage=step, reference="zero_to_fp32", reference_input=step)
+
+
 def sources() -> list[Source]:
     return [zero_source(v) for v in ZERO_VARIANTS] + cogvideox_sources() + [dcp_source(*save) for save in DCP_SAVES] \
-        + [hf_source(*save) for save in HF_SAVES] + [fastvideo_source()]
+        + [hf_source(*save) for save in HF_SAVES] + [fastvideo_source()] \
+        + [trainer_source(run) for run in TRAINER_RUNS]
 
 
 # -- where the bytes are ------------------------------------------------------------------------------------
@@ -362,6 +384,8 @@ def mutations_for(source: Source, folder: Path) -> dict[str, Mutation]:
         found.update(hf_rank_mutations(folder))
     else:
         found.update(zero_rank_mutations(folder))
+    if source.family == "hf-trainer":
+        found.update(trainer_mutations(folder))
     return found
 
 
@@ -396,6 +420,40 @@ def zero_rank_mutations(checkpoint: Path) -> dict[str, Mutation]:
             return f"latest := {content[:40]!r}"
         found["rewrite latest"] = rewrite_latest
     return found
+
+
+def trainer_mutations(step: Path) -> dict[str, Mutation]:
+    """A Trainer's checkpoint-N: the copy beside DeepSpeed's save replaced by tensors that are not the checkpoint's,
+    or DeepSpeed's save deleted. The copy stays out of what is judged: a copy that is the checkpoint's (any dtype)
+    or placeholders is set aside, and reads right."""
+    copy = next(step / name for name in TRAINER_COPIES if (step / name).exists())
+    placeholders = any(shape == [0] for shape in (entry.get("shape") for entry in hf_header(copy)[0].values()))
+
+    def replace_copy(root: Path, rng: random.Random) -> str:
+        tensors = load_file(copy)
+        name = rng.choice(sorted(tensors))
+        how = rng.choice(["left out", "cut short", "added", "another model's"])
+        if how == "left out":
+            del tensors[name]
+        elif how == "cut short":
+            tensors[name] = tensors[name].flatten()[:max(tensors[name].numel() - 1, 1)].clone()
+        elif how == "added":
+            tensors[f"{name}.extra"] = torch.zeros(3)
+        else:
+            tensors = {"weight": torch.ones(5, 3), "bias": torch.zeros(5)}
+        save_file(tensors, copy, metadata={"format": "pt"})
+        what = "every tensor another model's" if how == "another model's" else f"{name} {how}"
+        return f"{copy.relative_to(root)}: {what}"
+
+    def delete_save(root: Path, rng: random.Random) -> str:
+        tag = (step / "latest").read_text().strip()
+        shutil.rmtree(step / tag)
+        if placeholders:  # nothing but the placeholders left
+            (step / "latest").unlink()
+            return f"deleted {step.relative_to(root)}/{tag} and latest"
+        return f"deleted {step.relative_to(root)}/{tag}"
+
+    return {"replace the copy": replace_copy, "delete DeepSpeed's save": delete_save}
 
 
 def dcp_rank_mutations(step: Path) -> dict[str, Mutation]:
@@ -963,7 +1021,7 @@ def table(title: str, rows: dict[str, dict], columns: tuple[str, ...]) -> list[s
 @click.option("--count", type=click.IntRange(1), default=100, show_default=True, help="Damaged copies to make.")
 @click.option("--cogexport-only", is_flag=True, help="Do not run zero_to_fp32 and dcp_to_torch_save side by side.")
 @click.option("--only", "families", multiple=True,
-              type=click.Choice(["deepspeed", "cogvideox", "dcp", "hf-storage", "fastvideo"]),
+              type=click.Choice(["deepspeed", "cogvideox", "dcp", "hf-storage", "fastvideo", "hf-trainer"]),
               help="Only these sources (repeatable).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--verbose", is_flag=True, help="One line per case on stderr.")

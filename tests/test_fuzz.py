@@ -1,7 +1,8 @@
 """A fixed-seed slice of scripts/fuzz_checkpoints.py: real checkpoints of every ZeRO stage, a SAT run, a safetensors
 file, DCP saves (plain dcp.save at world size 3 with uneven and zero-size chunks, accelerate FSDP2), PyTorch
-Hugging Face writer per-rank saves (FSDP2 at 3 ranks, and mapped at 2) and a FastVideo run (FSDP2 at 2 ranks: its
-metadata.json damaged, a rank lost, key sets filed under the wrong kind), damaged in every way the script knows (the
+Hugging Face writer per-rank saves (FSDP2 at 3 ranks, and mapped at 2), a FastVideo run (FSDP2 at 2 ranks: its
+metadata.json damaged, a rank lost, key sets filed under the wrong kind) and Hugging Face Trainer run folders (ZeRO-2
+with the Trainer's 16-bit copy, ZeRO-3 with a copy of placeholders), damaged in every way the script knows (the
 three records of a zip archive's end included); each inspect, consolidate and export run must give the exactly right output, or one
 clean line with exit 2 (inspect: the problems listed, exit 1), nothing written and the input unchanged. The long
 form (hundreds of cases, zero_to_fp32 and dcp_to_torch_save side by side) is the script."""
@@ -14,8 +15,8 @@ import sys
 
 from fixtures import SCRIPTS
 
-# seven damaged copies of each of the eighteen sources; the seed deals every family the classes asserted below
-SEED, COUNT = 33, 126
+# seven damaged copies of each of the twenty sources; the seed deals every family the classes asserted below
+SEED, COUNT = 33, 140
 ZIP_END = {"flip zip64 end record", "flip zip64 locator", "flip end of central directory"}
 DCP_CLASSES = {"truncate", "flip .metadata pickle", "flip zip directory", "flip local header", "flip pickle",
                "flip tensor data", "delete rank file", "swap rank files", "duplicate rank file", "rewrite .metadata",
@@ -31,7 +32,7 @@ def test_damaged_checkpoints_never_become_a_silently_wrong_model():
     assert done.returncode in (0, 1), done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["failures"] == [], json.dumps(result["failures"], indent=1)
-    assert result["cases"] == COUNT and len(result["by_source"]) == 18
+    assert result["cases"] == COUNT and len(result["by_source"]) == 20
     # The slice exercises both outcomes: damage refused in one line, and damage that leaves the output exact.
     outcomes = {outcome for classes in result["by_tool"].values() for outcome in classes}
     assert {"clean error", "right", "problems listed"} <= outcomes

@@ -5,8 +5,9 @@ what was found and how to name one.
 The rules, in order:
 
 - ``--tag`` on a folder a reader with tags of its own claims whole (a DeepSpeed save dir) names one of its tags (or
-  its universal checkpoint); anywhere else it names a checkpoint below the folder by its folder or file name (a
-  run's step: ``--tag step-2``), or its path from there.
+  its universal checkpoint), or the folder itself by its name; anywhere else it names a checkpoint below the folder
+  by its folder or file name (a run's step: ``--tag step-2``), its path from there, or one of the tags its claim is
+  also named by (a Hugging Face Trainer checkpoint-2's ``global_step2``, which the reader then reads).
 - No claim: the folder holds nothing any reader reads, and the line says what each looked for.
 - One claim: it is read (named in a note when it lies below the folder given).
 - Every claim a step of the same run (a folder named checkpoint-N, checkpoint_N, step-N, global_stepN or
@@ -16,13 +17,19 @@ The rules, in order:
   refused with every candidate named.
 
 Never candidates of their own: a DeepSpeed checkpoint-N's adapter copy (``pytorch_lora_weights.safetensors``, CogVideo
-finetune/); a consolidated Hugging Face writer save's ``sharded/`` (the same save in pieces); a checkpoint folder's
-safetensors copy inside it holding the same tensors (``accelerate merge-weights`` into checkpoint-N: the original is
-read); a folder's weights in other forms (``stem.fp16.safetensors`` variants, ``pytorch_model.bin`` beside
-safetensors weights); other safetensors files of a save_pretrained model folder (its config.json names its class: it
-is its plain weights, and cogexport keeps there a release's tensors the class has no place for); training state
-(optimizer, scheduler, RNG, trainer files); hidden folders. One rank's file of a distributed save (PyTorch's Hugging
-Face writer) is never read as a model: pointing at it is refused.
+finetune/); a consolidated Hugging Face writer save's ``sharded/`` (the same save in pieces); the only loose weights
+inside a checkpoint's folder (``accelerate merge-weights`` into checkpoint-N, the Hugging Face Trainer's
+``model.safetensors`` beside DeepSpeed's save, a ``save_pretrained`` copy): once the checkpoint is open they are
+judged against it (copies.py), and are its copy (the same names and shapes in any dtype: a note names it, a
+lower-precision copy when narrower), its ZeRO-3 placeholders (the same names, shape [0] where DeepSpeed had
+partitioned the tensor: no weights, a note names them), or a second set of weights (other names or shapes, or
+unreadable): refused, unless ``--tag`` named the checkpoint; a folder's weights in other forms
+(``stem.fp16.safetensors`` variants, ``pytorch_model.bin`` beside safetensors weights); other safetensors files of a
+save_pretrained model folder (its config.json names its class: it is its plain weights, and cogexport keeps there a
+release's tensors the class has no place for); training state (optimizer, scheduler, RNG, trainer files); hidden
+folders. One rank's file of a distributed save (PyTorch's Hugging Face writer) is never read as a model: pointing at
+it is refused. Nor are ZeRO-3's empty placeholders, whatever reads them: a checkpoint holding any is refused
+(``inspect``: a problem).
 
 A path given alone that is a file is read by the first reader that names it (by name or first bytes), else as a
 torch.save file (any name); several paths, by the reader of them all when they are one reader's files read together
@@ -38,6 +45,7 @@ from typing import Sequence
 from ..errors import CogExportError, quoted
 from .base import LazyCheckpoint
 from .claims import SEARCH_DEPTH, gather
+from .copies import NotACopy, judge_copy, possible_copies, refuse_placeholders, shown_copy
 from .dcp_locate import STEP_NUMBER, step_number
 from .locate import natural_sorted
 from .readers import Claim, OpenOptions, Reader, looks_for, phrase_of, reader_of_file, reader_of_several, \
@@ -65,9 +73,16 @@ def open_checkpoint(checkpoint: str | Path | Sequence[str | Path], tag: str | No
     if len(paths) == 1 and not paths[0].exists():
         raise CogExportError(f"{paths[0]} does not exist")
     if len(paths) == 1 and (paths[0].is_dir() or stands_for_folder(paths[0])):
-        return _open_folder(paths[0] if paths[0].is_dir() else paths[0].parent, options)
-    opened = _open_several(paths, options) if len(paths) > 1 else _open_file(paths[0], options)
-    return _named(opened, phrase_of(opened.info.format), ", ".join(map(str, paths)))
+        opened = _open_folder(paths[0] if paths[0].is_dir() else paths[0].parent, options)
+    else:
+        opened = _open_several(paths, options) if len(paths) > 1 else _open_file(paths[0], options)
+        opened = _named(opened, phrase_of(opened.info.format), ", ".join(map(str, paths)))
+    try:
+        refuse_placeholders(opened, strict)
+    except BaseException:
+        opened.close()
+        raise
+    return opened
 
 
 def _open_several(paths: list[Path], options: OpenOptions) -> LazyCheckpoint:
@@ -90,15 +105,16 @@ def _open_file(path: Path, options: OpenOptions) -> LazyCheckpoint:
 
 def _open_folder(root: Path, options: OpenOptions) -> LazyCheckpoint:
     candidates = [claim for claim in gather(root) if not claim.companion]
+    copies = possible_copies(candidates)
+    candidates = [claim for claim in candidates if claim not in copies.values()]
     if options.tag is not None:
-        return _open_tagged(root, candidates, options)
-    candidates = _without_copies(root, candidates)
+        return _open_tagged(root, candidates, options, copies)
     if not candidates:
         raise _nothing_here(root)
     if len(candidates) == 1:
         claim = candidates[0]
         picked = "" if claim.path == root else f"read {claim.label(root)}, the only checkpoint in {root}"
-        return _opened(claim, root, options, picked)
+        return _opened(claim, root, options, picked, copy=copies.get(claim))
     steps = _steps(root, candidates)
     if steps is not None:
         runs = sorted({step.parent for step in steps.values()})
@@ -108,22 +124,25 @@ def _open_folder(root: Path, options: OpenOptions) -> LazyCheckpoint:
         newest = next(claim for claim, step in steps.items() if step.name == names[-1])
         note = (f"took the newest step {names[-1]} of {runs[0]} (steps there: {', '.join(names)}); --tag picks "
                 "another")
-        return _opened(newest, root, options, note, names)
+        return _opened(newest, root, options, note, names, copies.get(newest))
     raise _ambiguous(root, candidates)
 
 
-def _open_tagged(root: Path, candidates: list[Claim], options: OpenOptions) -> LazyCheckpoint:
+def _open_tagged(root: Path, candidates: list[Claim], options: OpenOptions,
+                 copies: dict[Claim, Claim]) -> LazyCheckpoint:
     own = [claim for claim in candidates if claim.path == root and claim.whole_folder]
     if own:
-        return _tag_of_one_checkpoint(root, own, options)
+        return _tag_of_one_checkpoint(root, own, options, copies)
     tag, untagged = options.tag, OpenOptions(None, options.strict, options.entry)
     steps = _steps(root, candidates) or {}
-    named = [claim for claim in candidates if tag in (claim.path.name, claim.label(root))
+    named = [claim for claim in candidates if tag in (claim.path.name, claim.label(root), *claim.also_named)
              or (claim in steps and steps[claim].name == tag)]
     if len(named) == 1:
         run = steps[named[0]].parent if named[0] in steps else None
         names = natural_sorted(step.name for step in steps.values() if step.parent == run) if run else None
-        return _opened(named[0], root, untagged, f"read {named[0].label(root)}, as --tag {tag} asks", names)
+        reached = options if tag in named[0].also_named else untagged  # one of its own tags: the reader's to read
+        return _opened(named[0], root, reached, f"read {named[0].label(root)}, as --tag {tag} asks", names,
+                       copies.get(named[0]), named=True)
     if named:
         raise CogExportError(f"--tag {quoted(tag)} names {len(named)} checkpoints in {root}: "
                              f"{', '.join(claim.label(root) for claim in named)}; point at one")
@@ -134,44 +153,21 @@ def _open_tagged(root: Path, candidates: list[Claim], options: OpenOptions) -> L
     raise CogExportError(f"--tag {quoted(tag)} names no checkpoint in {root} (it holds {there})")
 
 
-def _tag_of_one_checkpoint(root: Path, own: list[Claim], options: OpenOptions) -> LazyCheckpoint:
-    """--tag on a folder that is a checkpoint itself: a tag of a reader's own (a DeepSpeed save dir's); anything else
-    has no tags."""
+def _tag_of_one_checkpoint(root: Path, own: list[Claim], options: OpenOptions,
+                           copies: dict[Claim, Claim]) -> LazyCheckpoint:
+    """--tag on a folder that is a checkpoint itself: the folder's own name (``--tag checkpoint-2`` on checkpoint-2),
+    or a tag of a reader's own (a DeepSpeed save dir's); anything else has no tags."""
+    untagged = OpenOptions(None, options.strict, options.entry)
+    if options.tag == root.name and not (root / options.tag).exists():
+        return _opened(own[0], root, untagged, "", copy=copies.get(own[0]), named=True)
     tagged = next((claim for claim in own if claim.reader.own_tags), None)
-    if tagged is not None:
-        return _opened(tagged, root, options, "")
-    if options.tag != root.name:
+    if tagged is None:
         raise CogExportError(f"--tag {quoted(options.tag)}: {root} is one checkpoint already ({own[0].what}); drop "
                              "--tag or point at the run folder")
-    return _opened(own[0], root, OpenOptions(None, options.strict, options.entry), "")
+    return _opened(tagged, root, options, "", copy=copies.get(tagged), named=True)
 
 
 # -- the rules -------------------------------------------------------------------------------------------------
-def _without_copies(root: Path, candidates: list[Claim]) -> list[Claim]:
-    """A checkpoint folder's consolidated copy inside it (``accelerate merge-weights`` into checkpoint-N, a model
-    exported into the DeepSpeed checkpoint folder) is no second candidate when it holds the same tensors (names and
-    shapes; a copy may be in another dtype): the original is read, and a note names the copy."""
-    kept = list(candidates)
-    for original in [claim for claim in candidates if claim.whole_folder]:
-        beside = [claim for claim in candidates if claim.reader.may_be_a_copy and not claim.whole_folder
-                  and original.path in (claim.path, claim.path.parent)]
-        if len(beside) == 1 and _same_tensors(original, beside[0]):
-            kept.remove(beside[0])
-            copy = beside[0].main_file()
-            original.notes.append(f"{copy.relative_to(root) if copy.is_relative_to(root) else copy} beside it holds "
-                                  "the same tensors (names and shapes): a consolidated copy, not read; point at it "
-                                  "to read it instead")
-    return kept
-
-
-def _same_tensors(first: Claim, second: Claim) -> bool:
-    try:
-        with first.open(OpenOptions(strict=False)) as one, second.open(OpenOptions()) as other:
-            return len(one) > 0 and {n: t.shape for n, t in one.items()} == {n: t.shape for n, t in other.items()}
-    except CogExportError:
-        return False  # either cannot be read as it is: both stay candidates, and the user is asked
-
-
 def step_folder(claim: Claim, root: Path) -> Path | None:
     """The step folder a claim is (or lies in), below ``root``: checkpoint-N, step-N, ... holding the checkpoint."""
     for folder in (claim.path, claim.path.parent):
@@ -191,8 +187,8 @@ def _steps(root: Path, candidates: list[Claim]) -> dict[Claim, Path] | None:
     return steps
 
 
-def _opened(claim: Claim, root: Path, options: OpenOptions, picked: str,
-            steps: list[str] | None = None) -> LazyCheckpoint:
+def _opened(claim: Claim, root: Path, options: OpenOptions, picked: str, steps: list[str] | None = None,
+            copy: Claim | None = None, named: bool = False) -> LazyCheckpoint:
     _refuse_entry(options, claim.reader, claim.path)
     checkpoint = claim.open(options)
     info = checkpoint.info
@@ -203,7 +199,26 @@ def _opened(claim: Claim, root: Path, options: OpenOptions, picked: str,
         info.tags = steps
     info.picked = picked
     info.notes[:0] = [picked] * bool(picked) + claim.notes
+    if copy is not None:
+        info.notes.append(_copy_note(checkpoint, claim, copy, root, named))
     return _named(checkpoint, claim.what, str(root if claim.path == root else root / claim.label(root)))
+
+
+def _copy_note(checkpoint: LazyCheckpoint, claim: Claim, copy: Claim, root: Path, named: bool) -> str:
+    """What the only loose weights inside the checkpoint's folder are (copies.py). Not its copy, or unreadable: two
+    sets of weights, refused unless the user named the checkpoint (--tag), when a note says so."""
+    shown = shown_copy(copy, root)
+    try:
+        return judge_copy(checkpoint, copy, shown)
+    except NotACopy as why:
+        if not named:
+            checkpoint.close()
+            label = claim.label(root) if claim.path != root else root.name
+            raise CogExportError(f"{root} holds more than one set of weights: {claim.what} {label}, and {shown} inside "
+                                 f"it, which is not its copy ({why}); point at that file to read it, or name the "
+                                 f"checkpoint with --tag {label}; cogexport will not guess which one you mean"
+                                 ) from None
+        return f"{shown} inside it is not its copy ({why}): not read"
 
 
 def _named(checkpoint: LazyCheckpoint, what: str, where: str) -> LazyCheckpoint:

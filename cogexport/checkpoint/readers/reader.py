@@ -59,6 +59,7 @@ class Claim:
     companion: bool = False  # read only through its owner (DeepSpeed's adapter copy), never a candidate itself
     detail: str = ""  # what a listing adds in brackets
     notes: list[str] = field(default_factory=list)  # what the dispatcher found out about it, for info.notes
+    also_named: tuple[str, ...] = ()  # its own tags, which --tag may name it by from a folder above (global_stepN)
 
     def __post_init__(self) -> None:
         self.what = self.what or self.reader.what
