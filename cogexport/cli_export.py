@@ -16,7 +16,7 @@ from .exporter.experts import expert_names
 from .exporter.options import DTYPES, component_choices, lora_format_help, quant_help, task_help, to_help
 from .exporter.output_formats import chosen_format, to_choices
 from .sizes import human_bytes
-from .write.fp8_file import LAYOUTS as FP8_LAYOUTS
+from .write.comfy_quant_file import LAYOUTS as FP8_LAYOUTS
 
 
 def _export_help() -> str:
@@ -74,8 +74,9 @@ def _model_name_examples() -> str:
               help=f"What to write: {to_help()}. A LoRA run is fused first for all but diffusers.")
 @click.option("--quant", metavar="TYPE", help=f"The quantization of a quantized file ({quant_help()}).")
 @click.option("--fp8-layout", type=click.Choice(FP8_LAYOUTS),
-              help="With --to comfyui: ComfyUI's per-layer comfy_quant markers, the header's _quantization_metadata, "
-                   "or the legacy scaled_fp8 / scale_weight layout [default: comfy_quant].")
+              help="With --to comfyui: how the file marks its quantized layers: ComfyUI's per-layer comfy_quant "
+                   "markers, the header's _quantization_metadata, or the legacy scaled_fp8 / scale_weight layout "
+                   "(--quant fp8 only) [default: comfy_quant].")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
 @click.option("--push-to-hub", metavar="REPO", help="Upload the finished folder to this Hub repository.")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repository private.")

@@ -3,9 +3,10 @@ made from.
 
 The checkpoint is read into the family's original names (its table, then the original table run backwards, as the
 export did); every tensor of the file is compared, by the format's own check (quantize/check.py), with what the
-reference makes of the source tensor: the `gguf` package's quantizers (llama.cpp's algorithm, in cogexport's port, for
-the K types), byte for byte; for fp8, the reference cast times scale. The error of each tensor against the unquantized
-source (largest absolute difference, RMS relative to the tensor's own RMS) is reported too: what the quantization cost.
+reference makes of the source tensor, byte for byte: the `gguf` package's quantizers (llama.cpp's algorithm, in
+cogexport's port, for the K types); for ComfyUI's formats, each format's quantizer (quantize/comfy_quant.py). The error
+of each tensor against the unquantized source (largest absolute difference, RMS relative to the tensor's own RMS) is
+reported too: what the quantization cost.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .checkpoint import LazyCheckpoint, open_checkpoint
-from .checkpoint.fp8_scaled import is_scaled_fp8
 from .errors import CogExportError
 from .keymap.plan import plan_translation
 from .keymap.table import load_table
@@ -23,15 +23,6 @@ from .models.family import families
 from .models.recognize import choose_table, expert_folders, lora_key
 from .quantize.check import TensorCheck
 from .verify import VerifyReport, VerifyRequest
-
-
-def is_fp8_file(path: Path) -> bool:
-    """Whether ``path`` is ComfyUI's scaled-fp8 safetensors (fp8 weights beside their scales)."""
-    try:
-        with open_checkpoint(path) as weights:
-            return is_scaled_fp8(weights)
-    except CogExportError:
-        return False
 
 
 def original_names(source: LazyCheckpoint, where: str) -> dict[str, LazyTensor]:

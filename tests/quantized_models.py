@@ -1,6 +1,10 @@
 """Tiny Diffusers transformers whose widths suit every GGML type (rows of 256 or multiples of it, as the K types
 need), their original-layout tensors (cogexport's key map run backwards: these are only the inputs; Diffusers
-judges the result), forward inputs, and Diffusers' own single-file converter for each family."""
+judges the result), forward inputs, and the judge of the original names for each family: Diffusers' own single-file
+converter where it has one (for HunyuanVideo 1.5, which it lacks, the conversion script's facts).
+
+``FAMILIES`` are the families every quantized-output test runs on; ``MORE_FAMILIES`` the others with quantized
+outputs, which tests/test_quantized_families.py judges the same ways at fewer quantization types."""
 
 from __future__ import annotations
 
@@ -21,14 +25,61 @@ from cogexport.lazy import LazyTensor  # noqa: E402
 HIDDEN = 256  # two heads of 128: every Linear's rows hold whole K blocks
 
 
+def diffusers_converter(name: str) -> Callable[[], Callable[[dict], dict]]:
+    """Diffusers' single-file converter ``name`` (diffusers.loaders.single_file_utils), as it is."""
+    def converter() -> Callable[[dict], dict]:
+        from diffusers.loaders import single_file_utils
+
+        return getattr(single_file_utils, name)
+    return converter
+
+
+def _hunyuanvideo_converter() -> Callable[[dict], dict]:
+    """The converter hard-codes the release's hidden size (see hunyuanvideo_tiny.py)."""
+    from diffusers.loaders import single_file_utils
+    from hunyuanvideo_tiny import with_hidden
+
+    return with_hidden(single_file_utils.convert_hunyuan_video_transformer_to_diffusers, HIDDEN)
+
+
+def _skyreels_converter() -> Callable[[dict], dict]:
+    """Diffusers' Wan converter, with the conversion script's renames of the fps projection it lacks."""
+    from wan_variants_fixtures import SKYREELS_SCRIPT_RENAMES
+
+    convert = diffusers_converter("convert_wan_transformer_to_diffusers")()
+
+    def converted(checkpoint: dict, **options) -> dict:  # (from_single_file passes the config)
+        out = {}
+        for name, tensor in convert(checkpoint, **options).items():
+            old = next((old for old in SKYREELS_SCRIPT_RENAMES if name.startswith(old)), None)
+            out[SKYREELS_SCRIPT_RENAMES[old] + name[len(old):] if old else name] = tensor
+        return out
+    return converted
+
+
+def _mochi_converter() -> Callable[[dict], dict]:
+    """Diffusers' converter hard-codes the release's 48 blocks (see mochi_fixtures.py)."""
+    from mochi_fixtures import judge_transformer
+
+    return lambda checkpoint, **options: judge_transformer(checkpoint, num_layers=MOCHI_LAYERS)
+
+
+def _hunyuanvideo15_converter() -> Callable[[dict], dict]:
+    """No Diffusers converter: the renames of Diffusers' conversion script (hunyuanvideo15_tiny.py)."""
+    from hunyuanvideo15_tiny import reference_to_diffusers
+
+    return lambda checkpoint, **options: reference_to_diffusers(dict(checkpoint))
+
+
 @dataclass(frozen=True)
 class TinyFamily:
     key: str  # the key_maps folder
     class_name: str
     config: dict[str, Any]
     table: str
-    converter: str  # diffusers.loaders.single_file_utils function
+    converter: Callable[[], Callable[[dict], dict]]  # the judge of the original names -> Diffusers' names
     inputs: Callable[[torch.Generator], dict[str, Any]]
+    diffusers_loads: bool = True  # Diffusers' single-file table has the class: its GGUF loader reads the file
 
     def model_class(self):
         import diffusers
@@ -40,14 +91,7 @@ class TinyFamily:
         return randomize_(self.model_class()(**self.config), seed).eval()
 
     def converter_function(self) -> Callable[[dict], dict]:
-        from diffusers.loaders import single_file_utils
-
-        function = getattr(single_file_utils, self.converter)
-        if self.key == "hunyuanvideo":  # the converter hard-codes the release's hidden size (see hunyuanvideo_tiny.py)
-            from hunyuanvideo_tiny import with_hidden
-
-            return with_hidden(function, HIDDEN)
-        return function
+        return self.converter()
 
 
 def _wan_inputs(generator: torch.Generator) -> dict[str, Any]:
@@ -68,22 +112,98 @@ def _ltx_inputs(generator: torch.Generator) -> dict[str, Any]:
                 encoder_attention_mask=torch.ones(1, 6), num_frames=2, height=4, width=4)
 
 
+def _vace_inputs(generator: torch.Generator) -> dict[str, Any]:
+    return {**_wan_inputs(generator), "control_hidden_states": torch.randn(1, 8, 2, 4, 6, generator=generator)}
+
+
+def _skyreels_inputs(generator: torch.Generator) -> dict[str, Any]:
+    return {**_wan_inputs(generator), "fps": [0]}
+
+
+def _animate_inputs(generator: torch.Generator) -> dict[str, Any]:
+    """Two latent frames and the reference frame; the face video at the motion encoder's 512 pixels."""
+    return dict(hidden_states=torch.randn(1, 12, 3, 4, 6, generator=generator),
+                encoder_hidden_states=torch.randn(1, 8, HIDDEN, generator=generator), timestep=torch.tensor([500]),
+                encoder_hidden_states_image=torch.randn(1, 4, HIDDEN, generator=generator),
+                pose_hidden_states=torch.randn(1, 4, 2, 4, 6, generator=generator),
+                face_pixel_values=torch.randn(1, 3, 2, 512, 512, generator=generator))
+
+
+def _ltx2_inputs(generator: torch.Generator) -> dict[str, Any]:
+    return dict(hidden_states=torch.randn(1, 8, 8, generator=generator),
+                audio_hidden_states=torch.randn(1, 4, 8, generator=generator),
+                encoder_hidden_states=torch.randn(1, 6, HIDDEN, generator=generator),
+                audio_encoder_hidden_states=torch.randn(1, 6, HIDDEN, generator=generator),
+                timestep=torch.tensor([500.0]), num_frames=2, height=2, width=2, audio_num_frames=4)
+
+
+def _mochi_inputs(generator: torch.Generator) -> dict[str, Any]:
+    return dict(hidden_states=torch.randn(1, 4, 2, 4, 4, generator=generator),
+                encoder_hidden_states=torch.randn(1, 8, HIDDEN, generator=generator), timestep=torch.tensor([500]),
+                encoder_attention_mask=torch.ones(1, 8, dtype=torch.bool))
+
+
+def _hunyuanvideo15_inputs(generator: torch.Generator) -> dict[str, Any]:
+    raise NotImplementedError("HunyuanVideo 1.5 files are judged by name, not run: Diffusers cannot load them")
+
+
+_WAN = dict(num_attention_heads=2, attention_head_dim=128, in_channels=4, out_channels=4, text_dim=HIDDEN,
+            freq_dim=HIDDEN, ffn_dim=2 * HIDDEN, num_layers=1, patch_size=(1, 2, 2))
+_WAN_CONVERTER = diffusers_converter("convert_wan_transformer_to_diffusers")
+# Mochi's feed-forwards are 8/3 of their stream's width: 768 is the narrowest whose rows and theirs fill K blocks
+MOCHI_LAYERS, MOCHI_HIDDEN = 2, 768
+
 FAMILIES = {
-    "wan": TinyFamily("wan", "WanTransformer3DModel",
-                      dict(num_attention_heads=2, attention_head_dim=128, in_channels=4, out_channels=4, text_dim=HIDDEN,
-                           freq_dim=HIDDEN, ffn_dim=2 * HIDDEN, num_layers=1, patch_size=(1, 2, 2)),
-                      "wan/original_transformer", "convert_wan_transformer_to_diffusers", _wan_inputs),
+    "wan": TinyFamily("wan", "WanTransformer3DModel", _WAN, "wan/original_transformer", _WAN_CONVERTER, _wan_inputs),
     "hunyuanvideo": TinyFamily("hunyuanvideo", "HunyuanVideoTransformer3DModel",
                                dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128,
                                     num_layers=1, num_single_layers=1, num_refiner_layers=1, text_embed_dim=HIDDEN,
                                     pooled_projection_dim=HIDDEN, rope_axes_dim=(16, 56, 56)),
-                               "hunyuanvideo/original_transformer", "convert_hunyuan_video_transformer_to_diffusers",
-                               _hunyuan_inputs),
+                               "hunyuanvideo/original_transformer", _hunyuanvideo_converter, _hunyuan_inputs),
     "ltx_video": TinyFamily("ltx_video", "LTXVideoTransformer3DModel",
                             dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=128,
                                  cross_attention_dim=HIDDEN, num_layers=1, caption_channels=HIDDEN),
-                            "ltx_video/original_transformer", "convert_ltx_transformer_checkpoint_to_diffusers",
-                            _ltx_inputs),
+                            "ltx_video/original_transformer",
+                            diffusers_converter("convert_ltx_transformer_checkpoint_to_diffusers"), _ltx_inputs),
+}
+
+
+def _animate_config() -> dict[str, Any]:
+    """Animate's own parts at the tiny sizes of wan_variants_tiny.py; its blocks at the widths above."""
+    from wan_variants_tiny import _motion_channels
+
+    return {**_WAN, "in_channels": 12, "latent_channels": 4, "num_layers": 2, "image_dim": HIDDEN,
+            "added_kv_proj_dim": HIDDEN, "motion_encoder_size": 512, "motion_style_dim": 8, "motion_dim": 6,
+            "motion_encoder_dim": 10, "face_encoder_hidden_dim": HIDDEN, "face_encoder_num_heads": 2,
+            "inject_face_latents_blocks": 2, "motion_encoder_channel_sizes": _motion_channels()}
+
+
+MORE_FAMILIES = {
+    "wan_vace": TinyFamily("wan_vace", "WanVACETransformer3DModel",
+                           {**_WAN, "num_layers": 2, "vace_layers": [0], "vace_in_channels": 8},
+                           "wan_vace/original_transformer", _WAN_CONVERTER, _vace_inputs),
+    "wan_animate": TinyFamily("wan_animate", "WanAnimateTransformer3DModel", _animate_config(),
+                              "wan_animate/original_transformer", _WAN_CONVERTER, _animate_inputs),
+    "skyreels_v2": TinyFamily("skyreels_v2", "SkyReelsV2Transformer3DModel", {**_WAN, "inject_sample_info": True},
+                              "skyreels_v2/original_transformer", _skyreels_converter, _skyreels_inputs),
+    "hunyuanvideo15": TinyFamily("hunyuanvideo15", "HunyuanVideo15Transformer3DModel",
+                                 dict(num_attention_heads=2, attention_head_dim=128, num_layers=1, num_refiner_layers=1,
+                                      in_channels=9, out_channels=4, text_embed_dim=HIDDEN, text_embed_2_dim=HIDDEN,
+                                      image_embed_dim=HIDDEN, rope_axes_dim=(16, 56, 56)),
+                                 "hunyuanvideo15/original_transformer", _hunyuanvideo15_converter,
+                                 _hunyuanvideo15_inputs, diffusers_loads=False),
+    "ltx2": TinyFamily("ltx2", "LTX2VideoTransformer3DModel",
+                       dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=128,
+                            cross_attention_dim=HIDDEN, audio_in_channels=8, audio_out_channels=8,
+                            audio_num_attention_heads=2, audio_attention_head_dim=128, audio_cross_attention_dim=HIDDEN,
+                            num_layers=1, caption_channels=HIDDEN, rope_type="split"),
+                       "ltx2/original_transformer", diffusers_converter("convert_ltx2_transformer_to_diffusers"),
+                       _ltx2_inputs),
+    "mochi": TinyFamily("mochi", "MochiTransformer3DModel",
+                        dict(num_attention_heads=MOCHI_HIDDEN // 128, attention_head_dim=128, num_layers=MOCHI_LAYERS,
+                             pooled_projection_dim=MOCHI_HIDDEN, in_channels=4, text_embed_dim=HIDDEN,
+                             max_sequence_length=8),
+                        "mochi/original_transformer", _mochi_converter, _mochi_inputs),
 }
 
 

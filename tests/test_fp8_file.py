@@ -13,13 +13,20 @@ from quantized_models import FAMILIES, original_tensors
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from cogexport.checkpoint.fp8_scaled import fp8_dequantized, is_scaled_fp8
+from cogexport.checkpoint.comfy_quant import dequantized, is_comfy_quantized, quantized_layers
 from cogexport.checkpoint.safetensors_files import SafetensorsCheckpoint
 from cogexport.errors import CogExportError
 from cogexport.lazy import LazyTensor
-from cogexport.quantize.check import check_fp8
+from cogexport.quantize.check import check_comfy_quant
+from cogexport.quantize.comfy_quant import comfy_quantization
 from cogexport.quantize.policy import quantization_policy
-from cogexport.write.fp8_file import plan_fp8, write_fp8
+from cogexport.write.comfy_quant_file import plan_comfy_quant, write_comfy_quant
+
+FP8 = {torch.float8_e4m3fn: comfy_quantization("fp8"), torch.float8_e5m2: comfy_quantization("fp8_e5m2")}
+
+
+def plan_fp8(tensors, policy, fp8_dtype=torch.float8_e4m3fn, **options):
+    return plan_comfy_quant(tensors, policy, FP8[fp8_dtype], **options)
 
 
 def reference(weight: torch.Tensor, fp8_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +67,7 @@ def test_dequantized_weights_are_the_reference_cast_times_scale(original, layout
     family, tensors = original
     policy = quantization_policy(family.key)
     plan = plan_fp8(tensors, policy, fp8_dtype=fp8_dtype, layout=layout, keep_dtype=torch.bfloat16)
-    write_fp8(tmp_path / "model.safetensors", plan)
+    write_comfy_quant(tmp_path / "model.safetensors", plan)
     layers = comfy_layers(tmp_path / "model.safetensors")
     assert sorted(layers) == sorted(plan.layers) and plan.layers
     name = {torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}[fp8_dtype]
@@ -91,12 +98,13 @@ def test_what_stays_in_high_precision(original):
 def test_read_back_and_verified(original, tmp_path):
     family, tensors = original
     plan = plan_fp8(tensors, quantization_policy(family.key))
-    write_fp8(tmp_path / "model.safetensors", plan)
+    write_comfy_quant(tmp_path / "model.safetensors", plan)
     with SafetensorsCheckpoint(tmp_path / "model.safetensors") as checkpoint:
-        assert is_scaled_fp8(checkpoint)
-        restored = fp8_dequantized(checkpoint)
+        metadata = checkpoint.info.header_metadata
+        assert is_comfy_quantized(checkpoint, metadata)
+        restored = dequantized(checkpoint, metadata)
         assert set(restored) == set(tensors)
-        checks = check_fp8(restored, {f"{layer}.weight" for layer in plan.layers}, tensors)
+        checks = check_comfy_quant(quantized_layers(checkpoint, metadata), checkpoint, restored, tensors)
     assert all(check.exact for check in checks)
     fp8 = [c for c in checks if c.type == "float8_e4m3fn"]
     assert fp8 and all(0 < c.rms_relative < 0.05 for c in fp8)
@@ -106,16 +114,16 @@ def test_a_zero_weight_and_bad_options(tmp_path):
     tensors = {"blocks.0.self_attn.q.weight": torch.zeros(32, 32), "blocks.0.self_attn.k.weight": torch.randn(32, 32)}
     lazy = {n: LazyTensor(t.shape, t.dtype, lambda t=t: t, n) for n, t in tensors.items()}
     policy = quantization_policy("wan")
-    write_fp8(tmp_path / "zero.safetensors", plan_fp8(lazy, policy))
+    write_comfy_quant(tmp_path / "zero.safetensors", plan_fp8(lazy, policy))
     stored = load_file(tmp_path / "zero.safetensors")
     assert stored["blocks.0.self_attn.q.weight_scale"] == 1.0
     assert torch.equal(stored["blocks.0.self_attn.q.weight"].float(), torch.zeros(32, 32))
     with pytest.raises(CogExportError, match="legacy scaled_fp8 layout is read as float8_e4m3fn only"):
         plan_fp8(lazy, policy, fp8_dtype=torch.float8_e5m2, layout="legacy")
-    with pytest.raises(CogExportError, match="no tensor matches the wan family's fp8 weights"):
+    with pytest.raises(CogExportError, match="no tensor matches the wan family's quantized weights"):
         plan_fp8({"blocks.0.attn1.to_q.weight": lazy["blocks.0.self_attn.q.weight"]}, policy)
     broken = torch.ones(32, 32)
     broken[0, 0] = float("inf")
     bad = {"blocks.0.self_attn.q.weight": LazyTensor(broken.shape, broken.dtype, lambda: broken, "q")}
     with pytest.raises(CogExportError, match="NaN or infinite"):
-        write_fp8(tmp_path / "bad.safetensors", plan_fp8(bad, policy))
+        write_comfy_quant(tmp_path / "bad.safetensors", plan_fp8(bad, policy))

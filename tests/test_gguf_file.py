@@ -54,6 +54,19 @@ def comfy_gguf_load(path) -> dict[str, torch.Tensor]:
     return out
 
 
+def comfy_gguf_metadata(path) -> dict:
+    """What ComfyUI-GGUF's loader hands ComfyUI as the file's metadata (since its PR #399): every key-value field of
+    one string or number, by name. ComfyUI's model detection reads the JSON of a string key named ``config``."""
+    reader = gguf.GGUFReader(path)
+    metadata = {}
+    for name, field in reader.fields.items():
+        if len(field.types) != 1 or field.types[0] == gguf.GGUFValueType.ARRAY:
+            continue
+        value = field.parts[field.data[-1]]
+        metadata[name] = str(value, encoding="utf-8") if field.types[0] == gguf.GGUFValueType.STRING else value[0]
+    return metadata
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def original(request):
     family = FAMILIES[request.param]
@@ -248,7 +261,14 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_left(tmp_path):
 
 
 def test_every_family_file_is_valid():
-    for family in ("wan", "hunyuanvideo", "ltx_video"):
+    """Every family with quantized outputs: a family ComfyUI-GGUF loads has an architecture its loader accepts, and
+    one it does not load has none (its loader refuses the file by that)."""
+    from cogexport.quantize import quantizable_families
+
+    families = quantizable_families()
+    assert {"wan", "hunyuanvideo", "ltx_video", "wan_vace", "wan_animate", "skyreels_v2", "hunyuanvideo15", "ltx2",
+            "mochi"} <= set(families)
+    for family in families:
         policy = quantization_policy(family)
-        assert policy.architecture in COMFY_ARCHITECTURES
+        assert (policy.architecture in COMFY_ARCHITECTURES) == ("ComfyUI-GGUF" in policy.gguf_loaders), family
         assert policy.fp8_quantize and json.dumps(policy.roles)

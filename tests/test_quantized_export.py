@@ -18,7 +18,7 @@ from safetensors import safe_open
 from test_gguf_diffusers import dequantized_state, forward, load_with_diffusers
 from wan_fixtures import tiny_wan_pipeline
 
-from cogexport.write.fp8_file import fp8_cast, fp8_scale
+from cogexport.quantize.fp8 import fp8_cast, fp8_scale
 
 # relative RMS error each type stays under on these Gaussian-like weights (measured: Q8_0 0.005, Q4_K 0.07)
 WITHIN = {"F16": 1e-3, "Q8_0": 0.01, "Q4_K_M": 0.1}

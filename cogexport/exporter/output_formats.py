@@ -50,7 +50,7 @@ FORMAT_OPTIONS = {
     "push_to_hub": FormatOption("--push-to-hub", "the Hub repository a finished folder is uploaded to"),
     "private": FormatOption("--private", "how --push-to-hub creates the repository"),
     "quant": FormatOption("--quant", "the quantization of a quantized file"),
-    "fp8_layout": FormatOption("--fp8-layout", "how a ComfyUI scaled-fp8 file marks its scales"),
+    "fp8_layout": FormatOption("--fp8-layout", "how a ComfyUI quantized file marks its quantized layers"),
     "lora_format": FormatOption("--lora-format", "the layout of a LoRA adapter file"),
 }
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..quantize import PRESETS, plan_gguf, quantization_policy
+from ..quantize.policy import PolicyError
 from ..write.folder_plan import FolderPlan, TextFile
 from ..write.gguf_file import GgufFile
 from ..write.io_engine import default_workers
@@ -33,7 +34,8 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
         parts = plan_way_back(inputs, "transformer", options, refuse_original=False)
         folder, notes, counts = FolderPlan(), [], {}
         for part in parts:
-            plan = plan_gguf(part.read_as, quantization_policy(part.family.key), options.quant)
+            policy = quantization_policy(part.family.key)
+            plan = plan_gguf(part.read_as, policy, options.quant, _release_strings(part, policy))
             name = f"{file_stem(part)}-{plan.preset.name}.gguf"
             folder.add(GgufFile(in_folder(release_folder(part, len(parts)), name), plan))
             notes += plan.notes
@@ -46,17 +48,35 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
         return publish_way_back(folder, parts, "GGUF transformer", precision, notes, inputs, output, options)
 
 
+def _release_strings(part: OriginalPart, policy) -> dict[str, str]:
+    """The keys of the original release's header metadata the family's GGUF files hold (LTX-2's config, which
+    ComfyUI's model detection reads), made as ``--to original`` makes them."""
+    if not policy.release_metadata:
+        return {}
+    metadata = part.family.shapes.original_metadata(part.config, part.task, part.beside_configs)
+    missing = [key for key in policy.release_metadata if key not in metadata]
+    if missing:
+        raise PolicyError(f"{policy.family}/quantized.toml: [gguf] release_metadata names {missing[0]!r}, which the "
+                          f"{part.family.name} release's metadata does not hold")
+    return {key: metadata[key] for key in policy.release_metadata}
+
+
 def _usage(parts: list[OriginalPart], folder: FolderPlan, options: ExportOptions) -> str:
-    """How Diffusers and ComfyUI load the file."""
+    """How the family's loaders (Diffusers, ComfyUI-GGUF) load the file."""
     files = [planned.path for planned in folder.files if not planned.path.endswith(".md")]
     part, where = parts[0], options.push_to_hub or "path/to/this/folder"
     config = part.variant.hub_id if part.variant else "path/to/a/Diffusers/model/folder"
     model = part.family.transformer.class_name
-    return (f"import torch\nfrom diffusers import GGUFQuantizationConfig, {model}\n\n"
-            f"transformer = {model}.from_single_file(\n"
-            f"    \"{where}/{files[0]}\", config=\"{config}\", subfolder=\"transformer\",\n"
-            "    quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16))\n"
-            "# or in ComfyUI: put the file in models/unet and load it with ComfyUI-GGUF's Unet Loader (GGUF)")
+    loaders = quantization_policy(part.family.key).gguf_loaders
+    usage = []
+    if "Diffusers" in loaders:
+        usage.append(f"import torch\nfrom diffusers import GGUFQuantizationConfig, {model}\n\n"
+                     f"transformer = {model}.from_single_file(\n"
+                     f"    \"{where}/{files[0]}\", config=\"{config}\", subfolder=\"transformer\",\n"
+                     "    quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16))")
+    if "ComfyUI-GGUF" in loaders:
+        usage.append("# in ComfyUI: put the file in models/unet and load it with ComfyUI-GGUF's Unet Loader (GGUF)")
+    return "\n".join(usage)
 
 
 def _verify(output: Path, request):

@@ -3,8 +3,10 @@ its source quantized by the reference, and the error the quantization cost, per 
 
 The reference for F32, F16, BF16, Q8_0, Q5_0, Q5_1, Q4_0 and Q4_1 is the ``gguf`` package's own quantizer (llama.cpp's
 gguf-py); the package has none for the K types, for which cogexport's port of llama.cpp's reference algorithm
-stands in (its tests compare it with llama.cpp's C code byte for byte). For scaled fp8 the reference is the cast
-ComfyUI describes, recomputed here from the source.
+stands in (its tests compare it with llama.cpp's C code byte for byte). For ComfyUI's formats the reference is each
+format's quantizer (quantize/comfy_quant.py: scaled fp8 the cast ComfyUI describes, nvfp4, mxfp8 and int8 the rules of
+comfy-kitchen's quantizers, which the tests compare with comfy-kitchen's own byte for byte), recomputed here from the
+source.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 
 from ..lazy import LazyTensor
+from .comfy_quant import ComfyQuantization
 from .rows import quantize_tensor
 
 GGUF_REFERENCE_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1"}
@@ -67,20 +70,30 @@ def check_gguf(checkpoint, source: Mapping[str, LazyTensor]) -> list[TensorCheck
     return checks
 
 
-def check_fp8(dequantized: Mapping[str, LazyTensor], fp8_names: set[str], source: Mapping[str, LazyTensor],
-              fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> list[TensorCheck]:
-    """``dequantized``: ``checkpoint.fp8_scaled.fp8_dequantized`` of the file; ``fp8_names``: its fp8 weights."""
+def check_comfy_quant(layers: Mapping[str, ComfyQuantization], stored: Mapping[str, LazyTensor],
+                      weights: Mapping[str, LazyTensor], source: Mapping[str, LazyTensor]) -> list[TensorCheck]:
+    """``stored``: a ComfyUI quantized file's tensors; ``layers``: its quantized layers and their formats;
+    ``weights``: ``checkpoint.comfy_quant.dequantized`` of it. A quantized layer is exact when every tensor it stores
+    (the weight and each scale) is what the format's quantizer makes of the source weight, byte for byte; any other
+    tensor, when it holds the source cast to its dtype."""
+    from ..checkpoint.comfy_quant import layer_parts
+
     checks = []
-    for name, tensor in dequantized.items():
+    for name, tensor in weights.items():
         restored, original = tensor.load(), source[name].load()
-        if name in fp8_names:
-            peak = original.float().abs().max()
-            scale = torch.where(peak > 0, peak / torch.finfo(fp8_dtype).max, torch.ones_like(peak))
-            limit = torch.finfo(fp8_dtype).max
-            expected = (original.float() / scale).clamp(-limit, limit).to(fp8_dtype).float() * scale
-            exact, kind = torch.equal(restored, expected), str(fp8_dtype).replace("torch.", "")
+        quantization = layers.get(name[: -len(".weight")]) if name.endswith(".weight") else None
+        if quantization is not None:
+            parts = layer_parts(name[: -len(".weight")], quantization, stored)
+            exact = all(_same_bytes(parts[part.name].load(), part.make(original, name)) for part in quantization.parts)
+            kind, judge = quantization.format, quantization.judge
         else:
             exact, kind = torch.equal(restored, original.to(restored.dtype)), str(restored.dtype).replace("torch.", "")
+            judge = "the dtype cast"
         max_error, relative = errors(restored.float(), original.float())
-        checks.append(TensorCheck(name, kind, exact, max_error, relative, "ComfyUI's scaled fp8 cast"))
+        checks.append(TensorCheck(name, kind, exact, max_error, relative, judge))
     return checks
+
+
+def _same_bytes(stored: torch.Tensor, expected: torch.Tensor) -> bool:
+    return stored.shape == expected.shape and torch.equal(stored.reshape(-1).contiguous().view(torch.uint8),
+                                                            expected.reshape(-1).contiguous().view(torch.uint8))

@@ -40,6 +40,7 @@ POLICY_FILE = "quantized.toml"
 SMALL_TENSOR = 1024  # convert.py's QUANTIZATION_THRESHOLD: tensors of at most this many values stay in F32
 MAX_NAME = 127  # GGML_MAX_NAME (128 with ComfyUI-GGUF's patch) less the terminating zero
 ROLES = tuple(spec.key for spec in declared_fields(GgufRoles))  # the patch's rule order: attn_v, attn_qkv, ffn_down
+GGUF_LOADERS = ("ComfyUI-GGUF", "Diffusers")  # what may load a family's GGUF file ([gguf] loaders)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class QuantizationPolicy:
     keep_float: tuple[str, ...]
     roles: Mapping[str, tuple[str, ...]]
     fp8_quantize: tuple[str, ...]
+    release_metadata: tuple[str, ...] = ()
+    gguf_loaders: tuple[str, ...] = GGUF_LOADERS
 
     def role_of(self, name: str) -> str | None:
         return next((role for role in ROLES if any(p in name for p in self.roles.get(role, ()))), None)
@@ -116,9 +119,13 @@ def parse_policy(text: str, family: str) -> QuantizationPolicy:
     gguf = data.gguf
     if not gguf.signature:
         raise PolicyError(f"{family}/{POLICY_FILE}: [gguf] signature names no tensor")
+    unknown = [loader for loader in gguf.loaders if loader not in GGUF_LOADERS]
+    if unknown or not gguf.loaders:
+        raise PolicyError(f"{family}/{POLICY_FILE}: [gguf] loaders must name one or more of {', '.join(GGUF_LOADERS)}"
+                          + (f", not {quoted(unknown[0])}" if unknown else ""))
     roles = {role: getattr(gguf.roles, role) for role in ROLES}
     return QuantizationPolicy(family, gguf.architecture, gguf.signature, gguf.keep_f32, gguf.keep_float, roles,
-                              data.fp8.quantize)
+                              data.fp8.quantize, gguf.release_metadata, gguf.loaders)
 
 
 @cache
@@ -159,12 +166,14 @@ class PlannedTensor:
 
 @dataclass(frozen=True)
 class GgufPlan:
-    """Every tensor of a GGUF file, decided and checked; ``notes`` says what did not get the preset's type."""
+    """Every tensor of a GGUF file, decided and checked; ``notes`` says what did not get the preset's type;
+    ``strings``: the string keys the file holds beside its type keys (the policy's ``release_metadata``)."""
 
     architecture: str
     preset: Preset
     tensors: tuple[PlannedTensor, ...]
     notes: tuple[str, ...]
+    strings: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -177,8 +186,10 @@ class GgufPlan:
         return counts
 
 
-def plan_gguf(tensors: Mapping[str, LazyTensor], policy: QuantizationPolicy, preset: Preset | str) -> GgufPlan:
-    """The plan for ``tensors`` (ORIGINAL release names, ComfyUI layout) under ``policy`` and ``preset``."""
+def plan_gguf(tensors: Mapping[str, LazyTensor], policy: QuantizationPolicy, preset: Preset | str,
+              strings: Mapping[str, str] | None = None) -> GgufPlan:
+    """The plan for ``tensors`` (ORIGINAL release names, ComfyUI layout) under ``policy`` and ``preset``;
+    ``strings``: the file's string keys beside (the release metadata the policy names)."""
     preset = preset_named(preset) if isinstance(preset, str) else preset
     _check_names(tensors, policy)
     counts: dict[str, int] = {}
@@ -188,7 +199,7 @@ def plan_gguf(tensors: Mapping[str, LazyTensor], policy: QuantizationPolicy, pre
         planned.append(entry)
         if note:
             notes.append(note)
-    return GgufPlan(policy.architecture, preset, tuple(planned), tuple(notes))
+    return GgufPlan(policy.architecture, preset, tuple(planned), tuple(notes), dict(strings or {}))
 
 
 def _check_names(tensors: Mapping[str, LazyTensor], policy: QuantizationPolicy) -> None:

@@ -30,21 +30,28 @@ class GgufSection:
                                          "tensors and tensors of at most 1,024 values)", ())
     keep_float: tuple[str, ...] = declared("the patch's never-quantized substrings: kept in the file's float type", ())
     roles: GgufRoles = declared("the tensors the `_M` / `_S` mixes raise a step", GgufRoles())
+    release_metadata: tuple[str, ...] = declared(
+        "keys of the original release's header metadata (the family's `original_metadata`) the file also holds, as "
+        "string keys: ComfyUI-GGUF hands a file's string keys to ComfyUI, whose model detection reads some (LTX-2's "
+        "`config`)", ())
+    loaders: tuple[str, ...] = declared(
+        "what loads the family's GGUF files, as its model card says: `ComfyUI-GGUF` (its loader lists the "
+        "architecture), `Diffusers` (its single-file table has the family's class)", ("ComfyUI-GGUF", "Diffusers"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Fp8Section:
-    """ComfyUI's scaled fp8 (Comfy-Org's *_fp8_scaled releases): the weights it stores in fp8 with a per-tensor
-    scale; everything else stays in high precision."""
+    """ComfyUI's quantized safetensors (Comfy-Org's *_fp8_scaled releases, and the same layers in nvfp4, mxfp8 and
+    int8): the weights stored quantized; everything else stays in high precision."""
 
-    quantize: tuple[str, ...] = declared("globs on the full names of the weights stored in fp8 (only tensors of two "
-                                         "or more dimensions)", ())
+    quantize: tuple[str, ...] = declared("globs on the full names of the weights stored quantized, in every `--to "
+                                         "comfyui` format (only tensors of two or more dimensions)", ())
 
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyFile:
-    """``key_maps/<family>/quantized.toml``: a family's facts for GGUF and fp8 files (``--to gguf``, ``--to fp8``).
-    A family without it has no quantized outputs."""
+    """``key_maps/<family>/quantized.toml``: a family's facts for GGUF and ComfyUI's quantized files (``--to gguf``,
+    ``--to comfyui``). A family without it has no quantized outputs."""
 
     gguf: GgufSection = declared("the GGUF facts")
-    fp8: Fp8Section = declared("the fp8 facts", Fp8Section())
+    fp8: Fp8Section = declared("the facts of ComfyUI's quantized files (fp8 and the others)", Fp8Section())

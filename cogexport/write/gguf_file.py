@@ -7,7 +7,8 @@ operations release the GIL: quantizing is compute, one core a tensor), each hand
 memory holds one tensor being quantized per worker, and quantized bytes within the feed's budget. The key-value data
 is what ComfyUI-GGUF's ``tools/convert.py`` and ``llama-quantize`` write for an image model:
 ``general.architecture``, ``general.quantization_version`` and ``general.file_type``; a tensor stored in another
-shape than its own gets ``comfy.gguf.orig_shape.<name>`` (an array of int32), which ComfyUI-GGUF's loader restores.
+shape than its own gets ``comfy.gguf.orig_shape.<name>`` (an array of int32), which ComfyUI-GGUF's loader restores;
+the plan's string keys follow (LTX-2's release ``config``, which ComfyUI-GGUF hands to ComfyUI's model detection).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def build_writer(plan: GgufPlan) -> gguf.GGUFWriter:
     writer = gguf.GGUFWriter(path=None, arch=plan.architecture)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_file_type(plan.preset.file_type)
+    for key, value in plan.strings.items():
+        writer.add_string(key, value)
     for tensor in plan.tensors:
         if tensor.stored_shape != tensor.shape:
             writer.add_array(ORIG_SHAPE_KEY + tensor.name, [int(d) for d in tensor.shape])

@@ -1,0 +1,165 @@
+"""The families whose quantized outputs came after Wan, HunyuanVideo and LTX-Video (Wan VACE, Wan Animate,
+SkyReels-V2, HunyuanVideo 1.5, LTX-2, Mochi), judged as those are (test_gguf_file.py, test_gguf_diffusers.py,
+test_fp8_file.py) at fewer quantization types: each GGUF file read by ComfyUI-GGUF's loader rules where it loads the
+family (else refused by them) and by the gguf package, every tensor the reference's bytes of its source; loaded by
+Diffusers' GGUF loader where its single-file table has the class, giving exactly the forward output of its dequantized
+weights; what each family keeps in high precision (HunyuanVideo 1.5's cond_type_embedding, LTX-2's tables, Animate's
+motion encoder); LTX-2's ``config`` key, the release's own; and ComfyUI's quantized safetensors of each family, the
+names put back on their weights by the family's judge."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import pytest
+import torch
+from quantized_models import MORE_FAMILIES, original_tensors
+from safetensors import safe_open
+from test_gguf_diffusers import dequantized_state, forward, gguf_package_weights, load_with_diffusers
+from test_gguf_file import COMFY_ARCHITECTURES, comfy_gguf_load, comfy_gguf_metadata, lazy
+
+from cogexport.checkpoint.gguf_file import GgufCheckpoint
+from cogexport.quantize.check import check_gguf
+from cogexport.quantize.comfy_quant import comfy_quantization
+from cogexport.quantize.policy import plan_gguf, quantization_policy
+from cogexport.write.comfy_quant_file import plan_comfy_quant, write_comfy_quant
+from cogexport.write.gguf_file import write_gguf
+
+RUNS_IN_DIFFUSERS = [key for key, family in MORE_FAMILIES.items() if family.diffusers_loads]
+
+
+@pytest.fixture(scope="module", params=list(MORE_FAMILIES))
+def tiny(request, tmp_path_factory):
+    family = MORE_FAMILIES[request.param]
+    model = family.build()
+    folder = tmp_path_factory.mktemp(family.key)
+    model.save_config(folder / "config")
+    return family, model, original_tensors(family, model), folder
+
+
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q8_0"])
+def test_gguf_read_back_by_its_loaders_rules_and_verified(tiny, quant, tmp_path):
+    family, _, tensors, _ = tiny
+    policy = quantization_policy(family.key)
+    plan = plan_gguf(tensors, policy, quant)
+    assert not plan.notes  # every row of these widths fills its blocks
+    write_gguf(tmp_path / "model.gguf", plan)
+    if "ComfyUI-GGUF" in policy.gguf_loaders:
+        loaded = comfy_gguf_load(tmp_path / "model.gguf")
+        assert {name: tuple(t.shape) for name, t in loaded.items()} == {n: tuple(t.shape) for n, t in tensors.items()}
+    else:  # no ComfyUI-GGUF architecture: its loader refuses the file by name
+        assert policy.architecture not in COMFY_ARCHITECTURES
+    with GgufCheckpoint(tmp_path / "model.gguf") as checkpoint:
+        checks = check_gguf(checkpoint, tensors)
+    assert all(check.exact for check in checks), [check.name for check in checks if not check.exact]
+    assert max(check.rms_relative for check in checks) < 0.1
+
+
+@pytest.mark.parametrize("key", RUNS_IN_DIFFUSERS)
+def test_diffusers_loads_the_gguf_file_and_runs_it_as_its_dequantized_weights(key, tmp_path, monkeypatch):
+    family = MORE_FAMILIES[key]
+    model = family.build()
+    model.save_config(tmp_path / "config")
+    path = tmp_path / "model.gguf"
+    write_gguf(path, plan_gguf(original_tensors(family, model), quantization_policy(key), "Q4_K_M"))
+    loaded = load_with_diffusers(path, family, tmp_path, monkeypatch)
+    by_diffusers, by_gguf_package = dequantized_state(loaded), gguf_package_weights(path, family)
+    assert by_diffusers.keys() == model.state_dict().keys()
+    for name, weight in by_diffusers.items():  # Diffusers dequantizes the block types in float16 arithmetic
+        reference = by_gguf_package[name]
+        assert torch.allclose(weight, reference, rtol=0, atol=2e-3 * reference.abs().max().item()), name
+    plain = family.model_class()(**family.config).eval()
+    plain.load_state_dict(by_diffusers, strict=True)
+    assert torch.equal(forward(loaded, family), forward(plain, family))
+
+
+# name -> (shape, its type in a Q4_K_M file of a float32 source)
+KEPT = {
+    "wan_vace": {"vace_patch_embedding.weight": ((256, 8, 1, 2, 2), "F32"), "vace_blocks.0.modulation": ((1, 6, 256), "F32"),
+                 "vace_blocks.0.self_attn.v.weight": ((256, 256), "Q6_K"), "vace_blocks.0.ffn.2.weight": ((256, 512), "Q6_K"),
+                 "vace_blocks.0.after_proj.weight": ((256, 256), "Q4_K"), "text_embedding.2.weight": ((256, 256), "F16")},
+    "wan_animate": {"motion_encoder.enc.fc.0.weight": ((512, 512), "F32"),
+                    "motion_encoder.enc.net_app.convs.1.conv1.0.weight": ((64, 64, 3, 3), "F32"),
+                    "face_encoder.padding_tokens": ((1, 1, 1, 5120), "F32"),
+                    "face_adapter.fuser_blocks.0.linear1_q.weight": ((256, 256), "Q4_K"),
+                    "pose_patch_embedding.weight": ((256, 4, 1, 2, 2), "F32"),
+                    "blocks.0.cross_attn.v_img.weight": ((256, 256), "Q4_K")},
+    "skyreels_v2": {"fps_embedding.weight": ((2, 5120), "F32"), "fps_projection.0.weight": ((256, 256), "F16"),
+                    "blocks.0.self_attn.v.weight": ((256, 256), "Q6_K")},
+    "hunyuanvideo15": {"cond_type_embedding.weight": ((3, 2048), "F32"), "byt5_in.fc2.weight": ((2048, 2048), "F16"),
+                       "vision_in.proj.1.weight": ((256, 256), "F16"), "time_r_in.mlp.0.weight": ((256, 256), "F16"),
+                       "double_blocks.0.img_attn_v.weight": ((256, 256), "Q6_K"),
+                       "double_blocks.0.img_attn_q.weight": ((256, 256), "Q4_K"),
+                       "double_blocks.0.img_mlp.fc2.weight": ((256, 1024), "Q4_K"),
+                       "txt_in.individual_token_refiner.blocks.0.self_attn_qkv.weight": ((768, 256), "F16")},
+    "ltx2": {"scale_shift_table": ((2, 256), "F32"), "transformer_blocks.0.audio_scale_shift_table": ((6, 256), "F32"),
+             "transformer_blocks.0.scale_shift_table_a2v_ca_video": ((5, 256), "F32"),
+             "keyframes_abs_pos_embedding": ((4096, 256), "F32"),
+             "av_ca_video_scale_shift_adaln_single.linear.weight": ((1024, 256), "F16"),
+             "audio_patchify_proj.weight": ((256, 128), "F16"), "audio_proj_out.weight": ((128, 256), "F16"),
+             "transformer_blocks.0.audio_to_video_attn.to_v.weight": ((256, 256), "Q6_K"),
+             "transformer_blocks.0.ff.net.2.weight": ((256, 1024), "Q6_K"),
+             "transformer_blocks.0.audio_ff.net.2.weight": ((256, 1024), "Q4_K")},
+    "mochi": {"pos_frequencies": ((3, 2, 64), "F32"), "x_embedder.proj.weight": ((768, 4, 2, 2), "F16"),
+              "t5_y_embedder.to_kv.weight": ((512, 256), "F16"), "final_layer.linear.weight": ((16, 768), "F16"),
+              "blocks.0.attn.qkv_x.weight": ((2304, 768), "Q4_K"), "blocks.0.mlp_y.w2.weight": ((768, 2048), "Q4_K")},
+}
+
+
+def test_what_each_family_keeps_in_high_precision():
+    for family, expected in KEPT.items():
+        policy = quantization_policy(family)
+        signature = {glob.replace("*", "0"): lazy(torch.zeros(4)) for glob in policy.signature}  # the names it needs
+        tensors = {**signature, **{name: lazy(torch.zeros(shape)) for name, (shape, _) in expected.items()}}
+        types = {t.name: t.type.name for t in plan_gguf(tensors, policy, "Q4_K_M").tensors}
+        assert {name: types[name] for name in expected} == {n: kind for n, (_, kind) in expected.items()}, family
+
+
+@pytest.mark.parametrize("dtype, kept", [(torch.float32, "F32"), (torch.bfloat16, "F32"), (torch.float16, "F16")])
+def test_hunyuanvideo15_cond_type_embedding_is_never_quantized(dtype, kept):
+    """Quantized, ComfyUI no longer loads it (ComfyUI-GGUF PR #364); from fp32 or bf16, F32 as convert.py keeps
+    parameters a BF16 copy would break; from fp16 the file's float type."""
+    tensors = {name: lazy(torch.ones(shape, dtype=dtype)) for name, shape in (
+        ("cond_type_embedding.weight", (3, 2048)), ("double_blocks.0.img_attn_proj.weight", (2048, 2048)),
+        ("txt_in.individual_token_refiner.blocks.0.self_attn_qkv.weight", (6144, 2048)),
+        ("byt5_in.fc1.weight", (2048, 1472)))}  # the family's signature, a release's shapes
+    for quant in ("Q8_0", "Q4_K_M", "Q4_0"):
+        types = {t.name: t.type.name for t in plan_gguf(tensors, quantization_policy("hunyuanvideo15"), quant).tensors}
+        assert types["cond_type_embedding.weight"] == kept and types["double_blocks.0.img_attn_proj.weight"] != kept
+
+
+def test_ltx2_gguf_holds_the_release_config_comfyui_detects_it_by(cli, tmp_path):
+    """ComfyUI-GGUF hands the file's string keys on; ComfyUI's detection of an LTX-2 model reads the transformer
+    section of ``config``: the same JSON --to original writes into the release file's metadata."""
+    family = MORE_FAMILIES["ltx2"]
+    family.build().save_pretrained(tmp_path / "model")
+    assert cli(tmp_path / "model", tmp_path / "gguf", "--to", "gguf", "--quant", "Q8_0").exit_code == 0
+    assert cli(tmp_path / "model", tmp_path / "release", "--to", "original").exit_code == 0
+    (path,) = (tmp_path / "gguf").glob("*.gguf")
+    (release,) = (tmp_path / "release").glob("*.safetensors")
+    metadata = comfy_gguf_metadata(path)
+    with safe_open(release, "pt") as handle:
+        assert metadata["config"] == handle.metadata()["config"]
+    transformer = json.loads(metadata["config"])["transformer"]
+    assert (transformer["num_layers"], transformer["attention_head_dim"], transformer["cross_attention_dim"]) == (1, 128,
+                                                                                                               256)
+    assert metadata["general.architecture"] == "ltxv"
+    assert "LTX-2" in cli("inspect", path).stdout
+
+
+@pytest.mark.parametrize("key", list(MORE_FAMILIES))
+def test_comfyui_fp8_quantizes_the_family_layers_and_the_judge_puts_every_name_back(key, tmp_path):
+    family = MORE_FAMILIES[key]
+    model = family.build()
+    tensors = original_tensors(family, model)
+    plan = plan_comfy_quant(tensors, quantization_policy(key), comfy_quantization("fp8"), keep_dtype=torch.bfloat16)
+    assert plan.layers and not plan.notes
+    write_comfy_quant(tmp_path / "model.safetensors", plan)
+    with safe_open(tmp_path / "model.safetensors", "pt") as handle:
+        stored = {name: handle.get_tensor(name) for name in handle.keys()}
+    dequantized = {name: t.float() for name, t in stored.items() if not name.endswith(("weight_scale", "comfy_quant"))}
+    for layer in plan.layers:
+        assert stored[f"{layer}.weight"].dtype == torch.float8_e4m3fn
+        dequantized[f"{layer}.weight"] = stored[f"{layer}.weight"].float() * stored[f"{layer}.weight_scale"]
+    assert family.converter_function()(dequantized).keys() == model.state_dict().keys()
