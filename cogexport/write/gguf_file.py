@@ -117,6 +117,9 @@ class GgufFile:
         """The tensors' bytes in the order they are written (the payloads ``write`` takes)."""
         return [quantized(tensor) for tensor in self.plan.tensors]
 
+    def write_names(self) -> list[str]:
+        return [tensor.name for tensor in self.plan.tensors]
+
     def layout(self) -> FileLayout:
         """Where the header and each tensor lie in the file (a torchrun job's ranks may write runs of it)."""
         return gguf_layout(self.plan)
