@@ -15,8 +15,9 @@ from typing import Callable
 
 import torch
 
-from .errors import CogExportError
+from .errors import CogExportError, quoted
 
+ALLOW_FLAG = "--allow-nonfinite"  # what asks the writers to pass such values on
 _BLOCK = 1 << 22  # values counted at once when some are not finite: the temporaries stay a few MB
 _FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2}
 
@@ -43,14 +44,20 @@ NONE_OF_NONE = NonfiniteCount(0, 0, 0)
 
 
 class NonfiniteValuesError(CogExportError):
-    """A producer met NaN or infinite values in the values it was given (a quantizer computing a scale), counted
-    them (``count``), and will not pass them on unasked. ``write_anyway`` makes its output with them passed on, where
-    its format can hold them; None where it cannot, ``why_not`` saying why."""
+    """A producer met NaN or infinite values in the values of ``name`` it was given (a quantizer computing a scale),
+    counted them (``count``), and will not pass them on unasked. ``write_anyway`` makes its output with them passed
+    on, where its format can hold them; None where it cannot, ``why_not`` saying why."""
 
-    def __init__(self, count: NonfiniteCount, write_anyway: Callable[[], torch.Tensor] | None = None,
+    def __init__(self, name: str, count: NonfiniteCount, write_anyway: Callable[[], torch.Tensor] | None = None,
                  why_not: str = "") -> None:
-        super().__init__(f"{count}")
+        super().__init__(f"{quoted(name)} holds NaN or infinite values ({count})" + (f"; {why_not}" if why_not else ""))
         self.count, self.write_anyway, self.why_not = count, write_anyway, why_not
+
+
+def nonfinite_problem(name: str, count: NonfiniteCount) -> str:
+    """``inspect``'s line for a tensor holding NaN or infinite values."""
+    return (f"tensor {quoted(name)} holds NaN or infinite values ({count}): a damaged file or a run that diverged; "
+            f"exports refuse it unless {ALLOW_FLAG}")
 
 
 def can_hold_nonfinite(dtype: torch.dtype) -> bool:

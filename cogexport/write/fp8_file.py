@@ -25,6 +25,7 @@ from typing import Callable, Mapping
 import torch
 
 from ..errors import CogExportError, quoted
+from ..finite_values import NonfiniteValuesError, count_nonfinite
 from ..lazy import LazyTensor
 from ..quantize.policy import QuantizationPolicy
 from .safetensors_file import write_safetensors
@@ -44,10 +45,29 @@ class Fp8Plan:
 
 
 def fp8_scale(weight: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
-    """The float32 scalar scale of ``weight``: its largest magnitude over the fp8 type's largest finite value."""
-    peak = weight.detach().float().abs().max()
+    """The float32 scalar scale of ``weight``: its largest magnitude over the fp8 type's largest finite value (of its
+    finite values, where it holds NaN or infinities: the weight itself is refused, ``fp8_weight``)."""
+    peak = _peak(weight)
     if not torch.isfinite(peak):
-        raise CogExportError("a weight holds NaN or infinite values; fix the checkpoint before exporting fp8")
+        peak = _peak(torch.nan_to_num(weight.detach().float(), nan=0.0, posinf=0.0, neginf=0.0))
+    return _scale(peak, fp8_dtype)
+
+
+def fp8_weight(weight: torch.Tensor, fp8_dtype: torch.dtype, name: str) -> torch.Tensor:
+    """``weight`` scaled into fp8 (``fp8_cast`` by ``fp8_scale``). NaN or infinite values are refused even when
+    asked for (``NonfiniteValuesError``): the scale is the largest magnitude, which they have none of."""
+    peak = _peak(weight)
+    if not torch.isfinite(peak):
+        raise NonfiniteValuesError(name, count_nonfinite(weight), why_not="an fp8 weight's scale is made from its "
+                                   "largest value, so it cannot hold them")
+    return fp8_cast(weight, _scale(peak, fp8_dtype), fp8_dtype)
+
+
+def _peak(weight: torch.Tensor) -> torch.Tensor:
+    return weight.detach().float().abs().max()
+
+
+def _scale(peak: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
     scale = peak / torch.finfo(fp8_dtype).max
     return torch.where(peak > 0, scale, torch.ones_like(scale)).reshape(())
 
@@ -89,8 +109,7 @@ def _quantized_layer(layer: str, source: LazyTensor, fp8_dtype: torch.dtype, lay
         return fp8_scale(source.load(), fp8_dtype)
 
     def weight() -> torch.Tensor:
-        values = source.load()
-        return fp8_cast(values, fp8_scale(values, fp8_dtype), fp8_dtype)
+        return fp8_weight(source.load(), fp8_dtype, f"{layer}.weight")
 
     scale_name = f"{layer}.scale_weight" if layout == "legacy" else f"{layer}.weight_scale"
     out = {f"{layer}.weight": LazyTensor(source.shape, fp8_dtype, weight, f"{source.origin} as fp8"),

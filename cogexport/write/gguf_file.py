@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 import torch
 
+from ..finite_values import NonfiniteValuesError
 from ..lazy import LazyTensor
 from ..quantize import quantize_tensor
 from ..quantize.policy import GgufPlan, PlannedTensor
@@ -67,9 +68,16 @@ def gguf_layout(plan: GgufPlan) -> FileLayout:
 
 
 def stored_bytes(tensor: PlannedTensor) -> torch.Tensor:
-    """The planned tensor loaded and quantized: its bytes in the file (flat uint8)."""
+    """The planned tensor loaded and quantized: its bytes in the file (flat uint8). NaN or infinite values are the
+    quantizer's to count, as it checks every value anyway (``NonfiniteValuesError``: the writer's watch decides)."""
     values = tensor.source.load().reshape(tensor.stored_shape)
-    return quantize_tensor(values, tensor.type.name, tensor.name).reshape(-1)
+    try:
+        return quantize_tensor(values, tensor.type.name, tensor.name).reshape(-1)
+    except NonfiniteValuesError as met:
+        if met.write_anyway is not None:
+            write_anyway = met.write_anyway
+            met.write_anyway = lambda: write_anyway().reshape(-1)
+        raise
 
 
 def quantized(tensor: PlannedTensor) -> LazyTensor:

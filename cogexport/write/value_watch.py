@@ -22,12 +22,11 @@ from functools import partial
 import torch
 
 from ..errors import CogExportError, quoted
-from ..finite_values import NONE_OF_NONE, NonfiniteCount, NonfiniteValuesError, can_hold_nonfinite, \
+from ..finite_values import ALLOW_FLAG, NONE_OF_NONE, NonfiniteCount, NonfiniteValuesError, can_hold_nonfinite, \
     count_nonfinite, count_nonfinite_bytes
 from ..lazy import ByteRange, ByteRanges, LazyTensor
 from ..tensor_bytes import opened, pread_exactly
 
-ALLOW_FLAG = "--allow-nonfinite"
 _NAMED_IN_NOTE = 8  # tensors a note names; the rest are counted
 
 
