@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .cli_common import (checkpoint_paths, json_option, output_path, role_option, tag_option, user_errors_exit_2,
-                         workers_option)
+from .cli_common import (allow_nonfinite_option, checkpoint_paths, json_option, output_path, role_option, tag_option,
+                         user_errors_exit_2, workers_option)
 from .errors import ExtensionError, one_line
 from .sizes import human_bytes
 
@@ -76,10 +76,12 @@ def main() -> None:
 @role_option
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file (decimal units).")
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
+@allow_nonfinite_option
 @workers_option
 @json_option
 @user_errors_exit_2
-def consolidate(checkpoint, output, dtype, tag, role, max_shard_size, overwrite, workers, as_json) -> None:
+def consolidate(checkpoint, output, dtype, tag, role, max_shard_size, overwrite, allow_nonfinite, workers,
+                as_json) -> None:
     """Consolidate a DeepSpeed ZeRO or PyTorch distributed (DCP) checkpoint into safetensors weights.
 
     CHECKPOINT is the save dir (with 'latest'), a tag dir or a checkpoint-N folder; give several folders
@@ -89,8 +91,8 @@ def consolidate(checkpoint, output, dtype, tag, role, max_shard_size, overwrite,
     from .consolidation import consolidate as run_consolidate
 
     result = run_consolidate(list(checkpoint), output, dtype=dtype, tag=tag, role=role, max_shard_size=max_shard_size,
-                             overwrite=overwrite, workers=workers)
-    for note in result.source["notes"]:
+                             overwrite=overwrite, workers=workers, allow_nonfinite=allow_nonfinite)
+    for note in [*result.source["notes"], *result.notes]:
         click.echo(f"cogexport: warning: {note}", err=True)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
@@ -208,10 +210,11 @@ def _split_output(arguments: tuple[Path, ...]) -> tuple[list[Path], Path | None]
                 metavar="CHECKPOINT... [OUTPUT]")
 @tag_option
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
+@allow_nonfinite_option
 @workers_option
 @json_option
 @user_errors_exit_2
-def universal(arguments, tag, overwrite, workers, as_json) -> None:
+def universal(arguments, tag, overwrite, allow_nonfinite, workers, as_json) -> None:
     """Write DeepSpeed's universal checkpoint, to resume a ZeRO run on a different number of GPUs.
 
     OUTPUT defaults to TAG_universal next to the tag, and SAVE_DIR/latest_universal points at it; resume with
@@ -220,7 +223,10 @@ def universal(arguments, tag, overwrite, workers, as_json) -> None:
     from .universal import universal as run_universal
 
     checkpoint, output = _split_output(arguments)
-    result = run_universal(checkpoint, output, tag=tag, overwrite=overwrite, workers=workers)
+    result = run_universal(checkpoint, output, tag=tag, overwrite=overwrite, workers=workers,
+                           allow_nonfinite=allow_nonfinite)
+    for note in result.notes:
+        click.echo(f"cogexport: warning: {note}", err=True)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return

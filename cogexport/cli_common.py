@@ -73,3 +73,7 @@ workers_option = click.option("--workers", type=click.IntRange(1), metavar="N",
                                    "(1: one thread does all in turn) [default: one per core but the writer's; one per "
                                    "core for --to gguf]. Under torchrun, each process writes its share of the files "
                                    "(of each file's tensors, where there are fewer files than processes).")
+allow_nonfinite_option = click.option(
+    "--allow-nonfinite", is_flag=True,
+    help="Write tensors holding NaN or infinite values (a note names them) instead of refusing them: a damaged file "
+         "or a diverged run, unless you know why they are there.")

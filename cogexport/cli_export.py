@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from .cli_common import (checkpoint_paths, json_option, output_path, role_option, tag_option, user_errors_exit_2,
-                         workers_option)
+from .cli_common import (allow_nonfinite_option, checkpoint_paths, json_option, output_path, role_option, tag_option,
+                         user_errors_exit_2, workers_option)
 from .exporter.experts import expert_names
 from .exporter.options import DTYPES, component_choices, lora_format_help, quant_help, task_help, to_help
 from .exporter.output_formats import chosen_format, to_choices
@@ -80,12 +80,13 @@ def _model_name_examples() -> str:
 @click.option("--overwrite", is_flag=True, help="Replace OUTPUT if it exists and is not empty.")
 @click.option("--push-to-hub", metavar="REPO", help="Upload the finished folder to this Hub repository.")
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repository private.")
+@allow_nonfinite_option
 @workers_option
 @json_option
 @user_errors_exit_2
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
            tag, ema, role, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, quant,
-           fp8_layout, overwrite, push_to_hub, private, workers, as_json) -> None:
+           fp8_layout, overwrite, push_to_hub, private, allow_nonfinite, workers, as_json) -> None:
     from .exporter import ExportOptions, command_line
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
@@ -94,7 +95,7 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
                             lora_format=lora_format, model_name=model_name,
                             base_model=base_model, overwrite=overwrite, quant=quant, fp8_layout=fp8_layout,
                             push_to_hub=push_to_hub, private=private, command=command_line(),
-                            workers=workers)
+                            workers=workers, allow_nonfinite=allow_nonfinite)
     fmt, options = chosen_format(layout, options)
     result = fmt.export(list(checkpoint), output, options)
     for note in result.notes:

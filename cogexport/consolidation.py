@@ -24,6 +24,7 @@ from .write.io_engine import IOSettings
 from .write.publish_plan import write_plan
 from .write.shards import plan_shards
 from .write.staging import check_destination
+from .write.value_watch import passed_on_note
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -36,6 +37,7 @@ class ConsolidateResult:
     total_bytes: int
     dtype: str
     source: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -49,11 +51,11 @@ def consolidation_dtypes(tensors: dict[str, LazyTensor], buffers: set[str], dtyp
 
 def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Path, *, dtype: str = "fp32",
                 tag: str | None = None, role: str | None = None, max_shard_size: str | int = "5GB",
-                overwrite: bool = False,
-                progress: bool | None = None, workers: int | None = None) -> ConsolidateResult:
+                overwrite: bool = False, progress: bool | None = None, workers: int | None = None,
+                allow_nonfinite: bool = False) -> ConsolidateResult:
     """Write the consolidated weights of ``checkpoint`` into the folder ``output``. ``workers``: threads loading
     tensors ahead of the writer (None: one per core); in a torchrun job (``write.ranks``) each rank writes its
-    share of the shards."""
+    share of the shards. A tensor holding NaN or infinite values is refused unless ``allow_nonfinite``."""
     target_dtype = dtype_named(dtype)
     paths, output = as_paths(checkpoint), Path(output)
     with open_checkpoint(paths, tag, entry=role) as source:
@@ -62,8 +64,9 @@ def consolidate(checkpoint: str | Path | Sequence[str | Path], output: str | Pat
             raise CogExportError(f"{', '.join(source.info.paths)} holds no tensors to consolidate")
         plan = plan_shards(tensors, WEIGHTS_NAME, max_shard_size)
         folder = FolderPlan(shard_files("", tensors, plan))
-        write_plan(folder, output, IOSettings(workers=workers), "consolidate", progress,
-                   check=lambda: check_destination(output, source.own_folders(), [*paths, *source.info.files],
-                                                   overwrite))
+        passed_on = write_plan(folder, output, IOSettings(workers=workers), "consolidate", progress,
+                               check=lambda: check_destination(output, source.own_folders(),
+                                                               [*paths, *source.info.files], overwrite),
+                               allow_nonfinite=allow_nonfinite)
         return ConsolidateResult(str(output), folder.written_paths, len(tensors), plan.total_bytes, dtype,
-                                 info_dict(source.info))
+                                 info_dict(source.info), notes=list(filter(None, [passed_on_note(passed_on)])))

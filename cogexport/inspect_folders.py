@@ -12,6 +12,7 @@ from pathlib import Path
 from .checkpoint import open_checkpoint
 from .checkpoint.deepspeed_zero import DTYPE_NAMES
 from .errors import CogExportError
+from .finite_values import count_nonfinite, nonfinite_problem
 from .models.base_folder import read_json
 from .models.family import family_of_class
 from .write.diffusers_folders import variant_of
@@ -78,7 +79,8 @@ def _model_report(folder: Path, check_data: bool) -> dict:
         with open_checkpoint(folder, strict=False) as weights:
             if check_data:
                 for name in weights:
-                    weights[name].load()
+                    count = count_nonfinite(weights[name].load())
+                    report["problems"] += [nonfinite_problem(name, count)] if count else []
             tensors = list(weights.values())
             report.update(tensors=len(tensors), parameter_count=sum(t.numel for t in tensors),
                           stored_bytes=sum(t.nbytes for t in tensors),

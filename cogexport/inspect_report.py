@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .checkpoint import LazyCheckpoint, open_checkpoint
-from .checkpoint.readers import format_row, info_dict
 from .checkpoint.copies import placeholders
+from .checkpoint.readers import Reader, format_row, info_dict, reader_of_format
 from .checkpoint.deepspeed_zero import DTYPE_NAMES
 from .errors import CogExportError
+from .finite_values import count_nonfinite, nonfinite_problem
 from .exporter.output_formats import ReadBack, output_format, output_formats
 from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
@@ -45,10 +46,10 @@ def inspect_checkpoint(paths: list[Path], tag: str | None = None, check_data: bo
     the module's copy, ...) and then every remaining byte of the files; ``report["usable"]`` says whether the
     checkpoint can be exported as it is."""
     with open_checkpoint(paths, tag, strict=False, entry=role) as checkpoint:
-        if check_data:
-            _check_data(checkpoint, progress)
+        nonfinite = _check_data(checkpoint, progress) if check_data else None
         info = checkpoint.info
-        report = {**info_dict(info), "data_checked": check_data, "usable": not info.problems and len(checkpoint) > 0,
+        report = {**info_dict(info), "data_checked": check_data, "data_check": _data_check(info.format),
+                  "nonfinite_tensors": nonfinite, "usable": not info.problems and len(checkpoint) > 0,
                   "tensors": _tensor_rows(checkpoint), **_sizes(checkpoint)}
         folders = [Path(p) if Path(p).is_dir() else Path(p).parent for p in paths]
         folders += [f for folder in checkpoint.own_folders() for f in (folder, folder.parent)]
@@ -97,19 +98,40 @@ def _sizes(checkpoint: LazyCheckpoint) -> dict:
             "stored_dtypes": sorted({_dtype_name(t.dtype) for t in unique})}
 
 
-def _check_data(checkpoint: LazyCheckpoint, progress: bool | None) -> None:
-    """Load every tensor once (each problem recorded once), then check the bytes no tensor needed."""
+def _check_data(checkpoint: LazyCheckpoint, progress: bool | None) -> int:
+    """Load every tensor once (each problem recorded once) and count its NaN and infinite values, then check the bytes
+    no tensor needed. Returns how many tensors hold such values."""
     problems = checkpoint.info.problems
     unique = [name for name in checkpoint if name not in checkpoint.info.tied]
+    nonfinite = 0
     with byte_progress(sum(checkpoint[n].nbytes for n in unique), "checking", progress) as bar:
         for name in unique:
             try:
-                checkpoint[name].load()
+                count = count_nonfinite(checkpoint[name].load())
             except CogExportError as error:
                 problems.append(str(error))
+            else:
+                problems += [nonfinite_problem(name, count)] if count else []
+                nonfinite += bool(count)
             bar.update(checkpoint[name].nbytes)
     problems += checkpoint.check_stored_data()
     problems[:] = list(dict.fromkeys(problems))
+    return nonfinite
+
+
+def _data_check(format: str) -> str:
+    """What the reader of ``format`` checks as it reads every byte (its declaration says), and what it cannot see."""
+    reader = reader_of_format(format)
+    return reader.data_check if reader else Reader.data_check
+
+
+def _data_row(report: dict) -> str:
+    if not report["data_checked"]:
+        return f"not read (--quick): not checked ({report['data_check']}), nor whether every value is finite"
+    found = report["nonfinite_tensors"]
+    values = f"{found} tensor{'s hold' if found > 1 else ' holds'} NaN or infinite values (see problems)" if found \
+        else "every value finite"
+    return f"every byte read; checked: {report['data_check']}; {values}"
 
 
 def recognise_models(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None = None,
@@ -245,8 +267,7 @@ def render_inspect_text(report: dict) -> str:
     ]
     rows += [("note", note) for note in report["notes"]]
     rows += [("problem", problem) for problem in report["problems"]] or [("problems", "none")]
-    rows.append(("data", "every byte read and checked" if report["data_checked"] else
-                 "not read (--quick): CRC-32s and the masters' agreement with the module not checked"))
+    rows.append(("data", _data_row(report)))
     rows.append(("usable", "yes" if report["usable"] else "no (see problems)"))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

@@ -38,6 +38,7 @@ from .write.io_engine import IOSettings
 from .write.publish_plan import write_plan
 from .write.ranks import current_ranks
 from .write.staging import check_destination
+from .write.value_watch import passed_on_note
 
 UNIVERSAL_SUFFIX = "_universal"
 LATEST_UNIVERSAL = "latest_universal"
@@ -58,6 +59,7 @@ class UniversalResult:
     restored: str = RESTORED
     not_restored: str = NOT_RESTORED
     source: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -126,10 +128,11 @@ def _point_latest(folder: Path) -> Path:
 
 def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path | None = None, *,
               tag: str | None = None, overwrite: bool = False, progress: bool | None = None,
-              workers: int | None = None) -> UniversalResult:
+              workers: int | None = None, allow_nonfinite: bool = False) -> UniversalResult:
     """Write the universal checkpoint of ``checkpoint`` (default: next to its tag, as ``<tag>_universal``).
     ``workers``: threads loading tensors ahead of the writer (None: one per core); in a torchrun job
-    (``write.ranks``) each rank writes its share of the files."""
+    (``write.ranks``) each rank writes its share of the files. A master or optimizer state holding NaN or infinite
+    values is refused unless ``allow_nonfinite``."""
     paths = as_paths(checkpoint)
     if len(paths) == 1 and locate_dcp(paths[0], tag) is not None:
         raise CogExportError(f"{paths[0]} is a PyTorch distributed checkpoint (DCP), which loads at any world size "
@@ -149,12 +152,14 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
                              ObjectFile("zero/optimizer_state.pt", _optimizer_state(source, step)), *files])
         total = sum(_fp32_bytes(tensor) for planned in files for tensor in planned.tensors.values())
         # Only the rank files count as inputs here: the default output lies inside the save dir the user gave.
-        write_plan(folder, destination, IOSettings(workers=workers), "universal", progress,
-                   needed_bytes=folder.total_bytes,
-                   check=lambda: check_destination(destination, source.own_folders(), info.files, overwrite))
+        passed_on = write_plan(folder, destination, IOSettings(workers=workers), "universal", progress,
+                               needed_bytes=folder.total_bytes, allow_nonfinite=allow_nonfinite,
+                               check=lambda: check_destination(destination, source.own_folders(), info.files,
+                                                               overwrite))
         latest = current_ranks().from_leader(lambda: _point_latest(destination))
         return UniversalResult(str(destination), str(latest), len(info.trainable), state_names, len(info.frozen),
-                               len(info.buffers), len(files) + 3, total, source=info_dict(info))
+                               len(info.buffers), len(files) + 3, total, source=info_dict(info),
+                               notes=list(filter(None, [passed_on_note(passed_on)])))
 
 
 def _fp32_bytes(tensor: LazyTensor) -> int:

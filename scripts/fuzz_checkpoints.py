@@ -15,9 +15,13 @@ case copies one source and damages it one way:
   flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of
                            its end (the zip64 end record, the zip64 locator, the end-of-central-directory record), a
                            local header, the pickle or tensor data (for DCP: in the chunk archives inside ``.distcp``
-                           files), in a DCP ``.metadata`` pickle, in a safetensors header's structure (safetensors has
-                           no checksum: damage to its data or names cannot be detected by anyone, so it is left out),
-                           or in the Hugging Face writer's DCP_SHARDING_INFO header entry (where each piece lies)
+                           files), in a DCP ``.metadata`` pickle, in a safetensors header's structure (its tensor
+                           names and metadata strings are left out: a name changed into another valid one cannot be
+                           told from what was saved), in the Hugging Face writer's DCP_SHARDING_INFO header entry
+                           (where each piece lies), or in a safetensors file's tensor data
+  flip safetensors exponent
+                           the exponent bits of one floating value of a safetensors file all set, as flipped bits set
+                           them: the value becomes NaN or infinite (the issue's damaged release held a NaN)
   delete / swap / duplicate rank file
                            a rank file (``*zero_pp_rank_*``, ``__R_0.distcp``) deleted, two swapped, or one copied
                            over another. DCP rank files carry no identity (no rank, no name inside them): two whose
@@ -53,9 +57,15 @@ each run is classed:
   right           exit 0 and the output equals the ground truth taken where it was born (the training process's
                   fp32 masters or full state dict; the Diffusers model the SAT run was written from; the tensors the
                   safetensors library saved); for inspect, the report of the undamaged copy
+  changed, finite (no checksum)
+                  safetensors data damaged into other finite values: exit 0 and an output that differs from the
+                  ground truth only where the damage is, with no NaN or infinity in it. safetensors keeps no
+                  checksum, so no reader can tell such values from the saved ones (inspect says so in its data row)
   clean error     exit 2 with exactly one line on stderr, nothing written, the input unchanged
   problems listed inspect only: exit 1 with the problems listed (the checkpoint is not usable)
   silently wrong  exit 0 with a wrong output, or inspect exit 0 (usable) on a copy consolidate refuses
+  non-finite passed on
+                  exit 0 with an output holding a NaN or an infinity the ground truth does not hold
   traceback, multi-line error, hang, dirty (something written or the input changed on an error): failures
 
 The converter a user would otherwise run goes through the same damaged copies, judged against its own output on the
@@ -108,7 +118,13 @@ from fixtures import CACHE, DeepSpeedVariant, deepspeed_checkpoint  # noqa: E402
 
 TIME_LIMIT = 60.0  # seconds per run; a toy checkpoint takes well under one
 MEMORY_HEADROOM = 3 << 30  # address space a run may add to the harness's: a damaged size must not take the machine
-FAILURES = ("silently wrong", "traceback", "multi-line error", "hang", "dirty", "inspect missed it")
+FAILURES = ("silently wrong", "non-finite passed on", "traceback", "multi-line error", "hang", "dirty",
+            "inspect missed it")
+UNDETECTABLE = "changed, finite (no checksum)"  # what no reader can tell: safetensors data changed into finite values
+DATA_DAMAGE = ("flip safetensors data", "flip safetensors exponent")  # the damage that may end that way
+# safetensors' float dtypes: bytes, the exponent's bits in the value's top two bytes, torch's dtype
+EXPONENT_BITS = {"F64": (8, 0x7FF0, torch.float64), "F32": (4, 0x7F80, torch.float32),
+                 "BF16": (2, 0x7F80, torch.bfloat16), "F16": (2, 0x7C00, torch.float16)}
 DISTCP = re.compile(r"^__\d+_\d+\.distcp$")
 HF_RANK_FILE = re.compile(r"^shard-(\d+)-model-(\d+)-of-(\d+)\.safetensors$")
 PWNED = "PWNED"  # the file a code-running .metadata pickle creates in the case's folder
@@ -295,9 +311,10 @@ def distcp_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
 def safetensors_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
     """The header's structure: its bytes outside tensor names and metadata strings.
 
-    safetensors carries no checksum: a flipped byte in tensor data, or one that turns a tensor's name or a metadata
-    value into another valid string, cannot be told from what was saved by any reader. Those bytes are left alone;
-    everything else in the header (sizes, braces, dtypes, shapes, offsets) must be caught."""
+    safetensors carries no checksum: a flipped byte that turns a tensor's name or a metadata value into another valid
+    string cannot be told from what was saved by any reader. Those bytes are left alone; everything else in the header
+    (sizes, braces, dtypes, shapes, offsets) must be caught. The tensor data is a region of its own: a flipped byte
+    there gives another finite value, which no reader can tell either, or a NaN or infinity, which must be refused."""
     data = path.read_bytes()
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + size])
@@ -311,6 +328,8 @@ def safetensors_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
         position = max(position, stop)
     allowed.append((position, 8 + size))
     regions = {"safetensors header": allowed}
+    if len(data) > 8 + size:  # the tensors' bytes: no checksum, so a change is exact, finite and unseen, or refused
+        regions["safetensors data"] = [(8 + size, len(data))]
     info = (header.get("__metadata__") or {}).get("DCP_SHARDING_INFO")
     if info is not None:  # the Hugging Face writer's record of where each piece lies: structure, not free text
         encoded = json.dumps(info).encode()
@@ -338,6 +357,36 @@ def flip(path: Path, region: tuple[int, int], rng: random.Random) -> str:
     data[position] ^= mask
     path.write_bytes(bytes(data))
     return f"byte {position} ^= 0x{mask:02x}"
+
+
+def float_values(path: Path) -> list[tuple[int, str]]:
+    """(file offset, dtype) of the first, middle and last value of every floating tensor of the safetensors file
+    ``path``: where ``set_exponent`` may turn a value into a NaN or an infinity."""
+    header, size = hf_header(path)
+    places = []
+    for name, entry in header.items():
+        if name == "__metadata__" or entry["dtype"] not in EXPONENT_BITS:
+            continue
+        width = EXPONENT_BITS[entry["dtype"]][0]
+        start, stop = entry["data_offsets"]
+        count = (stop - start) // width
+        places += [(8 + size + start + width * index, entry["dtype"]) for index in sorted({0, count // 2, count - 1})
+                   if count]
+    return places
+
+
+def set_exponent(path: Path, offset: int, dtype: str, rng: random.Random) -> str:
+    """Set every exponent bit of the little-endian ``dtype`` value at ``offset`` (in its top two bytes), its sign and
+    mantissa kept, maybe but one mantissa bit: an infinity where the mantissa is zero, else a NaN."""
+    width, mask, torch_dtype = EXPONENT_BITS[dtype]
+    data = bytearray(path.read_bytes())
+    top = offset + width - 2
+    data[top:top + 2] = (int.from_bytes(data[top:top + 2], "little") | mask).to_bytes(2, "little")
+    if rng.random() < 0.3:
+        data[offset] ^= 1  # a mantissa bit too: a NaN where it would have been an infinity, or the reverse
+    path.write_bytes(bytes(data))
+    value = torch.frombuffer(bytearray(data[offset:offset + width]), dtype=torch_dtype)
+    return f"{dtype} value at byte {offset} made {'infinite' if bool(value.isinf().any()) else 'NaN'}"
 
 
 Mutation = Callable[[Path, random.Random], str]
@@ -375,6 +424,12 @@ def mutations_for(source: Source, folder: Path) -> dict[str, Mutation]:
         return f"{path.relative_to(root)}: truncated to {keep} of {size} bytes"
 
     found["truncate"] = truncate
+    floats = [(p, value) for p in data_files if p.suffix == ".safetensors" for value in float_values(p)]
+    if floats:
+        def spoil_exponent(root: Path, rng: random.Random) -> str:
+            path, (offset, dtype) = rng.choice(floats)
+            return f"{path.relative_to(root)}: {set_exponent(path, offset, dtype, rng)}"
+        found["flip safetensors exponent"] = spoil_exponent
     if source.family == "dcp":
         found.update(dcp_rank_mutations(folder))
     elif source.family == "fastvideo":
@@ -784,12 +839,24 @@ def judge_error(run: Run, output: Path, before: dict[str, str], root: Path) -> s
     return "clean error"
 
 
-def judge_writer(run: Run, output: Path, truth: dict[str, torch.Tensor], before: dict[str, str], root: Path) -> str:
+def judge_writer(run: Run, output: Path, truth: dict[str, torch.Tensor], before: dict[str, str], root: Path,
+                 mutation: str) -> str:
     if run.code == 0:
         if snapshot(root) != before:
             return "dirty"
-        return "right" if same_tensors(read_output(output), truth) else "silently wrong"
+        written = read_output(output)
+        if same_tensors(written, truth):
+            return "right"
+        if any(not bool(torch.isfinite(t).all()) for t in written.values() if t.dtype.is_floating_point):
+            return "non-finite passed on"
+        return UNDETECTABLE if mutation in DATA_DAMAGE and same_layout(written, truth) else "silently wrong"
     return judge_error(run, output, before, root)
+
+
+def same_layout(written: dict[str, torch.Tensor], truth: dict[str, torch.Tensor]) -> bool:
+    """The same names, dtypes and shapes: only values differ."""
+    return written.keys() == truth.keys() and all(
+        (written[n].dtype, written[n].shape) == (truth[n].dtype, truth[n].shape) for n in truth)
 
 
 def comparable_report(stdout: str, root: Path) -> dict:
@@ -894,17 +961,29 @@ def baseline(source: Source, work: Path, references: bool) -> tuple[dict, Any]:
     return report, reference_output
 
 
+def damaged_folder(source: Source, root: Path) -> Path:
+    """The folder whose files a case damages, in ``root`` (a copy of the source's root, or the root itself)."""
+    checkpoint = root / source.checkpoint
+    return root / source.damage if source.damage else checkpoint.parent if checkpoint.is_file() else checkpoint
+
+
+def damage_classes(source: Source, damage: tuple[str, ...]) -> list[str]:
+    """The source's mutation classes (every one, or those of ``damage``), read off its pristine files."""
+    return sorted(name for name in mutations_for(source, damaged_folder(source, source.root))
+                  if not damage or name in damage)
+
+
 def run_case(source: Source, seed: int, turn: int, work: Path, pristine: dict, reference_output: Any,
-             references: bool) -> Case:
-    """Damage a copy of ``source`` with the ``turn``-th of its mutation classes (in turn, so that small runs cover
-    them all; where and how from ``seed``) and judge every run on it."""
+             references: bool, damage: tuple[str, ...] = ()) -> Case:
+    """Damage a copy of ``source`` with the ``turn``-th of its mutation classes (of ``damage`` only, if given; in
+    turn, so that small runs cover them all; where and how from ``seed``) and judge every run on it."""
     rng = random.Random(seed)
     root = work / f"case-{seed}"
     shutil.copytree(source.root, root)
     checkpoint = root / source.checkpoint
-    damaged = root / source.damage if source.damage else checkpoint.parent if checkpoint.is_file() else checkpoint
-    choices = mutations_for(source, damaged)
-    mutation = sorted(choices)[turn % len(choices)]
+    choices = mutations_for(source, damaged_folder(source, root))
+    classes = sorted(name for name in choices if not damage or name in damage)
+    mutation = classes[turn % len(classes)]
     detail = choices[mutation](root, rng)
     before = snapshot(root)
     seconds, messages = {}, {}
@@ -914,19 +993,22 @@ def run_case(source: Source, seed: int, turn: int, work: Path, pristine: dict, r
     if source.truth:
         output = work / f"out-{seed}"
         run = run_forked(cogexport_command("consolidate", str(checkpoint), str(output)), work)
-        results["consolidate"], seconds["consolidate"] = judge_writer(run, output, source.truth, before, root), \
-            run.seconds
+        results["consolidate"], seconds["consolidate"] = judge_writer(run, output, source.truth, before, root,
+                                                                      mutation), run.seconds
         messages["consolidate"] = last_line(run)
         shutil.rmtree(output, ignore_errors=True)
     if source.export:
         output = work / f"export-{seed}"
         run = run_forked(cogexport_command(str(checkpoint), str(output), *source.export), work)
-        results["export"], seconds["export"] = judge_writer(run, output, source.export_truth, before, root), \
-            run.seconds
+        results["export"], seconds["export"] = judge_writer(run, output, source.export_truth, before, root,
+                                                            mutation), run.seconds
         messages["export"] = last_line(run)
         shutil.rmtree(output, ignore_errors=True)
-    if results["inspect"] == "right" and any(r != "right" for k, r in results.items() if k != "inspect"):
+    writers = [r for k, r in results.items() if k != "inspect"]
+    if results["inspect"] == "right" and any(r not in ("right", UNDETECTABLE) for r in writers):
         results["inspect"] = "inspect missed it"  # told usable, yet a writer refused or erred
+    elif results["inspect"] == "right" and UNDETECTABLE in writers:
+        results["inspect"] = UNDETECTABLE  # nor could it tell: the same report as the undamaged copy's
     if references and source.reference and reference_output is not None:
         output = work / f"reference-{seed}.pt"
         run = run_forked(reference_command(source.reference, root / source.reference_input, output), work)
@@ -944,14 +1026,14 @@ def last_line(run: Run) -> str:
 
 
 def campaign(seed: int, count: int, references: bool, verbose: bool = False,
-             only: tuple[str, ...] = ()) -> list[Case]:
+             only: tuple[str, ...] = (), damage: tuple[str, ...] = ()) -> list[Case]:
     if references:
         import deepspeed.utils.zero_to_fp32  # noqa: F401  (imported once, before forking)
         from torch.distributed.checkpoint import format_utils  # noqa: F401
     import cogexport.cli  # noqa: F401
     import cogexport.exporter  # noqa: F401
     torch.set_num_threads(1)
-    all_sources = [s for s in sources() if not only or s.family in only]
+    all_sources = [s for s in sources() if (not only or s.family in only) and damage_classes(s, damage)]
     cases = []
     with tempfile.TemporaryDirectory(prefix="cogexport-fuzz-") as temporary:
         work = Path(temporary)
@@ -963,7 +1045,8 @@ def campaign(seed: int, count: int, references: bool, verbose: bool = False,
             # Sources start three classes apart (the seed shifts them all), so that a few turns of neighbouring
             # sources together take every class.
             turn = seed + index // len(all_sources) + 3 * (index % len(all_sources))
-            case = run_case(source, seed * 1_000_003 + index, turn, work, *baselines[source.name], references)
+            case = run_case(source, seed * 1_000_003 + index, turn, work, *baselines[source.name], references,
+                            damage)
             cases.append(case)
             if verbose:
                 click.echo(f"{case.seed} {case.source} [{case.mutation}] {case.detail}: {case.results} {case.seconds}",
@@ -1023,12 +1106,14 @@ def table(title: str, rows: dict[str, dict], columns: tuple[str, ...]) -> list[s
 @click.option("--only", "families", multiple=True,
               type=click.Choice(["deepspeed", "cogvideox", "dcp", "hf-storage", "fastvideo", "hf-trainer"]),
               help="Only these sources (repeatable).")
+@click.option("--damage", multiple=True, metavar="CLASS",
+              help="Only these damage classes (repeatable), on the sources they apply to: 'flip safetensors data'.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--verbose", is_flag=True, help="One line per case on stderr.")
-def main(seed: int, count: int, cogexport_only: bool, families: tuple[str, ...], as_json: bool,
-         verbose: bool) -> None:
+def main(seed: int, count: int, cogexport_only: bool, families: tuple[str, ...], damage: tuple[str, ...],
+         as_json: bool, verbose: bool) -> None:
     started = time.perf_counter()
-    cases = campaign(seed, count, not cogexport_only, verbose, families)
+    cases = campaign(seed, count, not cogexport_only, verbose, families, damage)
     result = summary(cases)
     result.update(seed=seed, seconds=round(time.perf_counter() - started, 1))
     if as_json:

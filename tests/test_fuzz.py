@@ -4,8 +4,10 @@ Hugging Face writer per-rank saves (FSDP2 at 3 ranks, and mapped at 2), a FastVi
 metadata.json damaged, a rank lost, key sets filed under the wrong kind) and Hugging Face Trainer run folders (ZeRO-2
 with the Trainer's 16-bit copy, ZeRO-3 with a copy of placeholders), damaged in every way the script knows (the
 three records of a zip archive's end included); each inspect, consolidate and export run must give the exactly right output, or one
-clean line with exit 2 (inspect: the problems listed, exit 1), nothing written and the input unchanged. The long
-form (hundreds of cases, zero_to_fp32 and dcp_to_torch_save side by side) is the script."""
+clean line with exit 2 (inspect: the problems listed, exit 1), nothing written and the input unchanged. safetensors data
+changed into other finite values is the one damage no reader can tell (the format keeps no checksum); changed into a
+NaN or an infinity, it is refused: never passed on. The long form (hundreds of cases, zero_to_fp32 and
+dcp_to_torch_save side by side) is the script."""
 
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ DCP_CLASSES = {"truncate", "flip .metadata pickle", "flip zip directory", "flip 
                "flip tensor data", "delete rank file", "swap rank files", "duplicate rank file", "rewrite .metadata",
                *ZIP_END}
 FASTVIDEO_CLASSES = {"delete rank file", "key set of the wrong kind", "rewrite metadata.json"}
+DATA_DAMAGE = {"flip safetensors data", "flip safetensors exponent"}
 HF_STORAGE_CLASSES = {"truncate", "flip safetensors header", "flip sharding info", "move a piece", "delete rank file",
-                      "swap rank files", "duplicate rank file"}
+                      "swap rank files", "duplicate rank file", *DATA_DAMAGE}
 
 
 def test_damaged_checkpoints_never_become_a_silently_wrong_model():
@@ -40,3 +43,8 @@ def test_damaged_checkpoints_never_become_a_silently_wrong_model():
     assert set(result["by_family"]["dcp"]) == DCP_CLASSES
     assert set(result["by_family"]["hf-storage"]) == HF_STORAGE_CLASSES
     assert FASTVIDEO_CLASSES <= set(result["by_family"]["fastvideo"])
+    assert DATA_DAMAGE <= set(result["by_family"]["cogvideox"])
+    for family in ("cogvideox", "hf-storage"):  # a NaN or an infinity made in the data: refused by every command
+        spoiled = result["by_family"][family]["flip safetensors exponent"]
+        assert set(spoiled["inspect"]) == {"problems listed"}, spoiled
+        assert set(spoiled["consolidate"]) | set(spoiled.get("export", {})) == {"clean error"}, spoiled

@@ -83,6 +83,7 @@ class ExportOptions:
     quant: str | None = None  # a quantized format's quantization (--to gguf: Q4_K_M, ...; --to comfyui: fp8, ...)
     fp8_layout: str | None = None  # --to comfyui: how the scales are marked (default comfy_quant: ComfyUI's current)
     workers: int | None = None  # threads loading tensors ahead of the writer (None: from the cores; 1: none)
+    allow_nonfinite: bool = False  # write tensors holding NaN or infinite values (named in a note) rather than refuse
 
 
 def command_line() -> str:

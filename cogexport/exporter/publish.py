@@ -10,6 +10,7 @@ from ..write.io_engine import IOSettings
 from ..write.publish_plan import write_plan
 from ..write.ranks import current_ranks
 from ..write.staging import check_destination
+from ..write.value_watch import passed_on_note
 from .inputs import ExportInputs
 from .options import ExportOptions
 from .result import ExportResult
@@ -18,9 +19,11 @@ from .result import ExportResult
 def publish(folder: FolderPlan, result: ExportResult, output: Path, inputs: ExportInputs,
             options: ExportOptions) -> ExportResult:
     ranks = current_ranks()
-    write_plan(folder, output, IOSettings(workers=options.workers), "export", options.progress, ranks,
-               check=lambda: check_destination(output, inputs.own_folders(), inputs.read_paths(options),
-                                               options.overwrite))
+    passed_on = write_plan(folder, output, IOSettings(workers=options.workers), "export", options.progress, ranks,
+                           check=lambda: check_destination(output, inputs.own_folders(), inputs.read_paths(options),
+                                                           options.overwrite),
+                           allow_nonfinite=options.allow_nonfinite)
+    result.notes += filter(None, [passed_on_note(passed_on)])
     result.linked.update(folder.linked())
     if options.push_to_hub and ranks.leader:
         result.pushed_to = push_to_hub(output, options.push_to_hub, options.private)

@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Mapping
 import torch
 
 from ..errors import CogExportError, quoted
+from ..finite_values import NonfiniteValuesError, count_nonfinite
 
 # The modules declaring the formats (each its QUANTIZATIONS), in --quant's order.
 BUILT_IN = ("cogexport.quantize.fp8", "cogexport.quantize.nvfp4", "cogexport.quantize.mxfp8",
@@ -67,9 +68,12 @@ class ComfyQuantization:
 
 
 def finite(weight: torch.Tensor, name: str) -> torch.Tensor:
-    """``weight``, refused in one line naming it when it holds a NaN or an infinity (no format can store those)."""
-    if not bool(torch.isfinite(weight).all()):
-        raise CogExportError(f"{quoted(name)} holds NaN or infinite values; fix the checkpoint before quantizing it")
+    """``weight``, refused when it holds a NaN or an infinity, counted (``NonfiniteValuesError``): a format's scale
+    is made from the weight's values, so none of them can store those, --allow-nonfinite or not."""
+    count = count_nonfinite(weight)
+    if count:
+        raise NonfiniteValuesError(name, count, why_not="a quantized weight's scale is made from its values, so it "
+                                   "cannot hold them")
     return weight
 
 

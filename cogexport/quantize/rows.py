@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 
 from ..errors import CogExportError, quoted
+from ..finite_values import NonfiniteValuesError, count_nonfinite
 from . import kquants, legacy
 from .formats import GgmlType, ggml_type
 
@@ -27,9 +28,11 @@ _BOUNDLESS = ("F32", "BF16")
 CHUNK_VALUES = 1 << 17
 
 
-def quantize_tensor(tensor: torch.Tensor, type_name: str, name: str = "tensor") -> torch.Tensor:
+def quantize_tensor(tensor: torch.Tensor, type_name: str, name: str = "tensor",
+                    allow_nonfinite: bool = False) -> torch.Tensor:
     """``tensor`` (any float dtype, its rows along the last dimension) stored as ``type_name``: a uint8 tensor of
-    shape (rows, bytes per row). Refuses non-finite values and rows the type cannot hold, naming ``name``."""
+    shape (rows, bytes per row). Refuses rows the type cannot hold, naming ``name``, and non-finite values
+    (``NonfiniteValuesError``, which says how the float types can write them anyway: ``allow_nonfinite``)."""
     kind = ggml_type(type_name)
     rows = tensor.reshape(-1, tensor.shape[-1] if tensor.dim() else 1)
     if not kind.fits(rows.shape[1]):
@@ -40,9 +43,21 @@ def quantize_tensor(tensor: torch.Tensor, type_name: str, name: str = "tensor") 
     with _one_thread():
         for start in range(0, rows.shape[0], step):
             chunk = rows[start:start + step].to(torch.float32)
-            _check_values(chunk, kind, name)
+            if not (allow_nonfinite and kind.is_float) and not torch.isfinite(chunk).all():
+                raise _nonfinite(tensor, type_name, name)
+            _check_range(chunk, kind, name)
             out[start:start + step] = _quantize_rows(chunk, kind)
     return out
+
+
+def _nonfinite(tensor: torch.Tensor, type_name: str, name: str) -> NonfiniteValuesError:
+    """The whole tensor's non-finite values counted; a float type stores them as they are if asked, a block type's
+    scale, made from all of a block's values, cannot hold them."""
+    if ggml_type(type_name).is_float:
+        return NonfiniteValuesError(name, count_nonfinite(tensor), lambda: quantize_tensor(tensor, type_name, name,
+                                                                                              allow_nonfinite=True))
+    return NonfiniteValuesError(name, count_nonfinite(tensor), why_not=f"{type_name} blocks cannot hold them (a "
+                                "block's scale is made from all of its values)")
 
 
 @contextmanager
@@ -65,10 +80,7 @@ def _quantize_rows(rows: torch.Tensor, kind: GgmlType) -> torch.Tensor:
     return quantizer(blocks).reshape(rows.shape[0], -1)
 
 
-def _check_values(chunk: torch.Tensor, kind: GgmlType, name: str) -> None:
-    if not torch.isfinite(chunk).all():
-        raise CogExportError(f"{quoted(name)} holds NaN or infinite values; a quantized file would carry them "
-                             "silently: fix the checkpoint (or export an earlier step)")
+def _check_range(chunk: torch.Tensor, kind: GgmlType, name: str) -> None:
     if kind.name not in _BOUNDLESS and chunk.numel() and chunk.abs().max() > _HALF_LIMIT:
         raise CogExportError(f"{quoted(name)} holds values beyond {_HALF_LIMIT:g}, which {kind.name} stores as "
                              "float16 (it would hold infinity): choose BF16 or F32 for it")

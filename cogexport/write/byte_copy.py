@@ -6,8 +6,10 @@ systems that share blocks); where it is refused (another file system on older ke
 ``os.sendfile`` still copies in the kernel; last, a read/write loop through one small reused buffer.
 
 A range whose format stores a checksum (a torch.save record's CRC-32) is copied a chunk at a time, and each chunk,
-still in the page cache, is passed to the reader's check through a read-only memory map of the input (no copy into
-this process; a plain read where the file cannot be mapped): an output is never made of bytes that fail it. The
+still in the page cache, is passed to the reader's check through a memory map of the input (no copy into this
+process; a plain read where the file cannot be mapped): an output is never made of bytes that fail it. The map is
+private, so that torch can view its values (the values of every copied tensor are counted: value_watch.py) without
+warning that they could be written: nothing writes to it. (Measured: no slower than a shared, pre-faulted map.) The
 checks run in a helper thread (``TrailingChecks``) while the kernel copies the next chunk, and are all waited for
 before a copy returns, or, where a writer hands its own over, before the writer finishes its file.
 """
@@ -197,7 +199,7 @@ def check_copied(source: ByteRange, start: int, count: int) -> None:
 
 def _check_open_file(source: ByteRange, start: int, count: int, descriptor: int) -> None:
     try:
-        window = MappedWindow(descriptor, source.offset + start, count)
+        window = MappedWindow(descriptor, source.offset + start, count, private=True)
     except (OSError, ValueError):  # a file system that cannot map: read the bytes back instead
         buffer = memoryview(bytearray(min(CHECKED_CHUNK, count)))
         for position in range(start, start + count, len(buffer)):

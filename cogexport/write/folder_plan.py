@@ -21,10 +21,11 @@ from .byte_copy import copy_range
 from .file_parts import FileLayout
 from .io_engine import SERIAL, IOSettings, Payload, TensorFeed
 from .safetensors_file import safetensors_layout, write_safetensors
-from .safetensors_file import write_order as safetensors_write_order
+from .safetensors_file import storage_order, write_order as safetensors_write_order
 from .shards import ShardPlan
-from .torch_archive import lazy_leaves, write_torch_archive
+from .torch_archive import lazy_leaves, leaf_names, write_torch_archive
 from .torch_file import save_torch_file
+from .value_watch import ValueWatch
 
 OnTensor = Callable[[str, int], None]
 SAFETENSORS_METADATA = {"format": "pt"}
@@ -64,6 +65,12 @@ class TensorFile:
         if self.container == "safetensors":
             return safetensors_write_order(self.tensors)
         return lazy_leaves(self.tree())
+
+    def write_names(self) -> list[str]:
+        """The names of ``write_order``'s tensors in the file (a torch.save archive's: their keys joined by dots)."""
+        if self.container == "safetensors":
+            return storage_order(self.tensors)
+        return leaf_names(self.tree(), next(iter(self.tensors)) if self.single else "")
 
     def layout(self) -> FileLayout | None:
         """Where the header and each tensor lie in a safetensors file (a torchrun job's ranks may write runs of it);
@@ -224,18 +231,29 @@ def is_data_file(planned: PlannedFile) -> bool:
     return isinstance(planned, CopiedFile) or planned.tensor_count > 0
 
 
-def write_data_files(root: Path, files: list, on_tensor: OnTensor | None, settings: IOSettings = SERIAL) -> None:
+def write_data_files(root: Path, files: list, on_tensor: OnTensor | None, settings: IOSettings = SERIAL,
+                     watch: ValueWatch | None = None) -> None:
     """Write ``files`` (data files, or a torchrun rank's parts of them: rank_shares.py) under ``root``, I/O only (the
     plan was checked when it was made), with one feed for all their tensors, so that reading ahead as ``settings``
-    say runs on across file boundaries."""
+    say runs on across file boundaries. ``watch``: where their NaN and infinite values are counted (value_watch.py)."""
     fed = [planned for planned in files if hasattr(planned, "write_order")]
-    with TensorFeed([tensor for planned in fed for tensor in planned.write_order()], settings) as feed:
+    with TensorFeed([tensor for planned in fed for tensor in _fed_tensors(planned, watch)], settings) as feed:
         payloads = iter(feed)
         for planned in files:
             if hasattr(planned, "write_order"):
                 planned.write(root, on_tensor, payloads)
             else:  # a kind that loads its own tensors
                 planned.write(root, on_tensor)
+
+
+def _fed_tensors(planned: Any, watch: ValueWatch | None) -> list[LazyTensor]:
+    """A file's tensors in write order, each watched by ``watch`` under its name in the file (by its place there
+    for a kind that does not name them)."""
+    order = planned.write_order()
+    if watch is None:
+        return order
+    names = planned.write_names() if hasattr(planned, "write_names") else [f"#{i}" for i in range(len(order))]
+    return [watch.watched(tensor, name, planned.path) for name, tensor in zip(names, order)]
 
 
 def plan_digest(plan: FolderPlan) -> str:

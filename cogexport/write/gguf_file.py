@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import numpy as np
 import torch
 
+from ..finite_values import NonfiniteValuesError
 from ..lazy import LazyTensor
 from ..quantize import quantize_tensor
 from ..quantize.policy import GgufPlan, PlannedTensor
@@ -70,9 +71,16 @@ def gguf_layout(plan: GgufPlan) -> FileLayout:
 
 
 def stored_bytes(tensor: PlannedTensor) -> torch.Tensor:
-    """The planned tensor loaded and quantized: its bytes in the file (flat uint8)."""
+    """The planned tensor loaded and quantized: its bytes in the file (flat uint8). NaN or infinite values are the
+    quantizer's to count, as it checks every value anyway (``NonfiniteValuesError``: the writer's watch decides)."""
     values = tensor.source.load().reshape(tensor.stored_shape)
-    return quantize_tensor(values, tensor.type.name, tensor.name).reshape(-1)
+    try:
+        return quantize_tensor(values, tensor.type.name, tensor.name).reshape(-1)
+    except NonfiniteValuesError as met:
+        if met.write_anyway is not None:
+            write_anyway = met.write_anyway
+            met.write_anyway = lambda: write_anyway().reshape(-1)
+        raise
 
 
 def quantized(tensor: PlannedTensor) -> LazyTensor:
@@ -119,6 +127,9 @@ class GgufFile:
     def write_order(self) -> list[LazyTensor]:
         """The tensors' bytes in the order they are written (the payloads ``write`` takes)."""
         return [quantized(tensor) for tensor in self.plan.tensors]
+
+    def write_names(self) -> list[str]:
+        return [tensor.name for tensor in self.plan.tensors]
 
     def layout(self) -> FileLayout:
         """Where the header and each tensor lie in the file (a torchrun job's ranks may write runs of it)."""

@@ -19,22 +19,27 @@ from .io_engine import IOSettings
 from .rank_shares import rank_share
 from .ranks import Ranks, current_ranks
 from .staging import staged_folder
+from .value_watch import ValueWatch
 
 
 def write_plan(plan: FolderPlan, destination: Path, settings: IOSettings, label: str, progress: bool | None = None,
                ranks: Ranks | None = None, needed_bytes: int | None = None,
-               check: Callable[[], None] | None = None) -> None:
+               check: Callable[[], None] | None = None, allow_nonfinite: bool = False) -> list[str]:
     """Write ``plan`` as the folder ``destination``. ``check`` (the destination's checks) runs on every rank first;
-    ``needed_bytes``: what the free-space check asks for (default: the plan's bytes)."""
+    ``needed_bytes``: what the free-space check asks for (default: the plan's bytes). A tensor holding NaN or
+    infinite values fails the write before anything is published, unless ``allow_nonfinite``: then the tensors
+    written with them are returned, every rank's (value_watch.py)."""
     ranks = ranks or current_ranks()
     check_same_plan(plan, ranks)
     if check is not None:
         ranks.together(check)
     share = rank_share(plan.data_files, ranks.rank, ranks.world)
     needed = plan.total_bytes if needed_bytes is None else needed_bytes
+    watch = ValueWatch(allow_nonfinite)
     with staged_folder(destination, needed, ranks, finish=lambda staging: _write_others(staging, plan)) as staging, \
             byte_progress(sum(planned.nbytes for planned in share), label, progress) as bar:
-        write_data_files(staging, share, lambda _name, nbytes: bar.update(nbytes), settings)
+        write_data_files(staging, share, lambda _name, nbytes: bar.update(nbytes), settings, watch)
+    return [tensor for passed_on in ranks.gather(watch.passed_on) for tensor in passed_on]
 
 
 def check_same_plan(plan: FolderPlan, ranks: Ranks) -> None:

@@ -46,6 +46,10 @@ class FilePart:
         order = self.planned.write_order()
         return [order[index] for index in self.run]
 
+    def write_names(self) -> list[str]:
+        names = self.planned.write_names()
+        return [names[index] for index in self.run]
+
     def write(self, root: Path, on_tensor: Callable[[str, int], None] | None, payloads: Iterator[Payload]) -> None:
         target = root / self.path
         target.parent.mkdir(parents=True, exist_ok=True)

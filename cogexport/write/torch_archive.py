@@ -151,6 +151,14 @@ def lazy_leaves(tree: Any) -> list[LazyTensor]:
     return [record.tensor for record in records]
 
 
+def leaf_names(tree: Any, prefix: str = "") -> list[str]:
+    """The names of ``lazy_leaves(tree)``, in the same order: their keys (and list positions) joined with dots."""
+    if isinstance(tree, LazyTensor):
+        return [prefix]
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+    return [name for key, value in items for name in leaf_names(value, f"{prefix}.{key}" if prefix else str(key))]
+
+
 def _serialization_id(name: str, pickled: bytes) -> bytes:
     """torch.save's id of a save (40 decimal digits), here made from what is saved rather than drawn at random, so
     that a file is the same bytes whenever, and by whichever process or torchrun rank, it is written."""

@@ -31,4 +31,6 @@ DCP = Reader(
     name="DCP", format="dcp", what="the DCP checkpoint",
     looks_for="a DCP save (.metadata beside __0_0.distcp files) or accelerate's checkpoint-N/pytorch_model_fsdp_0",
     claims=dcp_claims, describe=describe, facts=DcpFacts, whole_folders=True,
-    stands_for_folder=frozenset({METADATA_FILE}))
+    stands_for_folder=frozenset({METADATA_FILE}),
+    data_check="each chunk's CRC-32s (its own small torch.save archive; DCP keeps no checksum of its own), the files "
+               "against .metadata")

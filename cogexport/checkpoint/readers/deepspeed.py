@@ -76,4 +76,5 @@ DEEPSPEED = Reader(
     claims=deepspeed_claims, describe=describe, facts=DeepSpeedFacts, whole_folders=True, not_weights=RANK_FILES,
     reads_file=lambda path: bool(MODEL_STATES.match(path.name) or ZERO3_MODEL_STATES.match(path.name)),
     open_file=lambda path, options: _open_several([path], options), open_several=_open_several, spans_folders=True,
-    own_tags=True, takes_entry=True)
+    own_tags=True, takes_entry=True,
+    data_check="every record's CRC-32, and a few elements of each fp32 master against the module's 16-bit copy")

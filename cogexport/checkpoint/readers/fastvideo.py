@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from ..fastvideo import DCP_FOLDER, METADATA_JSON, RNG_FILE, FastVideoCheckpoint, FastVideoFacts, is_fastvideo_step
+from .dcp import DCP
 from .reader import Claim, FolderScan, Reader
 
 
@@ -35,4 +36,5 @@ FASTVIDEO = Reader(
     name="FastVideo", format="fastvideo", what="the FastVideo checkpoint",
     looks_for="a FastVideo step (checkpoint-N holding dcp/ and metadata.json) or a run folder of them",
     claims=fastvideo_claims, describe=describe, facts=FastVideoFacts, whole_folders=True, supersedes=("DCP",),
-    not_weights=(re.compile(r"^rng_state_rank\d+\.pt$"),), takes_entry=True)
+    not_weights=(re.compile(r"^rng_state_rank\d+\.pt$"),), takes_entry=True,
+    data_check=DCP.data_check)  # its dcp/ is a DCP save, read by the DCP reader's code

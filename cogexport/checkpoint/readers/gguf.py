@@ -28,4 +28,6 @@ def describe(facts: HeaderFacts) -> str:
 GGUF = Reader(
     name="GGUF", format="gguf", what="a GGUF file", looks_for="a GGUF file (*.gguf)",
     claims=gguf_claims, describe=describe, facts=HeaderFacts,
-    reads_file=lambda path: path.suffix == ".gguf", open_file=_open)
+    reads_file=lambda path: path.suffix == ".gguf", open_file=_open,
+    data_check="the header's offsets and types only: GGUF keeps no checksum, so a changed value that is still finite "
+               "cannot be told from the saved one")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..deepspeed_zero import DeepSpeedCheckpoint, DeepSpeedFacts
 from ..locate import list_tags
-from .deepspeed import deepspeed_claims
+from .deepspeed import DEEPSPEED, deepspeed_claims
 from .deepspeed import describe as describe_deepspeed
 from .reader import Claim, FolderScan, OpenOptions, Reader
 
@@ -76,4 +76,5 @@ HF_TRAINER = Reader(
     looks_for="a Hugging Face Trainer checkpoint-N folder (trainer_state.json beside DeepSpeed's 'latest' and "
               "global_stepN)",
     claims=trainer_claims, describe=describe, facts=DeepSpeedFacts, whole_folders=True, supersedes=("DeepSpeed",),
-    not_weights=(TRAINER_FILES,), own_tags=True)
+    not_weights=(TRAINER_FILES,), own_tags=True,
+    data_check=DEEPSPEED.data_check)  # DeepSpeed's save inside, read by the DeepSpeed reader's code

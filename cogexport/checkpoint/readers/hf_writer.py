@@ -32,4 +32,6 @@ def describe(facts: HfWriterFacts) -> str:
 HF_WRITER = Reader(
     name="Hugging Face writer", format="hf-storage", what="the Hugging Face writer save",
     looks_for=f"a Hugging Face writer save (shard-*-model-*-of-*.safetensors, or {INDEX} with {SHARDED_FOLDER}/)",
-    claims=hf_writer_claims, describe=describe, facts=HfWriterFacts, whole_folders=True, not_weights=(RANK_FILE,))
+    claims=hf_writer_claims, describe=describe, facts=HfWriterFacts, whole_folders=True, not_weights=(RANK_FILE,),
+    data_check="the headers' offsets and dtypes and where each piece lies only: safetensors keeps no checksum, so a "
+               "changed value that is still finite cannot be told from the saved one")

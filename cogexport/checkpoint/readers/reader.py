@@ -44,6 +44,8 @@ class Reader:
     own_tags: bool = False  # its checkpoints hold several tags: --tag is its to resolve, and it lists the tags
     takes_entry: bool = False  # its files may keep other state dicts beside the model's (an EMA): --ema applies
     may_be_a_copy: bool = False  # its loose weights inside a checkpoint's folder may be that checkpoint's copy
+    # what reading every byte checks, and what it cannot see, for inspect's "data" row: "every record's CRC-32"
+    data_check: str = "what the reader checks as it reads (it does not say)"
 
 
 @dataclass(eq=False)  # each claim is itself (hashed by identity)

@@ -35,4 +35,5 @@ TORCH_FILE = Reader(
     name="torch.save", format="torch", what="torch.save weights",
     looks_for=f"torch.save weights ({', '.join('*' + s for s in TORCH_SUFFIXES)})",
     claims=torch_file_claims, describe=lambda facts: "torch.save state dict", not_weights=(TRAINING_STATE,),
-    open_file=lambda path, options: TorchStateDictCheckpoint(path, options.entry), any_file=True, takes_entry=True)
+    open_file=lambda path, options: TorchStateDictCheckpoint(path, options.entry), any_file=True, takes_entry=True,
+    data_check="every record's CRC-32")

@@ -23,4 +23,5 @@ def describe(facts: UniversalFacts) -> str:
 UNIVERSAL = Reader(
     name="DeepSpeed universal", format="deepspeed-universal", what="the DeepSpeed universal checkpoint",
     looks_for="a DeepSpeed universal checkpoint (zero/optimizer_state.pt)",
-    claims=universal_claims, describe=describe, facts=UniversalFacts, whole_folders=True)
+    claims=universal_claims, describe=describe, facts=UniversalFacts, whole_folders=True,
+    data_check="every record's CRC-32")
