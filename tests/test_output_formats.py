@@ -96,7 +96,7 @@ def test_the_older_spelling_of_scaled_fp8_writes_the_same_file(cli, tmp_path):
     assert_refused(cli, tmp_path, [model, tmp_path / "o", "--to", "original", "--dtype", "fp8", "--quant", "fp8"],
                    "give --to comfyui --quant fp8", inputs=[model])
     assert_refused(cli, tmp_path, [model, tmp_path / "o", "--to", "comfyui"], "--to comfyui needs --quant (one of "
-                   "fp8, fp8_e5m2)", inputs=[model])
+                   "fp8, fp8_e5m2, nvfp4, mxfp8, int8)", inputs=[model])
 
 
 def test_a_format_of_another_package_is_registered_by_its_entry_point(tmp_path):
