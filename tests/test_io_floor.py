@@ -376,6 +376,29 @@ def test_a_kill_signal_during_the_clean_up_does_not_stop_it(tmp_path, monkeypatc
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
 
+def test_a_kill_signal_before_the_clean_up_holds_signals_does_not_stop_it(tmp_path, monkeypatch):
+    """The signal may also come as the failure reaches the clean-up, before it holds signals (the likeliest way a CI
+    run's killed-rank test, under load, left its staging folder): its exit, raised there, starts the removal again
+    under the hold."""
+    from cogexport.write import staging
+
+    real_current_thread, calls = staging.threading.current_thread, []
+
+    def signalled_first(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            sys.exit(128 + signal.SIGTERM)  # what the command line's handler raises, at the hold's first line
+        return real_current_thread(*args)
+
+    monkeypatch.setattr(staging.threading, "current_thread", signalled_first)
+    with pytest.raises(SystemExit) as stopped:
+        with staging.staged_folder(tmp_path / "out") as folder:
+            (folder / "part.safetensors").write_bytes(b"partial")
+            raise CogExportError("a rank failed")
+    assert stopped.value.code == 128 + signal.SIGTERM and len(calls) == 2
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
 @pytest.mark.parametrize("cores, local_processes, writer_core, expected",
                          [(2, "1", True, 1), (2, "1", False, 2), (16, "1", True, 8), (16, "4", True, 3),
                           (16, "4", False, 4), (1, "1", True, 1)])

@@ -76,11 +76,27 @@ def staged_folder(destination: Path, needed_bytes: int = 0, ranks: Ranks = ALONE
         ranks.agree(failure, own_error)
         ranks.from_leader(lambda: _finish_and_move(staging, destination, finish))
     except BaseException:
-        with _signals_held():  # a kill signal now (torchrun stopping the job) must not stop the clean-up half-way
-            for folder in dict.fromkeys(made):
-                shutil.rmtree(folder, ignore_errors=True)
-            _remove_created(created_parents)
+        _remove_staging(made, created_parents)
         raise
+
+
+def _remove_staging(made: list[Path], created_parents: list[Path]) -> None:
+    """Remove what a failed run made. A kill signal meanwhile (torchrun stops every rank once one fails, often just
+    as this rank's own error brings it here) must not stop the removal half-way: the signals are held while it runs,
+    and one that came before they were held (its exit raised from the first lines here) makes it start again under
+    the hold; the exit it asked for is then raised in place of the failure."""
+    asked_to_exit: BaseException | None = None
+    for _attempt in range(3):
+        try:
+            with _signals_held():
+                for folder in dict.fromkeys(made):
+                    shutil.rmtree(folder, ignore_errors=True)
+                _remove_created(created_parents)
+            break
+        except (SystemExit, KeyboardInterrupt) as exit_asked:
+            asked_to_exit = exit_asked
+    if asked_to_exit is not None:
+        raise asked_to_exit
 
 
 @contextmanager
