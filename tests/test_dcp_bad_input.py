@@ -140,8 +140,8 @@ def test_a_dcp_step_beside_a_stray_safetensors(cli, tmp_path):
     run = copy_save(tmp_path, "accelerate-fsdp2", 2)
     save_file({"w": dcp_checkpoint("accelerate-fsdp2", "toy", 2).weights["norm.weight"]},
               run / "checkpoint-2" / "model.safetensors")
-    assert_refused(cli, run / "checkpoint-2", tmp_path, "more than one set of weights", "pytorch_model_fsdp_0",
-                   "model.safetensors")
+    assert_refused(cli, run / "checkpoint-2", tmp_path, "more than one set of weights", "the DCP checkpoint",
+                   "model.safetensors", "not its copy")
 
 
 def test_a_deepspeed_tag_beside_an_exported_model_safetensors(cli, tmp_path):

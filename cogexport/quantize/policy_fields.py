@@ -32,8 +32,8 @@ class GgufSection:
     roles: GgufRoles = declared("the tensors the `_M` / `_S` mixes raise a step", GgufRoles())
     release_metadata: tuple[str, ...] = declared(
         "keys of the original release's header metadata (the family's `original_metadata`) the file also holds, as "
-        "string keys: ComfyUI-GGUF hands a file's string keys to ComfyUI, whose model detection reads some (LTX-2's "
-        "`config`)", ())
+        "string keys: ComfyUI-GGUF hands a file's string keys to ComfyUI, whose model detection reads some (a "
+        "release's `config`)", ())
     loaders: tuple[str, ...] = declared(
         "what loads the family's GGUF files, as its model card says: `ComfyUI-GGUF` (its loader lists the "
         "architecture), `Diffusers` (its single-file table has the family's class)", ("ComfyUI-GGUF", "Diffusers"))
