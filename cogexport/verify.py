@@ -8,7 +8,7 @@ for bit where the dtype was kept, equal to the same cast of the source otherwise
 
 - A Diffusers model or pipeline folder (verify_models.py): consistency with cogexport's own key map, a second opinion
   from Diffusers' own converter where it ships one, and Diffusers loading the folder; a fused LoRA model against
-  W + (alpha / r) B A of the run's weights.
+  W + (alpha / r) B A of the run's weights (or --base's), with PEFT's merge as the second opinion (verify_fused.py).
 - A LoRA adapter folder (verify_adapter.py): the run's A and B, ranks and alphas, read back from the written layout.
 - GGUF and ComfyUI quantized files (verify_quantized.py): every tensor against the reference quantizer applied to the
   source, and the error each costs.
@@ -51,6 +51,7 @@ class VerifyRequest:
     load: bool = True
     vae_against: Path | None = None
     judge_limit: int = JUDGE_LIMIT
+    base: Path | None = None  # as export's --base: the model a LoRA saved without its weights was fused into
 
     def refuse_vae_against(self, output: Path, holds: str) -> None:
         """--vae-against checks a pipeline's VAE: for a folder of another kind it is a mistake, said in one line."""
@@ -84,12 +85,20 @@ class VerifyReport:
     def proves(self) -> list[str]:
         """What passing means, claim by claim (only the checks that ran)."""
         claims = [_KIND_CLAIMS.get(self.kind, _KIND_CLAIMS["model"]).format(reference=self.reference)]
-        if self.judge:
+        if self.judge and self.kind == "fused model":
+            claims.append(f"{self.judge} makes the same {self.judged} adapted weights of the base weights and the "
+                          "run's adapter (independent of cogexport's merge and scale)")
+        elif self.judge:
             claims.append(f"Diffusers' own converter ({self.judge}) makes the same {self.judged} tensors of the "
                           "checkpoint (independent of cogexport's tables)")
         if self.loads_with_diffusers:
             claims.append("Diffusers loads it with no missing or unexpected keys")
         return claims
+
+    @property
+    def judge_title(self) -> str:
+        """The second opinion, as a report's text names it."""
+        return self.judge if self.kind == "fused model" else f"Diffusers' {self.judge}"
 
     def as_dict(self) -> dict:
         return {**asdict(self), "ok": self.ok, "proves": self.proves}
@@ -113,14 +122,16 @@ def is_pipeline(output: Path) -> bool:
 
 def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, tag: str | None = None,
            ema: bool = False, role: str | None = None, load: bool = True, vae_against: str | Path | None = None,
-           judge_limit: int = JUDGE_LIMIT) -> list[VerifyReport]:
+           judge_limit: int = JUDGE_LIMIT, base: str | Path | None = None) -> list[VerifyReport]:
     """Verify OUTPUT (a model or pipeline folder, a LoRA adapter folder, quantized files, or any format's output)
-    against ``against``, and a pipeline's exported VAE against ``vae_against`` (its own source)."""
+    against ``against``, and a pipeline's exported VAE against ``vae_against`` (its own source). ``base`` is the
+    export's --base, which a LoRA saved without the model's weights was fused into."""
     from .exporter.output_formats import output_formats
 
     output = Path(output)
     request = VerifyRequest(as_paths(against), SourceChoice(tag, ema, role), load,
-                            Path(vae_against) if vae_against is not None else None, judge_limit)
+                            Path(vae_against) if vae_against is not None else None, judge_limit,
+                            Path(base) if base is not None else None)
     for fmt in output_formats():
         reports = fmt.verify(output, request) if fmt.verify is not None else None
         if reports is not None:
