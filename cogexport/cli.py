@@ -176,7 +176,8 @@ def _verify_lines(report) -> list[str]:
     loaded = {True: "loads with Diffusers", False: f"does NOT load with Diffusers ({report.load_error})",
               None: "loading skipped"}[report.loads_with_diffusers]
     counted = f"{report.exact} exact to the reference quantizer" if report.kind == "quantized file" else \
-        f"{report.exact} exact, {report.cast_exact} equal to the cast source; {loaded}"
+        f"{report.exact} exact, {report.cast_exact} equal to the cast source" + \
+        ("" if report.kind == "original layout" else f"; {loaded}")
     lines = [f"{'ok' if report.ok else 'FAILED'}: {report.folder} ({report.kind}, {report.model_class}): "
              f"{report.tensors} tensors, {counted}"]
     lines += [f"  {mismatch}" for mismatch in [*report.mismatches[:20], *report.judge_mismatches[:20]]]

@@ -10,6 +10,9 @@ for bit where the dtype was kept, equal to the same cast of the source otherwise
   from Diffusers' own converter where it ships one, and Diffusers loading the folder; a fused LoRA model against
   W + (alpha / r) B A of the run's weights (or --base's), with PEFT's merge as the second opinion (verify_fused.py).
 - A LoRA adapter folder (verify_adapter.py): the run's A and B, ranks and alphas, read back from the written layout.
+- An original layout (verify_original.py): every tensor against the source planned again the way --to original
+  planned it, and Diffusers' single-file converter, where it ships one, reading the file back as the model it came
+  from.
 - GGUF and ComfyUI quantized files (verify_quantized.py): every tensor against the reference quantizer applied to the
   source, and the error each costs.
 """
@@ -63,7 +66,7 @@ class VerifyRequest:
 class VerifyReport:
     folder: str
     model_class: str
-    kind: str = "model"  # model, fused model (LoRA merged), LoRA adapter or quantized file
+    kind: str = "model"  # model, fused model (LoRA merged), LoRA adapter, quantized file or original layout
     tensors: int = 0
     exact: int = 0
     cast_exact: int = 0
@@ -88,6 +91,9 @@ class VerifyReport:
         if self.judge and self.kind == "fused model":
             claims.append(f"{self.judge} makes the same {self.judged} adapted weights of the base weights and the "
                           "run's adapter (independent of cogexport's merge and scale)")
+        elif self.judge and self.kind == "original layout":
+            claims.append(f"Diffusers' own converter ({self.judge}) reads the file back as the same {self.judged} "
+                          "tensors of the Diffusers model it was made from (independent of cogexport's tables)")
         elif self.judge:
             claims.append(f"Diffusers' own converter ({self.judge}) makes the same {self.judged} tensors of the "
                           "checkpoint (independent of cogexport's tables)")
@@ -111,6 +117,8 @@ _KIND_CLAIMS = {
                       "original names ({reference}); the error each costs is listed",
     "fused model": "every tensor equals the run's weights with W + (alpha / r) B A merged in (computed again from the "
                    "run, cast as declared)",
+    "original layout": "every tensor of the file is the source's in the original names cogexport's table gives it, "
+                       "cast as declared (consistency: the same table made the export)",
     "model": "the folder holds what cogexport's key map makes of the checkpoint, cast as declared (consistency: the "
              "same table made the export, so a wrong rule would pass this check)",
 }

@@ -44,9 +44,14 @@ NOT_ITS_SOURCE = ("the folder's config.json describes another model: give --agai
 
 def verify_model_folders(output: Path, request: VerifyRequest) -> list[VerifyReport] | None:
     """The reports of a Diffusers model folder or pipeline folder; None for any other folder."""
-    if not (output / "config.json").is_file() and not is_pipeline(output):
+    if not is_pipeline(output) and (not (output / "config.json").is_file() or _foreign_config(output)):
         return None
     return [_verify_folder(folder, sources, request) for folder, sources in _model_checks(output, request)]
+
+
+def _foreign_config(folder: Path) -> bool:
+    """A config.json of no Diffusers model cogexport writes (an original layout's, WanModel's): another format's."""
+    return family_of_class(read_json(folder / "config.json").get("_class_name")) is None
 
 
 def _model_checks(output: Path, request: VerifyRequest) -> list[tuple[Path, list[Path]]]:
@@ -112,7 +117,7 @@ def _release_components(output: Path, sources: list[Path], choice: SourceChoice)
 def _ask_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], written: Mapping[str, LazyTensor],
                report: VerifyReport, judge_limit: int) -> None:
     """Convert the source with Diffusers' own converter for this layout and compare every written tensor with it."""
-    reason = _why_no_judge(table, source, judge_limit)
+    reason = why_no_judge(table, source, judge_limit)
     if reason:
         report.judge_note = reason
         return
@@ -139,7 +144,7 @@ def _ask_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], written: Ma
             report.judged += 1
 
 
-def _why_no_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], judge_limit: int) -> str:
+def why_no_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], judge_limit: int) -> str:
     """Why Diffusers' converter is not asked (no converter, sizes it does not fit, too big to hold), or ""."""
     if table.judge is None and table.renames_nothing:
         return (f"the checkpoint already has Diffusers' names ({table.name} only strips wrapper prefixes), so there "

@@ -113,8 +113,9 @@ def wan_original() -> Path:
     return real_wan() / "original"
 
 
-def scrambled_wan_table(monkeypatch):
-    """Export with a wrong rule: self-attention's q/k norms swapped with cross-attention's."""
+def scrambled_wan_table(monkeypatch, user=None):
+    """Export with a wrong rule: self-attention's q/k norms swapped with cross-attention's (in the tables ``user``
+    loads: the module choosing the table, recognize.py by default)."""
     from cogexport.keymap import table as tables
     from cogexport.models import recognize
 
@@ -128,7 +129,7 @@ def scrambled_wan_table(monkeypatch):
             "@@", "attn2.norm_{qk}")
         return tables.parse_table(text, name)
 
-    monkeypatch.setattr(recognize, "load_table", load)
+    monkeypatch.setattr(user or recognize, "load_table", load)
 
 
 def test_a_wrong_rule_passes_the_consistency_check_but_not_diffusers_own_converter(cli, tmp_path, monkeypatch,
