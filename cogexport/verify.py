@@ -13,6 +13,8 @@ for bit where the dtype was kept, equal to the same cast of the source otherwise
 - An original layout (verify_original.py): every tensor against the source planned again the way --to original
   planned it, and Diffusers' single-file converter, where it ships one, reading the file back as the model it came
   from.
+- A DeepSpeed universal checkpoint (verify_universal.py): every file against the ZeRO checkpoint's parameters and
+  optimizer states, planned again.
 - GGUF and ComfyUI quantized files (verify_quantized.py): every tensor against the reference quantizer applied to the
   source, and the error each costs.
 """
@@ -66,7 +68,8 @@ class VerifyRequest:
 class VerifyReport:
     folder: str
     model_class: str
-    kind: str = "model"  # model, fused model (LoRA merged), LoRA adapter, quantized file or original layout
+    kind: str = "model"  # model, fused model (LoRA merged), LoRA adapter, quantized file, original layout or
+    # universal checkpoint
     tensors: int = 0
     exact: int = 0
     cast_exact: int = 0
@@ -119,6 +122,9 @@ _KIND_CLAIMS = {
                    "run, cast as declared)",
     "original layout": "every tensor of the file is the source's in the original names cogexport's table gives it, "
                        "cast as declared (consistency: the same table made the export)",
+    "universal checkpoint": "every parameter's fp32 master, optimizer states and step, every frozen parameter and "
+                            "buffer, is the ZeRO checkpoint's gathered from its rank partitions, bit for bit; the "
+                            "model-states file is the checkpoint's own",
     "model": "the folder holds what cogexport's key map makes of the checkpoint, cast as declared (consistency: the "
              "same table made the export, so a wrong rule would pass this check)",
 }
@@ -140,11 +146,17 @@ def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, ta
     request = VerifyRequest(as_paths(against), SourceChoice(tag, ema, role), load,
                             Path(vae_against) if vae_against is not None else None, judge_limit,
                             Path(base) if base is not None else None)
+    from .verify_universal import verify_universal
+
+    reports = verify_universal(output, request)  # `cogexport universal`'s folder: no export format writes it
+    if reports is not None:
+        return reports
     for fmt in output_formats():
         reports = fmt.verify(output, request) if fmt.verify is not None else None
         if reports is not None:
             return reports
-    checkable = ", ".join(fmt.title for fmt in output_formats() if fmt.verify is not None)
+    checkable = ", ".join([*(fmt.title for fmt in output_formats() if fmt.verify is not None),
+                           "a DeepSpeed universal checkpoint (cogexport universal)"])
     raise CogExportError(f"{output} is not an exported folder verify can check (it checks {checkable})")
 
 
