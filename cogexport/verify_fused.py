@@ -42,12 +42,22 @@ def fused_inputs(source: LazyCheckpoint, sources: list[Path], component: str, fa
     return adapter, _base_of(request.base, component, family, target, where, stack)
 
 
+def _adapter_alone(where: str) -> CogExportError:
+    return CogExportError(f"{where} holds only a LoRA adapter, without the model's weights; pass --base with the "
+                          "Diffusers pipeline or transformer folder the export fused it into (its --base)")
+
+
+def refuse_adapter_alone(source: LazyCheckpoint, where: str, request: VerifyRequest) -> None:
+    """A LoRA saved without the model's weights needs --base, said in verify's words (the export's name --lora)."""
+    if request.base is None and not read_adapter(source, where, None, [], source.info.header_metadata).has_base_weights:
+        raise _adapter_alone(where)
+
+
 def _base_of(base_path: Path | None, component: str, family: ModelFamily, target: TargetModel, where: str,
              stack: ExitStack) -> dict[str, LazyTensor]:
     """--base's transformer in the folder's names: the weights an adapter saved alone was fused into."""
     if base_path is None:
-        raise CogExportError(f"{where} holds only a LoRA adapter, without the model's weights; pass --base with the "
-                             "Diffusers pipeline or transformer folder the export fused it into (its --base)")
+        raise _adapter_alone(where)
     base = open_base(base_path)
     files = base.weight_files(component)
     if files is None:

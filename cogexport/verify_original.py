@@ -20,8 +20,9 @@ from .errors import CogExportError
 from .keymap.table import KeyMapTable, load_table
 from .lazy import LazyTensor
 from .models.family import families
-from .models.recognize import preferred_tables
+from .models.recognize import lora_key, preferred_tables
 from .verify import VerifyReport, VerifyRequest, compare, same
+from .verify_fused import refuse_adapter_alone
 
 
 def verify_original_output(output: Path, request: VerifyRequest) -> list[VerifyReport] | None:
@@ -30,17 +31,10 @@ def verify_original_output(output: Path, request: VerifyRequest) -> list[VerifyR
     if not folders:
         return None
     request.refuse_vae_against(output, "holds an original layout")
-    from .exporter.original_parts import add_components_beside, open_way_back, plan_way_back, release_folder
-    from .exporter.options import ExportOptions
+    from .exporter.original_parts import release_folder
 
-    # fp32 keeps every source value (a widening cast is exact), so each written dtype is judged as a cast of it
-    options = ExportOptions(base=request.base, dtype="fp32", tag=request.choice.tag, ema=request.choice.ema,
-                            role=request.choice.role)
     with ExitStack() as stack:
-        inputs = open_way_back(request.against, options, "transformer", stack)
-        parts = plan_way_back(inputs, "transformer", options)
-        if parts[0].layout.writer == "single_file":  # the release's file holds the pipeline's other models too
-            add_components_beside(parts[0], options, inputs)
+        parts = planned_way_back(request, stack, beside=True)
         reports = []
         for part in parts:
             folder = output / release_folder(part, len(parts))
@@ -49,6 +43,26 @@ def verify_original_output(output: Path, request: VerifyRequest) -> list[VerifyR
                                      f"{', '.join(map(str, request.against))} makes: verify the output made from it")
             reports.append(_verify_part(folder, part, request))
     return reports
+
+
+def planned_way_back(request: VerifyRequest, stack: ExitStack, beside: bool = False) -> list:
+    """The transformer's parts (one per expert) as --to original plans them from the request's source (a LoRA run
+    fused, with --base's weights when it saved none), opened on ``stack``; with ``beside``, the pipeline's other
+    models a release file holds too. Read at fp32: a widening cast keeps every source value, so each written dtype
+    is judged as a cast of it."""
+    from .exporter.options import ExportOptions
+    from .exporter.original_parts import add_components_beside, open_way_back, plan_way_back
+
+    options = ExportOptions(base=request.base, dtype="fp32", tag=request.choice.tag, ema=request.choice.ema,
+                            role=request.choice.role)
+    inputs = open_way_back(request.against, options, "transformer", stack)
+    for name, source in inputs.sources.items():
+        if lora_key(list(source)) is not None:
+            refuse_adapter_alone(source, inputs.where_of(name), request)
+    parts = plan_way_back(inputs, "transformer", options)
+    if beside and parts[0].layout.writer == "single_file":  # the release's file holds the pipeline's other models
+        add_components_beside(parts[0], options, inputs)
+    return parts
 
 
 def _written_folders(output: Path) -> list[Path]:

@@ -96,3 +96,29 @@ def test_a_wrong_strength_in_the_merge_passes_consistency_but_not_peft(cli, tmp_
     assert result.exit_code == 1
     (report,) = json.loads(result.stdout)
     assert report["mismatches"] == [] and len(report["judge_mismatches"]) == report["tensors"] - 56 == 8
+
+
+def test_a_quantized_file_of_a_lora_run_verifies_against_the_adapter_and_base(cli, tmp_path):
+    """A LoRA run quantized directly (--to gguf, fused first with --base's weights): verify fuses it the same way."""
+    from test_lora_expert_pairs import MODULES, comfy
+    from test_lora_wan import make_adapter
+    from wan_fixtures import tiny_wan_pipeline
+
+    pipeline = tiny_wan_pipeline("t2v-a14b")
+    weights = load_file(pipeline / "transformer_2" / "diffusion_pytorch_model.safetensors")
+    path = comfy(tmp_path / "lora" / "run_low_noise.safetensors", make_adapter(weights, MODULES, seed=41))
+    assert cli(path, tmp_path / "out", "--base", pipeline, "--to", "gguf", "--quant", "Q8_0").exit_code == 0
+    result = cli("verify", tmp_path / "out", "--against", path, "--base", pipeline, "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    (report,) = json.loads(result.stdout)
+    assert report["kind"] == "quantized file" and report["ok"] and report["exact"] == report["tensors"] == 69
+    assert_refusal(cli("verify", tmp_path / "out", "--against", path), "holds only a LoRA adapter", "pass --base")
+    unfused = cli("verify", tmp_path / "out", "--against", pipeline / "transformer_2", "--json")
+    assert unfused.exit_code == 1 and json.loads(unfused.stdout)[0]["mismatches"]
+
+    (file,) = (tmp_path / "out").rglob("*.gguf")
+    data = bytearray(file.read_bytes())
+    data[-10] ^= 0x40  # a byte of the last tensor's data
+    file.write_bytes(bytes(data))
+    damaged = cli("verify", tmp_path / "out", "--against", path, "--base", pipeline)
+    assert damaged.exit_code == 1 and "is not what" in damaged.stdout
