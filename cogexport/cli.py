@@ -144,12 +144,14 @@ def inspect(checkpoint, tag, role, quick, as_json) -> None:
 @json_option
 @user_errors_exit_2
 def verify(output, against, vae_against, base, tag, ema, role, no_load, judge_limit, as_json) -> None:
-    """Check an exported folder (model, pipeline or LoRA adapter) against the checkpoint it came from.
+    """Check what cogexport wrote (a model or pipeline folder, a fused LoRA model, a LoRA adapter, an original layout,
+    GGUF or ComfyUI quantized files, a universal checkpoint) against what it came from.
 
-    Says what it proves: the folder holds what cogexport's key map makes of the checkpoint, cast as declared (a
-    consistency check); where Diffusers ships its own converter for the source layout, that converter's result agrees
-    (an independent check); and Diffusers loads the folder. Exit code 0 when everything matches, 1 when something
-    differs (listed), 2 for bad input (including a checkpoint that does not translate into the folder's model at all).
+    Says what it proves: the output holds what cogexport makes of the checkpoint, cast as declared (a consistency
+    check); where there is an independent judge (Diffusers' own converter for the layout, PEFT's merge for a fused
+    LoRA), its result agrees; and Diffusers loads a Diffusers folder. Exit code 0 when everything matches, 1 when
+    something differs (listed), 2 for bad input (including a checkpoint that does not translate into the folder's model
+    at all).
     """
     from .verify import is_pipeline, verify as run_verify
     from .write.shards import parse_size
