@@ -8,6 +8,7 @@ import json
 import torch
 from cogvideox_fixtures import build_tiny_transformer, config_folder, finetune, write_sat_run
 from conftest import assert_refusal
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from cogexport.exporter import export
@@ -122,3 +123,25 @@ def test_a_quantized_file_of_a_lora_run_verifies_against_the_adapter_and_base(cl
     file.write_bytes(bytes(data))
     damaged = cli("verify", tmp_path / "out", "--against", path, "--base", pipeline)
     assert damaged.exit_code == 1 and "is not what" in damaged.stdout
+
+
+def test_an_adapter_whose_names_several_families_share_verifies_with_base(cli, tmp_path):
+    """finetune/'s adapter file fits CogVideoX, LTX-2 and LTX-Video by its names: --base says which, as it did for
+    the export; without it the refusal names --base, which verify takes."""
+    run = finetune("t2v", 2, 2, lora_rank=4)
+    lora_file = run.root / "pytorch_lora_weights.safetensors"
+    assert cli(lora_file, tmp_path / "adapter", "--base", run.base).exit_code == 0
+    assert_refusal(cli("verify", tmp_path / "adapter", "--against", lora_file), "pass --base")
+    result = cli("verify", tmp_path / "adapter", "--against", lora_file, "--base", run.base, "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    (report,) = json.loads(result.stdout)
+    assert report["kind"] == "LoRA adapter" and report["ok"] and report["tensors"] == 16
+
+    weights = tmp_path / "adapter" / "pytorch_lora_weights.safetensors"
+    name = next(key for key in load_file(weights) if ".lora_B." in key)
+    with safe_open(weights, "pt") as handle:
+        tensors, metadata = {key: handle.get_tensor(key) for key in handle.keys()}, handle.metadata()
+    tensors[name].view(-1)[0] += 1e-3
+    save_file(tensors, weights, metadata=metadata)
+    damaged = cli("verify", tmp_path / "adapter", "--against", lora_file, "--base", run.base)
+    assert damaged.exit_code == 1 and "differs from the run's" in damaged.stdout
