@@ -77,3 +77,23 @@ def test_a_fused_adapter_alone_in_the_original_layout_verifies_with_base(cli, tm
     assert report["ok"] and report["tensors"] == 52, report
     unfused = cli("verify", tmp_path / "sat", "--against", run.base, "--json")
     assert unfused.exit_code == 1 and len(json.loads(unfused.stdout)[0]["mismatches"]) == 4  # the adapted layers
+
+
+def test_each_expert_of_a_two_expert_release_is_checked_against_its_own_model(cli, tmp_path):
+    pipeline = tiny_wan_pipeline("t2v-a14b")
+    export_original(pipeline, tmp_path / "release", progress=False)
+    result = cli("verify", tmp_path / "release", "--against", pipeline, "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    reports = json.loads(result.stdout)
+    assert [report["folder"] for report in reports] == [str(tmp_path / "release" / name)
+                                                        for name in ("high_noise_model", "low_noise_model")]
+    assert all(report["ok"] and report["judged"] == 69 for report in reports)
+
+    # the experts' files swapped: each is the other expert's model
+    high, low = (tmp_path / "release" / name / "diffusion_pytorch_model.safetensors"
+                 for name in ("high_noise_model", "low_noise_model"))
+    high.rename(tmp_path / "high")
+    low.rename(high)
+    (tmp_path / "high").rename(low)
+    swapped = json.loads(cli("verify", tmp_path / "release", "--against", pipeline, "--json").stdout)
+    assert all(report["mismatches"] and report["judge_mismatches"] for report in swapped)
