@@ -86,7 +86,8 @@ def _holds_original_names(folder: Path) -> bool:
         return False
     try:
         with open_checkpoint(folder) as written:
-            return bool(preferred_tables(list(written), _original_tables())) and \
+            names = list(written)  # a LoRA in original module names (ComfyUI's, kohya's) is an adapter's output
+            return bool(preferred_tables(names, _original_tables())) and lora_key(names) is None and \
                 not is_comfy_quantized(written, written.info.header_metadata)
     except CogExportError:  # nothing there any reader reads: not this format's output
         return False

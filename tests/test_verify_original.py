@@ -97,3 +97,17 @@ def test_each_expert_of_a_two_expert_release_is_checked_against_its_own_model(cl
     (tmp_path / "high").rename(low)
     swapped = json.loads(cli("verify", tmp_path / "release", "--against", pipeline, "--json").stdout)
     assert all(report["mismatches"] and report["judge_mismatches"] for report in swapped)
+
+
+def test_a_lora_adapter_in_original_module_names_is_checked_as_an_adapter(cli, tmp_path):
+    """A ComfyUI-layout adapter carries the original layout's module names: it is an adapter, not an original file."""
+    from test_lora_expert_pairs import MODULES, comfy
+    from test_lora_wan import make_adapter
+
+    pipeline = tiny_wan_pipeline("t2v")
+    weights = load_file(pipeline / "transformer" / "diffusion_pytorch_model.safetensors")
+    path = comfy(tmp_path / "lora" / "run.safetensors", make_adapter(weights, MODULES, seed=5))
+    result = cli(path, tmp_path / "adapter", "--base", pipeline, "--lora-format", "comfyui")
+    assert result.exit_code == 0, result.stderr
+    (report,) = json.loads(cli("verify", tmp_path / "adapter", "--against", path, "--json").stdout)
+    assert report["kind"] == "LoRA adapter" and report["ok"], report
