@@ -148,6 +148,7 @@ def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, ta
                             Path(base) if base is not None else None)
     from .verify_universal import verify_universal
 
+    _refuse_lora_among_several(request.against)
     reports = verify_universal(output, request)  # `cogexport universal`'s folder: no export format writes it
     if reports is not None:
         return reports
@@ -158,6 +159,26 @@ def verify(output: str | Path, against: str | Path | Sequence[str | Path], *, ta
     checkable = ", ".join([*(fmt.title for fmt in output_formats() if fmt.verify is not None),
                            "a DeepSpeed universal checkpoint (cogexport universal)"])
     raise CogExportError(f"{output} is not an exported folder verify can check (it checks {checkable})")
+
+
+def _refuse_lora_among_several(paths: list[Path]) -> None:
+    """Several --against are one checkpoint's parts (a run's folders on several nodes, one model's files): a LoRA file
+    among them is a fused model's adapter given with its base, which goes in --base. (Folders are not opened alone:
+    one node's folder of a run is no checkpoint by itself.)"""
+    if len(paths) < 2:
+        return
+    from .checkpoint import open_checkpoint
+    from .models.recognize import lora_key
+
+    for path in [path for path in paths if path.is_file()]:
+        try:
+            with open_checkpoint(path) as alone:
+                is_lora = lora_key(list(alone)) is not None
+        except CogExportError:  # a part that does not open alone (one node's ranks): not a LoRA file
+            continue
+        if is_lora:
+            raise CogExportError(f"--against {path} is a LoRA, given with other checkpoints; give it alone, and the "
+                                 "base weights it was fused into with --base")
 
 
 def compare(written: Mapping[str, LazyTensor], expected: Mapping[str, LazyTensor], report: VerifyReport) -> None:

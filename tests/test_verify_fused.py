@@ -145,3 +145,10 @@ def test_an_adapter_whose_names_several_families_share_verifies_with_base(cli, t
     save_file(tensors, weights, metadata=metadata)
     damaged = cli("verify", tmp_path / "adapter", "--against", lora_file, "--base", run.base)
     assert damaged.exit_code == 1 and "differs from the run's" in damaged.stdout
+
+
+def test_the_base_given_as_a_second_against_is_refused_naming_base(cli, tmp_path):
+    lora_file, base, fused = fused_adapter_alone(cli, tmp_path)
+    for given in (base, base / "transformer" / "diffusion_pytorch_model.safetensors"):
+        assert_refusal(cli("verify", fused, "--against", lora_file, "--against", given),
+                       f"--against {lora_file} is a LoRA", "with --base")
