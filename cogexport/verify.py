@@ -118,8 +118,8 @@ _KIND_CLAIMS = {
                     "rank and alpha are the run's",
     "quantized file": "every tensor is what the reference quantizer makes of the checkpoint's tensor in the family's "
                       "original names ({reference}); the error each costs is listed",
-    "fused model": "every tensor equals the run's weights with W + (alpha / r) B A merged in (computed again from the "
-                   "run, cast as declared)",
+    "fused model": "every tensor equals the base weights (the run's own, or --base's) with the run's adapter merged "
+                   "in, W + (alpha / r) B A (computed again from them, cast as declared)",
     "original layout": "every tensor of the file is the source's in the original names cogexport's table gives it, "
                        "cast as declared (consistency: the same table made the export)",
     "universal checkpoint": "every parameter's fp32 master, optimizer states and step, every frozen parameter and "
