@@ -88,8 +88,8 @@ def judge_with_peft(adapter: LoraAdapter, base: Mapping[str, LazyTensor],
         else:
             report.judged += 1
     if skipped:
-        report.judge_note = (f"{skipped} adapted module(s) were not merged by PEFT (LyCORIS factors, bias or full-weight "
-                             "deltas): only cogexport's own merge checked them")
+        report.judge_note = (f"{skipped} adapted module(s) were not merged by PEFT (LyCORIS factors, bias or "
+                             "full-weight deltas): only cogexport's own merge checked them")
 
 
 def _peft_merges(module: LoraModule) -> bool:
