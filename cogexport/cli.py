@@ -133,6 +133,8 @@ def inspect(checkpoint, tag, role, quick, as_json) -> None:
 @tag_option
 @click.option("--vae-against", type=click.Path(path_type=Path),
               help="For a pipeline folder: the VAE checkpoint its vae/ was exported from (else vae/ is not checked).")
+@click.option("--base", type=click.Path(path_type=Path),
+              help="The export's --base: for a LoRA saved without the model's weights, the folder it was fused into.")
 @click.option("--ema", is_flag=True, help="The folder was exported from the EMA weights (--ema).")
 @role_option
 @click.option("--no-load", is_flag=True, help="Skip loading the folder with Diffusers.")
@@ -141,19 +143,21 @@ def inspect(checkpoint, tag, role, quick, as_json) -> None:
                    "(it holds the converted model in memory).")
 @json_option
 @user_errors_exit_2
-def verify(output, against, vae_against, tag, ema, role, no_load, judge_limit, as_json) -> None:
-    """Check an exported folder (model, pipeline or LoRA adapter) against the checkpoint it came from.
+def verify(output, against, vae_against, base, tag, ema, role, no_load, judge_limit, as_json) -> None:
+    """Check what cogexport wrote (a model or pipeline folder, a fused LoRA model, a LoRA adapter, an original layout,
+    GGUF or ComfyUI quantized files, a universal checkpoint) against what it came from.
 
-    Says what it proves: the folder holds what cogexport's key map makes of the checkpoint, cast as declared (a
-    consistency check); where Diffusers ships its own converter for the source layout, that converter's result agrees
-    (an independent check); and Diffusers loads the folder. Exit code 0 when everything matches, 1 when something
-    differs (listed), 2 for bad input (including a checkpoint that does not translate into the folder's model at all).
+    Says what it proves: the output holds what cogexport makes of the checkpoint, cast as declared (a consistency
+    check); where there is an independent judge (Diffusers' own converter for the layout, PEFT's merge for a fused
+    LoRA), its result agrees; and Diffusers loads a Diffusers folder. Exit code 0 when everything matches, 1 when
+    something differs (listed), 2 for bad input (including a checkpoint that does not translate into the folder's model
+    at all).
     """
     from .verify import is_pipeline, verify as run_verify
     from .write.shards import parse_size
 
     reports = run_verify(output, list(against), tag=tag, ema=ema, role=role, load=not no_load, vae_against=vae_against,
-                         judge_limit=parse_size(judge_limit))
+                         judge_limit=parse_size(judge_limit), base=base)
     vae_files = list((output / "vae").glob("*.safetensors")) if is_pipeline(output) else []
     # Hard-linked files came from --base as they were; only an exported (or copied) VAE deserves the reminder.
     checked = {Path(report.folder) for report in reports}
@@ -174,7 +178,8 @@ def _verify_lines(report) -> list[str]:
     loaded = {True: "loads with Diffusers", False: f"does NOT load with Diffusers ({report.load_error})",
               None: "loading skipped"}[report.loads_with_diffusers]
     counted = f"{report.exact} exact to the reference quantizer" if report.kind == "quantized file" else \
-        f"{report.exact} exact, {report.cast_exact} equal to the cast source; {loaded}"
+        f"{report.exact} exact, {report.cast_exact} equal to the cast source" + \
+        ("" if report.kind == "original layout" else f"; {loaded}")
     lines = [f"{'ok' if report.ok else 'FAILED'}: {report.folder} ({report.kind}, {report.model_class}): "
              f"{report.tensors} tensors, {counted}"]
     lines += [f"  {mismatch}" for mismatch in [*report.mismatches[:20], *report.judge_mismatches[:20]]]
@@ -184,8 +189,8 @@ def _verify_lines(report) -> list[str]:
                      f"({worst['name']}, {worst['type']}), largest difference "
                      f"{max(error['max_error'] for error in report.errors):.3g}")
     if report.judge:
-        lines.append(f"  second opinion: Diffusers' {report.judge} makes the same {report.judged} tensors"
-                     if not report.judge_mismatches else f"  second opinion: Diffusers' {report.judge} disagrees (above)")
+        lines.append(f"  second opinion: {report.judge_title} makes the same {report.judged} tensors"
+                     if not report.judge_mismatches else f"  second opinion: {report.judge_title} disagrees (above)")
     elif report.judge_note:
         lines.append(f"  no second opinion: {report.judge_note}")
     if report.ok:

@@ -83,7 +83,9 @@ def _step_tensor(value: object) -> torch.Tensor | None:
     return None
 
 
-def _plan(source: DeepSpeedCheckpoint) -> tuple[list[TensorFile], list[str], torch.Tensor | None]:
+def planned_files(source: DeepSpeedCheckpoint) -> tuple[list[TensorFile], list[str], torch.Tensor | None]:
+    """Every parameter's files of the universal folder (its master, optimizer states and step; frozen parameters and
+    buffers too), the optimizer states' names and the step."""
     files: list[TensorFile] = []
     state_names: list[str] = []
     step = None
@@ -103,7 +105,7 @@ def _plan(source: DeepSpeedCheckpoint) -> tuple[list[TensorFile], list[str], tor
     return files, state_names, step
 
 
-def _optimizer_state(source: DeepSpeedCheckpoint, step: torch.Tensor | None) -> dict:
+def optimizer_state(source: DeepSpeedCheckpoint, step: torch.Tensor | None) -> dict:
     """zero/optimizer_state.pt with the keys every stage's loader reads, and nothing it does not."""
     saved = source.optimizer_state
     if source.facts.stage == 3:
@@ -115,6 +117,11 @@ def _optimizer_state(source: DeepSpeedCheckpoint, step: torch.Tensor | None) -> 
                                       "param_groups": param_groups}}
     state.update({key: saved[key] for key in _GLOBAL_KEYS if key in saved})
     return state
+
+
+def rank0_model_states(source: DeepSpeedCheckpoint) -> Path:
+    """The model-states file the universal folder copies (ZeRO-3's rank 0 file when there is no shared one)."""
+    return source.files.model_states or source.files.zero3_model_states[0]
 
 
 def _point_latest(folder: Path) -> Path:
@@ -143,13 +150,13 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
             raise CogExportError(f"{source.files.where} is not a ZeRO-1/2/3 checkpoint with optimizer files (stage "
                                  f"{stage}); a universal checkpoint is made from the optimizer's partitions, and "
                                  "DeepSpeed cannot resume stage 0 from one")
-        model_states = source.files.model_states or source.files.zero3_model_states[0]
+        model_states = rank0_model_states(source)
         destination = Path(output) if output else model_states.parent.parent / f"{info.tag}{UNIVERSAL_SUFFIX}"
-        files, state_names, step = _plan(source)
+        files, state_names, step = planned_files(source)
         # The model states under both names; the second a hard link (a ZeRO-1/2 file holds the whole module).
         first, *others = MODEL_STATES_NAMES
         folder = FolderPlan([CopiedFile(first, model_states, tuple(others)),
-                             ObjectFile("zero/optimizer_state.pt", _optimizer_state(source, step)), *files])
+                             ObjectFile("zero/optimizer_state.pt", optimizer_state(source, step)), *files])
         total = sum(_fp32_bytes(tensor) for planned in files for tensor in planned.tensors.values())
         # Only the rank files count as inputs here: the default output lies inside the save dir the user gave.
         passed_on = write_plan(folder, destination, IOSettings(workers=workers), "universal", progress,

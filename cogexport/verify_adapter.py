@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .checkpoint import open_checkpoint
 from .lora import read_adapter
+from .models.base_folder import open_base
 from .verify import VerifyReport, VerifyRequest, is_pipeline, same, source_folders
 
 
@@ -22,7 +23,9 @@ def _verify_adapter(folder: Path, request: VerifyRequest) -> VerifyReport:
     sources = request.against
     where = ", ".join(map(str, sources))
     with request.choice.open(sources) as source, open_checkpoint(folder) as written_file:
-        trained = read_adapter(source, where, None, source_folders(sources), source.info.header_metadata)
+        # names several families' models share say the family only with --base, as for the export
+        family = open_base(request.base).family if request.base is not None else None
+        trained = read_adapter(source, where, None, source_folders(sources), source.info.header_metadata, family)
         # the folder's names may fit another family too (Diffusers names CogVideoX and LTX-Video share): it holds
         # the run's family's adapter
         written = read_adapter(written_file, str(folder), None, [folder], written_file.info.header_metadata,

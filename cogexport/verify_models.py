@@ -13,11 +13,13 @@ Three checks, reported separately:
    (the table's ``judge_when``); the report says which.
 3. Diffusers loads the folder (``from_pretrained``, strictly: no missing or unexpected keys).
 
-A fused model (a LoRA run merged) is checked against W + (alpha / r) B A of the run's weights.
+A fused model (a LoRA run merged) is checked against W + (alpha / r) B A of the run's weights, or of --base's when
+the run saved the adapter alone, and PEFT's own merge gives the second opinion (verify_fused.py).
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Mapping
 
@@ -26,20 +28,30 @@ from .errors import CogExportError
 from .keymap.plan import plan_translation
 from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
-from .lora import base_weights, plan_fused, read_adapter
+from .lora import plan_fused
 from .models.base_folder import read_json
 from .models.family import family_of_class, model_class
 from .models.recognize import choose_table, component_tables, expert_folders, fitting_tables, lora_key
 from .models.target import build_target
-from .verify import SourceChoice, VerifyReport, VerifyRequest, compare, is_pipeline, same, source_folders
+from .verify import SourceChoice, VerifyReport, VerifyRequest, compare, is_pipeline, same
+from .verify_fused import fused_inputs, judge_with_peft
 from .write.diffusers_folders import variant_of
+
+# verify's advice when the checkpoint's names are another model's than the folder's config.json describes
+NOT_ITS_SOURCE = ("the folder's config.json describes another model: give --against the checkpoint this folder was "
+                  "exported from")
 
 
 def verify_model_folders(output: Path, request: VerifyRequest) -> list[VerifyReport] | None:
     """The reports of a Diffusers model folder or pipeline folder; None for any other folder."""
-    if not (output / "config.json").is_file() and not is_pipeline(output):
+    if not is_pipeline(output) and (not (output / "config.json").is_file() or _foreign_config(output)):
         return None
     return [_verify_folder(folder, sources, request) for folder, sources in _model_checks(output, request)]
+
+
+def _foreign_config(folder: Path) -> bool:
+    """A config.json of no Diffusers model cogexport writes (an original layout's, WanModel's): another format's."""
+    return family_of_class(read_json(folder / "config.json").get("_class_name")) is None
 
 
 def _model_checks(output: Path, request: VerifyRequest) -> list[tuple[Path, list[Path]]]:
@@ -65,23 +77,23 @@ def _verify_folder(folder: Path, sources: list[Path], request: VerifyRequest) ->
         raise CogExportError(f"{folder}/config.json describes {class_name!r}, not a model cogexport exports")
     family, component = found
     target = build_target(class_name, config)
-    with request.choice.open(sources) as source:
+    with request.choice.open(sources) as source, ExitStack() as stack:
         report = VerifyReport(str(folder), class_name)
         if component == "transformer" and lora_key(list(source)) is not None:
             report.kind = "fused model"
-            adapter = read_adapter(source, where, None, source_folders(sources), source.info.header_metadata)
-            if not adapter.has_base_weights:
-                raise CogExportError(f"{where} holds only a LoRA adapter; verify the fused folder against the run "
-                                     "that holds the base weights too, or verify the adapter folder")
-            expected = plan_fused(adapter, base_weights(adapter, target.schema, target.counts, where), where)
-            table = None
+            # the folder's place in a pipeline (transformer_2: an expert) is where --base keeps its base weights
+            part = folder.name if is_pipeline(folder.parent) else component
+            adapter, base = fused_inputs(source, sources, part, family, target, request, stack)
+            expected, table = plan_fused(adapter, base, where), None
         else:
-            _, table = choose_table(source, component, class_name, where, family)
+            _, table = choose_table(source, component, class_name, where, family, remedy=NOT_ITS_SOURCE)
             expected = plan_translation(table, source, target.schema, target.counts, what=where).tensors
         with SafetensorsCheckpoint(folder) as written:
             compare(written, expected, report)
             if table is not None:
                 _ask_judge(table, source, written, report, request.judge_limit)
+            else:
+                judge_with_peft(adapter, base, written, report)
     if request.load:
         _load(folder, class_name, report)
     return report
@@ -105,7 +117,7 @@ def _release_components(output: Path, sources: list[Path], choice: SourceChoice)
 def _ask_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], written: Mapping[str, LazyTensor],
                report: VerifyReport, judge_limit: int) -> None:
     """Convert the source with Diffusers' own converter for this layout and compare every written tensor with it."""
-    reason = _why_no_judge(table, source, judge_limit)
+    reason = why_no_judge(table, source, judge_limit)
     if reason:
         report.judge_note = reason
         return
@@ -132,7 +144,7 @@ def _ask_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], written: Ma
             report.judged += 1
 
 
-def _why_no_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], judge_limit: int) -> str:
+def why_no_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], judge_limit: int) -> str:
     """Why Diffusers' converter is not asked (no converter, sizes it does not fit, too big to hold), or ""."""
     if table.judge is None and table.renames_nothing:
         return (f"the checkpoint already has Diffusers' names ({table.name} only strips wrapper prefixes), so there "

@@ -11,6 +11,7 @@ reported too: what the quantization cost.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -33,6 +34,21 @@ def original_names(source: LazyCheckpoint, where: str) -> dict[str, LazyTensor]:
         raise CogExportError(f"{family.name} has no original layout: {where} cannot be the source of a quantized file")
     diffusers = plan_translation(table, source, None, {}, what=where).tensors
     return plan_translation(load_table(layout.table).inverted(), diffusers, None, {}, what=where).tensors
+
+
+def _fused_original_names(file: Path, output: Path, request: VerifyRequest,
+                          stack: ExitStack) -> dict[str, LazyTensor]:
+    """A LoRA run's model fused as the export fused it (with --base's weights when the run saved none), in original
+    names: the part of the expert whose folder holds ``file``."""
+    from .exporter.original_parts import release_folder
+    from .verify_original import planned_way_back
+
+    parts = planned_way_back(request, stack)
+    folder = file.parent.relative_to(output).as_posix()
+    for part in parts:
+        if release_folder(part, len(parts)) == ("" if folder == "." else folder):
+            return part.read_as
+    raise CogExportError(f"{file} sits where no expert of {', '.join(map(str, request.against))} is written")
 
 
 def source_of(file: Path, output: Path, against: list[Path]) -> list[Path]:
@@ -74,11 +90,11 @@ def verify_quantized_files(files: list[Path], output: Path, request: VerifyReque
 def _verify_file(file: Path, output: Path, request: VerifyRequest, check, kind) -> VerifyReport:
     sources = source_of(file, output, request.against)
     where = ", ".join(map(str, sources))
-    with request.choice.open(sources) as source:
+    with request.choice.open(sources) as source, ExitStack() as stack:
         if lora_key(list(source)) is not None:
-            raise CogExportError(f"{where} is a LoRA run; verify its quantized file against the fused model (export it "
-                                 "with --lora fuse first)")
-        original = original_names(source, where)
+            original = _fused_original_names(file, output, request, stack)
+        else:
+            original = original_names(source, where)
         with open_checkpoint(file) as written:
             what, (checks, missing) = kind(written), check(written, original)
     report = VerifyReport(str(file), what, kind="quantized file", tensors=len(checks),

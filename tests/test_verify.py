@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from cogvideox_fixtures import build_tiny_transformer, config_folder, tiny_pipeline, write_sat_run
+from conftest import assert_refusal
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from wan_fixtures import real_wan
@@ -112,8 +113,9 @@ def wan_original() -> Path:
     return real_wan() / "original"
 
 
-def scrambled_wan_table(monkeypatch):
-    """Export with a wrong rule: self-attention's q/k norms swapped with cross-attention's."""
+def scrambled_wan_table(monkeypatch, user=None):
+    """Export with a wrong rule: self-attention's q/k norms swapped with cross-attention's (in the tables ``user``
+    loads: the module choosing the table, recognize.py by default)."""
     from cogexport.keymap import table as tables
     from cogexport.models import recognize
 
@@ -127,7 +129,7 @@ def scrambled_wan_table(monkeypatch):
             "@@", "attn2.norm_{qk}")
         return tables.parse_table(text, name)
 
-    monkeypatch.setattr(recognize, "load_table", load)
+    monkeypatch.setattr(user or recognize, "load_table", load)
 
 
 def test_a_wrong_rule_passes_the_consistency_check_but_not_diffusers_own_converter(cli, tmp_path, monkeypatch,
@@ -192,3 +194,13 @@ def test_verify_checks_a_fused_lora_folder(cli, tmp_path):
     save_file(tensors, weights, metadata={"format": "pt"})
     result = cli("verify", tmp_path / "fused", "--against", run.run_dir, "--no-load")
     assert result.exit_code == 1 and "transformer_blocks.0.attn1.to_q.weight: values differ" in result.stdout
+
+
+def test_a_checkpoint_of_another_family_is_refused_naming_no_export_option(cli, tmp_path):
+    from wan_fixtures import tiny_wan_pipeline
+
+    _, out = exported(tmp_path)
+    message = assert_refusal(cli("verify", out, "--against", tiny_wan_pipeline("t2v") / "transformer"),
+                             "holds a Wan transformer, not a CogVideoX one", "give --against the checkpoint this "
+                             "folder was exported from")
+    assert "--base" not in message and "--model-name" not in message

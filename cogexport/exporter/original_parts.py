@@ -99,7 +99,7 @@ def _written_back(part: ModelExport, where: str, refuse_original: bool) -> Origi
                                what=where).tensors
     return OriginalPart(part.component, part.family, layout, part.label, part.target.config,
                         part.variant.task if part.variant else None, tensors, part.policy, read_as=read_as,
-                        variant=part.variant)
+                        variant=part.variant, diffusers=dict(part.plan.tensors))
 
 
 def original_tensors(spec: ModelSpec, tensors: Mapping[str, LazyTensor], counts: dict,

@@ -35,6 +35,8 @@ class OriginalPart:
     notes: list[str] = field(default_factory=list)  # what the user should know about what was written
     read_as: dict[str, LazyTensor] = field(default_factory=dict)  # the tensors as read, not cast (original names)
     variant: Variant | None = None  # the published variant it is built like
+    # the Diffusers model it was made from, as read (verify asks Diffusers' converter to read the file back as it)
+    diffusers: dict[str, LazyTensor] = field(default_factory=dict)
 
     def prefixed(self) -> dict[str, LazyTensor]:
         return {self.layout.prefix + name: tensor for name, tensor in self.tensors.items()}

@@ -123,16 +123,12 @@ def _base_transformer_weights(inputs: ExportInputs, family: ModelFamily, target:
                               component: str) -> dict[str, LazyTensor]:
     """The base model's own transformer weights (for fusing an adapter that came without them)."""
     base = inputs.base
-    folder = None if base is None else base.component_dir(component) if base.is_pipeline else base.path
-    weights = None
-    if folder is not None and any(folder.glob("*.safetensors")):
-        weights = inputs.open_more([folder])
-    elif folder is not None and (folder / "diffusion_pytorch_model.bin").is_file():  # older save_pretrained output
-        weights = inputs.open_more([folder / "diffusion_pytorch_model.bin"])
-    if weights is None:
+    files = None if base is None else base.weight_files(component)
+    if files is None:
         raise CogExportError(f"--lora fuse needs the base weights: {inputs.where_of(component)} holds only the "
                              "adapter; pass --base with the Diffusers pipeline or transformer folder (with its "
                              "weights) it was trained on")
+    weights, folder = inputs.open_more(files), files[0] if files[0].is_dir() else files[0].parent
     _, table = choose_table(weights, "transformer", "transformer", f"--base {folder}", family)
     return plan_translation(table, weights, target.schema, target.counts, what=f"--base {folder}").tensors
 

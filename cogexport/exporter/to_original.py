@@ -56,9 +56,17 @@ def _precision(parts: list[OriginalPart]) -> str:
     return describe_written(written)
 
 
+def _verify(output: Path, request):
+    """The output's files in the original layout, against the model planned again from the source."""
+    from ..verify_original import verify_original_output
+
+    return verify_original_output(output, request)
+
+
 FORMAT = OutputFormat(
     name="original",
     title="the family's original layout (the files its own repository and ComfyUI load)",
     writes="model",
     export=export_original,
+    verify=_verify,
 )

@@ -48,6 +48,15 @@ class BaseFolder:
                                  "export takes from it; give the full Diffusers pipeline folder of the base model")
         return folder
 
+    def weight_files(self, component: str) -> list[Path] | None:
+        """Where the folder keeps a model's weights (its safetensors, or an older save_pretrained's .bin), or None
+        when it holds the config alone."""
+        folder = self.component_dir(component) if self.is_pipeline else self.path
+        if any(folder.glob("*.safetensors")):
+            return [folder]
+        older = folder / "diffusion_pytorch_model.bin"
+        return [older] if older.is_file() else None
+
     def check_pipeline(self, linked: tuple[str, ...]) -> None:
         """Before anything is written: the components a pipeline export takes from here are all present."""
         for component in linked:

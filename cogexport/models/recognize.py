@@ -81,11 +81,18 @@ def preferred_tables(keys: Sequence[str], candidates: Sequence[tuple[ModelFamily
     return owner_first(most_specific(fitting_tables(keys, candidates)))
 
 
+# What an export's user can do when the names do not say the family, or say another than the one named: --base or
+# --model-name names it. Other commands give their own advice (verify has no --model-name: see choose_table).
+EXPORT_REMEDY = "give a {found} --base (or none)"
+EXPORT_AMBIGUITY_REMEDY = "pass --base (or --model-name) to say which model it is"
+
+
 def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, where: str,
-                 family: ModelFamily | None = None) -> tuple[ModelFamily, KeyMapTable]:
+                 family: ModelFamily | None = None, remedy: str | None = None) -> tuple[ModelFamily, KeyMapTable]:
     """The one table (and its family) whose signature the checkpoint's names carry. A table that several families
     share (a VAE of the Wan variants) is one layout: its owner's, or the named family's. Of layouts that extend one
-    another, the most specific one the names fit is the checkpoint's."""
+    another, the most specific one the names fit is the checkpoint's. ``remedy`` is the advice of a refusal (with
+    ``{found}``, the family the names are), for a command whose options are not the export's."""
     candidates = component_tables(component, family)
     fitting = preferred_tables(list(source), candidates)
     if len({table.name for _, table in fitting}) > 1:
@@ -100,14 +107,14 @@ def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, wh
     if not fitting or wider:
         sample = ", ".join(list(source)[:3]) or "no tensors at all"
         if others:
-            raise CogExportError(f"{where} holds a {others[0][0].name} {component}, not a {family.name} one; give a "
-                                 f"{others[0][0].name} --base (or none)")
+            advice = (remedy or EXPORT_REMEDY).format(found=others[0][0].name)
+            raise CogExportError(f"{where} holds a {others[0][0].name} {component}, not a {family.name} one; {advice}")
         raise CogExportError(f"{where} holds no {what} weights cogexport recognises (tried "
                              f"{', '.join(name for _, name in candidates)}); its first keys are {sample}")
     owners = sorted({found_family.name for found_family, _ in fitting})
     if len(owners) > 1:  # the same names in two families' models (LTX-Video's and LTX-2's Diffusers VAEs)
-        raise CogExportError(f"{where} has the tensor names of a {' and a '.join(owners)} {what} alike; pass --base "
-                             "(or --model-name) to say which model it is")
+        advice = (remedy or EXPORT_AMBIGUITY_REMEDY).format(found=" or ".join(owners))
+        raise CogExportError(f"{where} has the tensor names of a {' and a '.join(owners)} {what} alike; {advice}")
     raise CogExportError(f"{where} matches several layouts ({', '.join(sorted(layouts))}); its keys are mixed")
 
 
