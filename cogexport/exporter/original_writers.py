@@ -35,6 +35,9 @@ class OriginalPart:
     notes: list[str] = field(default_factory=list)  # what the user should know about what was written
     read_as: dict[str, LazyTensor] = field(default_factory=dict)  # the tensors as read, not cast (original names)
     variant: Variant | None = None  # the published variant it is built like
+    published: bool = False  # the model is that published variant (not a custom size in its layout)
+    fused: bool = False  # a LoRA run's adapter was fused into it (so it was trained)
+    config_json: str = ""  # its Diffusers config as save_pretrained writes it (a loader's config for a custom size)
 
     def prefixed(self) -> dict[str, LazyTensor]:
         return {self.layout.prefix + name: tensor for name, tensor in self.tensors.items()}
