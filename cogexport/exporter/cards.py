@@ -113,7 +113,8 @@ class AdapterCardFacts:
 
 
 def adapter_card(facts: AdapterCardFacts, lora_format: LoraFormat, options: ExportOptions,
-                 source: LazyCheckpoint) -> str:
+                 source: LazyCheckpoint, precision: str) -> str:
+    """The card of an adapter folder; ``precision``: the dtypes its files were written in."""
     family, first = facts.family, next(iter(facts.adapters.values()))
     task = family.task(facts.variant.task if facts.variant else next(iter(family.tasks)))
     folder = options.push_to_hub or "path/to/this/folder"
@@ -123,7 +124,7 @@ def adapter_card(facts: AdapterCardFacts, lora_format: LoraFormat, options: Expo
         f"{facts.label} LoRA", family, task, options, source,
         base_model=facts.base_model,
         made=ADAPTER,
-        precision=f"{options.dtype} ({', '.join(first.family.lora_keep_fp32)} kept in fp32)",
+        precision=precision,
         details=[*(f"Adapter{' (' + sub + ')' if sub else ''}: {each.describe()}" for sub, each in facts.adapters.items()),
                  f"Layout: {lora_format.title}; {lora_format.strength_where}, so its loader applies the trained "
                  "strength with no scale passed by hand",
