@@ -98,3 +98,26 @@ def test_a_custom_size_gguf_is_named_and_carded_as_one(custom_wan, cli, tmp_path
     weights = dequantized_state(loaded)
     assert {name: t.shape for name, t in weights.items()} == {name: t.shape for name, t in model.state_dict().items()}
     assert cli("verify", tmp_path / "out", "--against", folder).exit_code == 0
+
+
+def test_a_quantized_file_of_plain_weights_is_a_quantized_copy(custom_wan, cli, tmp_path):
+    """A GGUF of weights with no training recorded, its base model named: 'quantized', the relation that holds."""
+    _, folder = custom_wan
+    assert cli(folder, tmp_path / "out", "--to", "gguf", "--quant", "F16", "--base-model", "someone/tiny").exit_code == 0
+    card = card_of(tmp_path / "out")
+    assert card.data.base_model == "someone/tiny" and card.data.to_dict()["base_model_relation"] == "quantized"
+
+
+def test_each_expert_of_a_custom_size_pair_loads_with_its_own_config(cli, tmp_path):
+    from wan_fixtures import tiny_wan_pipeline
+
+    pipeline = tiny_wan_pipeline("t2v-a14b")
+    assert cli(pipeline, tmp_path / "out", "--to", "gguf", "--quant", "F16").exit_code == 0
+    for expert in ("high_noise_model", "low_noise_model"):
+        assert (tmp_path / "out" / expert / "config" / "config.json").is_file()
+        assert [path.name for path in (tmp_path / "out" / expert).glob("*.gguf")] == ["Wan-custom-size-F16.gguf"]
+    names = run_snippet(card_of(tmp_path / "out"), tmp_path / "out")
+    for component in ("transformer", "transformer_2"):
+        weights = dequantized_state(names[component])
+        truth = load_file(pipeline / component / "diffusion_pytorch_model.safetensors")
+        assert {name: t.shape for name, t in weights.items()} == {name: t.shape for name, t in truth.items()}

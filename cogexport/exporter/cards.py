@@ -1,5 +1,6 @@
-"""The README.md model cards of exported folders, as text made before anything is written: a fine-tuned model or
-pipeline, and a LoRA adapter (whose usage lines its format knows)."""
+"""The README.md model cards of exported folders, as text made before anything is written: a pipeline or model
+folders (a fine-tune, or a conversion when the source records no training), a LoRA adapter (whose usage lines its
+format knows), a quantized file (whose usage its format gives). Each snippet loads what the folder holds."""
 
 from __future__ import annotations
 
