@@ -63,3 +63,18 @@ def test_an_fp8_file_is_counted_alike_by_export_and_verify(tmp_path):
     (report,) = verify(tmp_path / "out", tmp_path / "model")
     assert report.ok and report.tensors == result.tensors == report.exact
     assert report.tensors == len(written(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("lora_format", ["lycoris", "comfyui"])
+def test_a_lokr_adapter_is_counted_alike_by_export_and_verify(lora_format, tmp_path):
+    """LyCORIS's own LoKr save, written with its .alpha tensors: the export's count is verify's."""
+    pytest.importorskip("lycoris", reason="lycoris-lora (a test dependency) is not installed")
+    from diffusers import WanTransformer3DModel
+    from lycoris_helpers import lycoris_saved
+    from test_lora_lycoris import LOKR, per_block, tiny_model
+
+    base = WanTransformer3DModel.load_config(BASE_FOLDER), load_file(BASE_FOLDER / "ground_truth.safetensors")
+    path, _ = lycoris_saved(tiny_model(base), per_block(LOKR), tmp_path / "run" / "pytorch_lora_weights.safetensors", 1)
+    result = export(path, tmp_path / "out", base=BASE_FOLDER, lora_format=lora_format)
+    (report,) = verify(tmp_path / "out", path)
+    assert report.ok and report.tensors == result.tensors == len(written(tmp_path / "out")) == report.exact
