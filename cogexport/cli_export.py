@@ -46,9 +46,10 @@ def _model_name_examples() -> str:
               help="Local Diffusers pipeline or model folder: configs, and a pipeline's text encoder and tokenizer.")
 @click.option("--vae", "vae_path", type=click.Path(path_type=Path),
               help="VAE checkpoint for a pipeline (original or Diffusers weights) [default: the base's VAE].")
-@click.option("--dtype", type=click.Choice([*DTYPES, "fp8", "fp8_e5m2"]), default="bf16", show_default=True,
-              help="Dtype of floating tensors (each family keeps its fp32 allowlist); with --to original, fp8 (e4m3fn) "
-                   "and fp8_e5m2 are the older spelling of --to comfyui --quant fp8 / fp8_e5m2.")
+@click.option("--dtype", type=click.Choice([*DTYPES, "fp8", "fp8_e5m2"]),
+              help="Dtype of floating tensors (each family keeps its fp32 allowlist) [default: bf16; a LoRA adapter "
+                   "keeps the dtype it was trained in]; with --to original, fp8 (e4m3fn) and fp8_e5m2 are the older "
+                   "spelling of --to comfyui --quant fp8 / fp8_e5m2.")
 @click.option("--keep-fp32", multiple=True, metavar="GLOB",
               help="Also keep tensors matching GLOB (on dotted name components) in fp32; repeatable.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard file (decimal units).")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 
@@ -27,10 +27,21 @@ def dtype_named(name: str) -> torch.dtype:
         raise CogExportError(f"--dtype {name!r} is not one of {', '.join(DTYPES)}") from None
 
 
-def describe_written(tensors: Mapping[str, LazyTensor]) -> str:
+def _block_pattern(name: str) -> str:
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+def adapter_part(name: str) -> str:
+    """What an adapter file's tensor is, whatever module it belongs to: its last name component (alpha, lokr_w1), or
+    its last two for a weight or bias (lora_A.weight, lora_down.weight)."""
+    parts = name.split(".")
+    return ".".join(parts[-2:]) if parts[-1] in ("weight", "bias") and len(parts) > 1 else parts[-1]
+
+
+def describe_written(tensors: Mapping[str, LazyTensor], pattern: Callable[[str], str] = _block_pattern) -> str:
     """The dtypes of tensors as written, in the names they are written under (the way back writes original names, in
-    which the policy's Diffusers-name globs would mislead): the main dtype, and the name patterns (block indices as
-    *) of the floating tensors kept in another."""
+    which the policy's Diffusers-name globs would mislead): the main dtype, and the name patterns (by default block
+    indices as *) of the floating tensors kept in another."""
     floating = {name: tensor.dtype for name, tensor in tensors.items() if tensor.dtype.is_floating_point}
     if not floating:
         return "no floating tensors"
@@ -43,10 +54,9 @@ def describe_written(tensors: Mapping[str, LazyTensor]) -> str:
     others: dict[str, list[str]] = {}
     for name, dtype in floating.items():
         if dtype != main:
-            pattern = ".".join("*" if part.isdigit() else part for part in name.split("."))
-            others.setdefault(names.get(dtype, str(dtype)), [])
-            if pattern not in others[names.get(dtype, str(dtype))]:
-                others[names.get(dtype, str(dtype))].append(pattern)
+            kept = others.setdefault(names.get(dtype, str(dtype)), [])
+            if pattern(name) not in kept:
+                kept.append(pattern(name))
     kept = "; ".join(f"{', '.join(patterns)} kept in {dtype}" for dtype, patterns in others.items())
     return f"{names.get(main, str(main))}" + (f", except {kept}" if kept else "")
 
@@ -66,6 +76,23 @@ def _globs(pattern: str) -> tuple[tuple[str, ...], frozenset[str]]:
     """A pattern's globs, one per dotted part, and those of them without wildcards (each matches only itself)."""
     wanted = tuple(pattern.split("."))
     return wanted, frozenset(glob for glob in wanted if not any(character in glob for character in "*?["))
+
+
+@dataclass(frozen=True)
+class AsRead:
+    """Every tensor kept in the dtype it was read in: an adapter's policy when no --dtype is given (the dtype it was
+    trained in; casting a bf16 adapter to fp32 doubles its size and changes nothing)."""
+
+    keep_fp32: tuple[str, ...] = ()
+
+    def target_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def apply(self, tensors: Mapping[str, LazyTensor]) -> dict[str, LazyTensor]:
+        return dict(tensors)
+
+    def describe(self) -> str:
+        return "every tensor in the dtype it was read in"
 
 
 @dataclass(frozen=True)

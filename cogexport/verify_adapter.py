@@ -35,9 +35,11 @@ def _verify_adapter(folder: Path, request: VerifyRequest) -> VerifyReport:
             report.mismatches.append(f"{name}: the run adapts it, the folder does not")
         for name in sorted(set(written.modules) - set(trained.modules)):
             report.mismatches.append(f"{name}: the folder adapts it, the run does not")
+        strengths_kept = True
         for name in sorted(set(trained.modules) & set(written.modules)):
             want, have = trained.modules[name], written.modules[name]
             if want.scale(trained.use_rslora) != have.scale(written.use_rslora):
+                strengths_kept = False
                 report.mismatches.append(f"{name}: applied at {have.scale(written.use_rslora):g}, the run's strength is "
                                          f"{want.scale(trained.use_rslora):g} (alpha {want.alpha:g}, rank {want.rank})")
             for part, tensor in want.parts.items():
@@ -47,6 +49,11 @@ def _verify_adapter(folder: Path, request: VerifyRequest) -> VerifyReport:
                     report.mismatches.append(f"{name}.{part}: differs from the run's")
                 else:
                     setattr(report, kind, getattr(report, kind) + 1)
+        # counted as the export counts them: every tensor of the file; those beside the compared parts hold the
+        # strength (.alpha), which is exact when every module's strength is the run's
+        beside = max(len(written_file) - report.tensors, 0)
+        report.tensors = len(written_file)
+        report.exact += beside if strengths_kept and not report.mismatches else 0
     report.judge_note = "LoRA adapters have no Diffusers converter to compare with here; load it with " \
                         "load_lora_weights to check it applies"
     return report

@@ -96,9 +96,14 @@ def _verify_file(file: Path, output: Path, request: VerifyRequest, check, kind) 
         else:
             original = original_names(source, where)
         with open_checkpoint(file) as written:
-            what, (checks, missing) = kind(written), check(written, original)
-    report = VerifyReport(str(file), what, kind="quantized file", tensors=len(checks),
-                          exact=sum(each.exact for each in checks),
+            what, (checks, missing), stored = kind(written), check(written, original), len(written)
+    # counted as the export counts them: the tensors the file stores (a quantized layer's scales too), each exact
+    # when the layer it belongs to is; the format's markers (ComfyUI's L.comfy_quant, scaled_fp8) are what the check
+    # read each layer's format from, exact when every layer is
+    markers = stored - sum(each.stored for each in checks)
+    exact = sum(each.stored for each in checks if each.exact)
+    report = VerifyReport(str(file), what, kind="quantized file", tensors=stored,
+                          exact=exact + (markers if not missing and all(each.exact for each in checks) else 0),
                           reference=", ".join(sorted({each.judge for each in checks})) or "none")
     report.mismatches = [f"{name} is in the file but not in {where}" for name in missing[:20]]
     report.mismatches += [f"{each.name} ({each.type}) is not what {each.judge} makes of the source"

@@ -210,8 +210,9 @@ def test_peft_lora_of_each_family_inside_a_dcp_save(model, writer, family, pipel
     written = load_file(tmp_path / "adapter" / "pytorch_lora_weights.safetensors")
     trained = [name for name in run.weights if ".lora_" in name]
     assert trained and set(written) == {"transformer." + name.replace(".default", "") for name in trained}
-    for name in trained:  # the adapters as trained (fp32 masters, or finetrainers' bf16), kept in fp32
-        assert torch.equal(written["transformer." + name.replace(".default", "")], run.weights[name].float()), name
+    for name in trained:  # the adapters as trained (fp32 masters, or finetrainers' bf16), in the dtype trained in
+        assert torch.equal(written["transformer." + name.replace(".default", "")], run.weights[name]), name
+        assert written["transformer." + name.replace(".default", "")].dtype == run.weights[name].dtype, name
 
     weights = {name.replace(".base_layer", ""): t for name, t in run.weights.items() if ".lora_" not in name}
     pairs = {name[: -len(".lora_A.default.weight")]: (run.weights[name], run.weights[name.replace("lora_A", "lora_B")])

@@ -93,6 +93,6 @@ def test_a_variant_pipeline_loads_as_its_card_says(tmp_path):
     write_sat_run(tmp_path / "run", finetuned_weights(base, seed=6))
     export(tmp_path / "run", tmp_path / "out", base=base, variant="bf16")
     card = ModelCard.load(tmp_path / "out" / "README.md")
-    assert 'from_pretrained("path/to/this/folder", variant="bf16", torch_dtype=torch.bfloat16)' in card.text
+    assert 'from_pretrained("path/to/this/folder", variant="bf16", dtype=torch.bfloat16)' in card.text
     pipe = CogVideoXPipeline.from_pretrained(tmp_path / "out", variant="bf16", torch_dtype=torch.bfloat16)
     assert pipe.transformer.dtype == torch.bfloat16

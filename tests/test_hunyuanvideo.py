@@ -98,7 +98,7 @@ def test_forward_export_of_the_written_file_is_save_pretrained_byte_for_byte(sha
     reference.load_state_dict({n: t.to(policy.target_dtype(n, t.dtype)) for n, t in model.state_dict().items()},
                               assign=True)
     reference.save_pretrained(tmp_path / "theirs", max_shard_size=max_shard_size)
-    ours = sorted(p.name for p in (tmp_path / "ours").iterdir())
+    ours = sorted(p.name for p in (tmp_path / "ours").iterdir() if p.name != "README.md")  # (the model card)
     assert ours == sorted(p.name for p in (tmp_path / "theirs").iterdir())
     assert len(ours) == 2 if max_shard_size == "5GB" else len(ours) > 3
     for name in ours:

@@ -102,7 +102,7 @@ def test_each_format_says_where_its_strength_lives_and_how_it_is_loaded():
              "transformer_2": "out/low_noise_model/adapter_model.safetensors"}
     peft = writable_format("peft").usage_lines("WanPipeline", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", files)
     assert peft[:3] == ["import torch", "from diffusers import WanPipeline", "from peft import PeftModel"]
-    assert 'pipe = WanPipeline.from_pretrained("Wan-AI/Wan2.2-T2V-A14B-Diffusers", torch_dtype=torch.bfloat16)' in peft
+    assert 'pipe = WanPipeline.from_pretrained("Wan-AI/Wan2.2-T2V-A14B-Diffusers", dtype=torch.bfloat16)' in peft
     assert peft[-1] == ('pipe.transformer_2 = PeftModel.from_pretrained(pipe.transformer_2, "out/low_noise_model")'
                         ".merge_and_unload()")
     diffusers = writable_format("diffusers").usage_lines("WanPipeline", None, {

@@ -130,7 +130,7 @@ def test_a14b_experts_both_ways(variant, tmp_path, cli):
     # the release folder (high_noise_model/ + low_noise_model/) exports to both experts, byte for byte
     result = cli(tmp_path / "original", tmp_path / "back", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["transformer", "transformer_2"]
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["README.md", "transformer", "transformer_2"]
     for component in ("transformer", "transformer_2"):
         assert same_files(tmp_path / "back" / component, pipeline / component) == []
 

@@ -61,8 +61,9 @@ def diffusers_reads_original_vae(original: dict[str, torch.Tensor]) -> dict[str,
 
 
 def same_files(ours: Path, theirs: Path) -> list[str]:
-    """Names of the files that differ (or exist on one side only) between two folders, recursively."""
-    names = {str(p.relative_to(ours)) for p in ours.rglob("*") if p.is_file()} | \
+    """Names of the files that differ (or exist on one side only) between two folders, recursively; ``ours``'s model
+    card (README.md, which save_pretrained does not write) aside."""
+    names = {str(p.relative_to(ours)) for p in ours.rglob("*") if p.is_file() and p.name != "README.md"} | \
         {str(p.relative_to(theirs)) for p in theirs.rglob("*") if p.is_file()}
     return sorted(n for n in names if not ((ours / n).is_file() and (theirs / n).is_file()
                                            and (ours / n).read_bytes() == (theirs / n).read_bytes()))

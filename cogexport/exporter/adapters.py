@@ -12,13 +12,14 @@ from ..errors import CogExportError
 from ..lora import AdapterOutput, LoraAdapter, check_fits, plan_output, read_adapter
 from ..lora.formats import writable_format
 from ..models.target_choice import TransformerChoice, choose_transformer
+from ..precision import AsRead, PrecisionPolicy, adapter_part, describe_written
 from ..write.folder_plan import FolderPlan, TensorFile, TextFile
 from .cards import AdapterCardFacts, adapter_card
 from .experts import assign_experts
 from .inputs import ExportInputs
 from .options import ExportOptions, lora_mode
 from .output_formats import OutputFormat
-from .parts import adapter_recognised, family_hint, model_family, precision, target_request
+from .parts import adapter_recognised, family_hint, model_family, target_request
 from .result import ExportResult
 
 DEFAULT_LORA_FORMAT = "diffusers"
@@ -66,6 +67,19 @@ class _PlannedAdapter:
     chosen: TransformerChoice | None  # the model it is for, when known
 
 
+def adapter_precision(options: ExportOptions) -> PrecisionPolicy | AsRead:
+    """An adapter keeps the dtype it was trained in (as read), unless --dtype asks for another: then every floating
+    tensor is cast to it, but the --keep-fp32 globs."""
+    return AsRead() if options.dtype is None else PrecisionPolicy.build(options.dtype, (), options.keep_fp32)
+
+
+def written_precision(folder: FolderPlan) -> str:
+    """The dtypes of the adapter files as written (what the summary and the card say), by the kind of tensor."""
+    tensors = {name: tensor for planned in folder.files if isinstance(planned, TensorFile)
+               for name, tensor in planned.tensors.items()}
+    return describe_written(tensors, adapter_part)
+
+
 def _adapter_target(adapter: LoraAdapter, inputs: ExportInputs, options: ExportOptions,
                     component: str) -> tuple[TransformerChoice | None, dict]:
     """The model the adapter is for, when known (--base, --model-name, or the base weights the run saved), and the
@@ -91,8 +105,8 @@ def _plan_adapters(adapters: dict[str, LoraAdapter], inputs: ExportInputs, optio
     for component, adapter in adapters.items():
         chosen, schema = _adapter_target(adapter, inputs, options, component)
         base_model = options.base_model or (chosen.variant.hub_id if chosen and chosen.published else None)
-        output = plan_output(adapter, format_name, schema, precision(adapter.family.lora_keep_fp32, options),
-                             inputs.where_of(component), base_model)
+        output = plan_output(adapter, format_name, schema, adapter_precision(options), inputs.where_of(component),
+                             base_model)
         planned[component] = _PlannedAdapter(inputs.expert_folders.get(component, ""), output, chosen)
     return planned
 
@@ -130,11 +144,12 @@ def plan_adapter_export(inputs: ExportInputs, adapters: dict[str, LoraAdapter], 
     files = {component: _in(planned[first_of[id(a)]].subfolder, planned[first_of[id(a)]].output.file)
              for component, a in adapters.items()}
     facts = _card_facts(adapters, planned, files, options)
-    folder.add(TextFile("README.md", adapter_card(facts, lora_format, options, inputs.source)))
+    written = written_precision(folder)
+    folder.add(TextFile("README.md", adapter_card(facts, lora_format, options, inputs.source, written)))
     folder.check()
     first = next(iter(adapters.values()))
     result = ExportResult(output, "lora adapter", facts.label, folder.paths, folder.tensors, folder.total_bytes,
-                          precision(first.family.lora_keep_fp32, options).describe(), family=first.family.name,
+                          written, family=first.family.name,
                           lora={**lora_summary(adapters, inputs), "written_as": lora_format.name},
                           source=info_dict(inputs.source.info),
                           notes=[*inputs.source.info.notes, *(n for a in adapters.values() for n in a.warnings)])

@@ -1,5 +1,6 @@
-"""The README.md model cards of exported folders, as text made before anything is written: a fine-tuned model or
-pipeline, and a LoRA adapter (whose usage lines its format knows)."""
+"""The README.md model cards of exported folders, as text made before anything is written: a pipeline or model
+folders (a fine-tune, or a conversion when the source records no training), a LoRA adapter (whose usage lines its
+format knows), a quantized file (whose usage its format gives). Each snippet loads what the folder holds."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from ..checkpoint.readers import phrase_of
 from ..lora import LoraAdapter
 from ..lora.formats import LoraFormat
 from ..models.family import ModelFamily, Task, Variant
-from ..write.model_card import CardFacts, model_card
+from ..write.model_card import (ADAPTER, CONVERSION, FINETUNE, QUANTIZED_CONVERSION, QUANTIZED_FINETUNE, CardFacts,
+                                 model_card)
 from .options import ExportOptions
 from .parts import ModelExport
 
@@ -35,33 +37,69 @@ def _command(options: ExportOptions) -> str:
     return options.command or "cogexport (Python API)"
 
 
-def _card(title: str, family: ModelFamily, task: Task, options: ExportOptions, source: LazyCheckpoint,
+def records_training(source: LazyCheckpoint) -> bool:
+    """Whether the source says it comes from training (a step or a training save's tag): only then is the output
+    carded as a fine-tune. Plain weights (a release, a model folder) are carded as what they are, a conversion."""
+    return source.info.step is not None or source.info.tag is not None
+
+
+def _card(title: str, family: ModelFamily, task: Task | None, options: ExportOptions, source: LazyCheckpoint,
           **facts) -> str:
     """A card of the family's model for ``task``: how the command made it from ``source``, and ``facts``."""
-    return model_card(CardFacts(title=title, pipeline_tag=task.pipeline_tag, pipeline_class=task.pipeline,
+    return model_card(CardFacts(title=title, pipeline_tag=task.pipeline_tag if task else None,
                                 command=_command(options), source=source_line(source),
                                 tags=(*family.tags, *facts.pop("tags", ())), **facts))
 
 
-def model_folder_card(parts: list[ModelExport], variant: Variant, options: ExportOptions, source: LazyCheckpoint,
-                      adapter: LoraAdapter | None) -> str:
-    """The card of a fine-tuned pipeline (or model) folder: how it was made and how to load it."""
-    transformer = next((part for part in parts if part.component == "transformer"), parts[0])
+# the torch dtype a snippet loads in, for each --dtype
+_TORCH_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+
+
+def _load_arguments(options: ExportOptions) -> str:
+    """The keyword arguments a snippet passes from_pretrained: the variant written, and the dtype (``dtype=``, which
+    Diffusers takes in place of the deprecated ``torch_dtype=``)."""
+    variant = f"variant=\"{options.variant}\", " if options.variant else ""
+    return f"{variant}dtype={_TORCH_DTYPES.get(options.dtype or 'bf16', 'torch.bfloat16')}"
+
+
+def _pipeline_usage(task: Task, options: ExportOptions) -> str:
+    return (f"import torch\nfrom diffusers import {task.pipeline}\n\n"
+            f"pipe = {task.pipeline}.from_pretrained(\"{options.push_to_hub or 'path/to/this/folder'}\", "
+            f"{_load_arguments(options)})")
+
+
+def _models_usage(parts: list[ModelExport], options: ExportOptions) -> str:
+    """Each model folder loaded by its class: the folder itself, or its subfolder when there are several."""
+    where = options.push_to_hub or "path/to/this/folder"
+    classes = sorted({part.target.class_name for part in parts})
+    lines = ["import torch", f"from diffusers import {', '.join(classes)}", ""]
+    for part in parts:
+        subfolder = f"subfolder=\"{part.component}\", " if len(parts) > 1 else ""
+        lines.append(f"{part.component} = {part.target.class_name}.from_pretrained(\"{where}\", {subfolder}"
+                     f"{_load_arguments(options)})")
+    return "\n".join(lines)
+
+
+def model_folder_card(parts: list[ModelExport], variant: Variant | None, options: ExportOptions,
+                      source: LazyCheckpoint, adapter: LoraAdapter | None, pipeline: bool = True) -> str:
+    """The card of a pipeline folder or of model folders (a transformer, each expert's, a VAE): how it was made and
+    how to load it. A fine-tune when the source records training or a LoRA was fused in, else a conversion."""
+    transformer = next((part for part in parts if part.component.startswith("transformer")), parts[0])
     family = transformer.family
-    task = family.task(variant.task)
+    task = family.task(variant.task) if variant is not None else None
     details = [f"Key map: {part.table.name} ({part.table.description})" for part in parts]
     if adapter is not None:
         details.append(f"LoRA fused into the weights: {adapter.describe()}")
-    variant_argument = f"variant=\"{options.variant}\", " if options.variant else ""
+    made = FINETUNE if adapter is not None or records_training(source) else CONVERSION
+    published = variant is not None and transformer.published and transformer.component.startswith("transformer")
+    what = "" if pipeline or parts[0].component == "vae" else f" {', '.join(part.component for part in parts)}"
     return _card(
-        f"{transformer.label} fine-tune", family, task, options, source,
-        base_model=options.base_model or (variant.hub_id if transformer.published else None),
-        relation="finetune",
+        f"{transformer.label}{what}{' fine-tune' if made == FINETUNE else ''}", family, task, options, source,
+        base_model=options.base_model or (variant.hub_id if published else None),
+        made=made,
         precision="; ".join(f"{part.component}: {part.policy.describe()}" for part in parts),
         details=details,
-        usage=(f"import torch\nfrom diffusers import {task.pipeline}\n\n"
-               f"pipe = {task.pipeline}.from_pretrained(\"{options.push_to_hub or 'path/to/this/folder'}\", "
-               f"{variant_argument}torch_dtype=torch.bfloat16)"),
+        usage=_pipeline_usage(task, options) if pipeline else _models_usage(parts, options),
     )
 
 
@@ -76,7 +114,8 @@ class AdapterCardFacts:
 
 
 def adapter_card(facts: AdapterCardFacts, lora_format: LoraFormat, options: ExportOptions,
-                 source: LazyCheckpoint) -> str:
+                 source: LazyCheckpoint, precision: str) -> str:
+    """The card of an adapter folder; ``precision``: the dtypes its files were written in."""
     family, first = facts.family, next(iter(facts.adapters.values()))
     task = family.task(facts.variant.task if facts.variant else next(iter(family.tasks)))
     folder = options.push_to_hub or "path/to/this/folder"
@@ -85,8 +124,8 @@ def adapter_card(facts: AdapterCardFacts, lora_format: LoraFormat, options: Expo
     return _card(
         f"{facts.label} LoRA", family, task, options, source,
         base_model=facts.base_model,
-        relation="adapter",
-        precision=f"{options.dtype} ({', '.join(first.family.lora_keep_fp32)} kept in fp32)",
+        made=ADAPTER,
+        precision=precision,
         details=[*(f"Adapter{' (' + sub + ')' if sub else ''}: {each.describe()}" for sub, each in facts.adapters.items()),
                  f"Layout: {lora_format.title}; {lora_format.strength_where}, so its loader applies the trained "
                  "strength with no scale passed by hand",
@@ -108,16 +147,16 @@ class QuantizedCard:
     usage: str
 
 
-def quantized_card(parts, card: QuantizedCard, options: ExportOptions, source: LazyCheckpoint) -> str:
+def quantized_card(parts, card: QuantizedCard, options: ExportOptions, source: LazyCheckpoint,
+                   trained: bool = False) -> str:
     """The card of a quantized file of a transformer (GGUF, ComfyUI's): what it holds, how it was made, how to load
-    it."""
+    it. ``trained``: a LoRA run was fused in (else the source says whether it was trained)."""
     part = parts[0]
     task = part.family.task(part.variant.task if part.variant else next(iter(part.family.tasks)))
-    published = part.variant is not None and part.label == part.variant.name
     return _card(
         f"{part.label} ({card.layout})", part.family, task, options, source,
-        base_model=options.base_model or (part.variant.hub_id if published else None),
-        relation="finetune",
+        base_model=options.base_model or (part.variant.hub_id if part.published else None),
+        made=QUANTIZED_FINETUNE if trained or records_training(source) else QUANTIZED_CONVERSION,
         tags=(card.tag,),
         precision=card.precision,
         details=[f"Kept in higher precision: {note}" for note in card.notes[:20]],

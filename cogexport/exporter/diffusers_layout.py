@@ -16,12 +16,15 @@ from .options import ExportOptions
 from .parts import ModelExport
 
 
-def model_folders(parts: list[ModelExport]) -> FolderPlan:
+def model_folders(parts: list[ModelExport], variant: Variant | None, inputs: ExportInputs, options: ExportOptions,
+                  adapter: LoraAdapter | None) -> FolderPlan:
     """One model folder, or with several parts (every expert of a multi-expert model) one folder each, named by
-    its pipeline component."""
+    its pipeline component; and the model card saying how to load them."""
     folder = FolderPlan()
     for part in parts:
         folder.add(*part_files(part, part.component if len(parts) > 1 else ""))
+    folder.add(TextFile("README.md", model_folder_card(parts, variant, options, inputs.source, adapter,
+                                                       pipeline=False)))
     folder.check()
     return folder
 

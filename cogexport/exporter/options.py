@@ -19,6 +19,7 @@ from ..write.diffusers_folders import check_variant_name
 from ..write.shards import parse_size
 from .output_formats import FORMAT_OPTIONS, OutputFormat, chosen_format, output_format, output_formats, written_within
 
+MODEL_DTYPE = "bf16"  # what a model's floating tensors are written in unless --dtype says
 DTYPES = ("bf16", "fp16", "fp32")  # --dtype of floating tensors (a format may take another spelling: fp8)
 LORA_MODES = ("adapter", "fuse")
 PIPELINE = "pipeline"
@@ -62,7 +63,7 @@ class ExportOptions:
     component: str | None = None  # default: pipeline when --base is a pipeline folder (not for --lora fuse)
     base: Path | None = None
     vae: Path | None = None  # a VAE checkpoint for the pipeline (default: the base's VAE)
-    dtype: str = "bf16"
+    dtype: str | None = None  # None: a model's default (MODEL_DTYPE), an adapter's dtype as trained
     keep_fp32: tuple[str, ...] = ()
     max_shard_size: str | int = "5GB"
     variant: str | None = None  # file-name variant, as save_pretrained(variant=...)
@@ -101,7 +102,7 @@ def checked_format(options: ExportOptions, to: str) -> tuple[OutputFormat, Expor
     """The format ``to`` names (or that the options spell with it), and the options as it reads them, checked: the
     checks every export shares, then what the format's declaration says it takes, then its own."""
     fmt, options = chosen_format(to, options)
-    if options.dtype not in DTYPES:
+    if options.dtype is not None and options.dtype not in DTYPES:
         raise CogExportError(f"--dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
     parse_size(options.max_shard_size)
     if options.workers is not None and options.workers < 1:

@@ -88,7 +88,9 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
         # the release's expert subfolders (high_noise_model/, ...) when writing several experts
         experts = tuple(release_folder_of(family, each, len(names)) for each in names) if len(names) > 1 else ()
         part = plan_transformer(source, options, where, inputs.base, name, experts, search)
-    return _written_back(part, inputs.where_of(name), refuse_original and adapter is None)
+    written = _written_back(part, inputs.where_of(name), refuse_original and adapter is None)
+    written.fused = adapter is not None
+    return written
 
 
 def _written_back(part: ModelExport, where: str, refuse_original: bool) -> OriginalPart:
@@ -99,7 +101,8 @@ def _written_back(part: ModelExport, where: str, refuse_original: bool) -> Origi
                                what=where).tensors
     return OriginalPart(part.component, part.family, layout, part.label, part.target.config,
                         part.variant.task if part.variant else None, tensors, part.policy, read_as=read_as,
-                        variant=part.variant, diffusers=dict(part.plan.tensors))
+                        variant=part.variant, diffusers=dict(part.plan.tensors), published=part.published,
+                        config_json=part.target.config_json)
 
 
 def original_tensors(spec: ModelSpec, tensors: Mapping[str, LazyTensor], counts: dict,

@@ -37,6 +37,9 @@ class OriginalPart:
     variant: Variant | None = None  # the published variant it is built like
     # the Diffusers model it was made from, as read (verify asks Diffusers' converter to read the file back as it)
     diffusers: dict[str, LazyTensor] = field(default_factory=dict)
+    published: bool = False  # the model is that published variant (not a custom size in its layout)
+    fused: bool = False  # a LoRA run's adapter was fused into it (so it was trained)
+    config_json: str = ""  # its Diffusers config as save_pretrained writes it (a loader's config for a custom size)
 
     def prefixed(self) -> dict[str, LazyTensor]:
         return {self.layout.prefix + name: tensor for name, tensor in self.tensors.items()}

@@ -24,7 +24,7 @@ from ..models.target_choice import TargetRequest, TransformerChoice, choose_tran
 from ..precision import PrecisionPolicy
 from ..write.shards import ShardPlan
 from .inputs import ExportInputs
-from .options import ExportOptions
+from .options import MODEL_DTYPE, ExportOptions
 
 
 @dataclass
@@ -46,7 +46,7 @@ class ModelExport:
 
 
 def precision(defaults: Sequence[str], options: ExportOptions) -> PrecisionPolicy:
-    return PrecisionPolicy.build(options.dtype, defaults, options.keep_fp32)
+    return PrecisionPolicy.build(options.dtype or MODEL_DTYPE, defaults, options.keep_fp32)
 
 
 def target_request(options: ExportOptions, base: BaseFolder | None, component: str = "transformer",

@@ -43,7 +43,8 @@ def export_comfyui(checkpoint, output, options: ExportOptions | None = None, **o
         parts = plan_way_back(inputs, "transformer", options, refuse_original=False)
         folder, precision, notes = _files(parts, options, quantization)
         card = QuantizedCard(f"ComfyUI {quantization.format}", quantization.name, precision, notes, _usage(folder))
-        folder.add(TextFile("README.md", quantized_card(parts, card, options, inputs.source)))
+        folder.add(TextFile("README.md", quantized_card(parts, card, options, inputs.source,
+                                                        trained=any(part.fused for part in parts))))
         return publish_way_back(folder, parts, f"ComfyUI {quantization.format} transformer", precision, notes,
                                 inputs, output, options)
 

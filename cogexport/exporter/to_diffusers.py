@@ -55,7 +55,7 @@ def _plan_model_export(inputs: ExportInputs, options: ExportOptions, adapters: d
     if component == PIPELINE:
         folder = pipeline_folder(parts, inputs.base, variant, inputs, options, adapters.get("transformer"))
     else:
-        folder = model_folders(parts)
+        folder = model_folders(parts, variant, inputs, options, adapters.get("transformer"))
     return folder, _model_result(parts, variant, component, folder, inputs, adapters, output)
 
 

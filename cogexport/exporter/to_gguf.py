@@ -25,6 +25,8 @@ from .output_formats import OutputFormat
 from .result import ExportResult
 from .way_back import file_stem, in_folder, publish_way_back
 
+CONFIG_FOLDER = "config"  # beside a custom size's file: the Diffusers config its loader builds the model from
+
 
 def export_gguf(checkpoint, output, options: ExportOptions | None = None, **overrides) -> ExportResult:
     """Write the transformer of ``checkpoint`` as a GGUF file of ``options.quant`` into the folder ``output``."""
@@ -32,17 +34,22 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
     with ExitStack() as stack:
         inputs = open_way_back(checkpoint, options, "transformer", stack)
         parts = plan_way_back(inputs, "transformer", options, refuse_original=False)
-        folder, notes, counts = FolderPlan(), [], {}
+        folder, notes, counts, files = FolderPlan(), [], {}, {}
         for part in parts:
             policy = quantization_policy(part.family.key)
             plan = plan_gguf(part.read_as, policy, options.quant, _release_strings(part, policy))
             name = f"{file_stem(part)}-{plan.preset.name}.gguf"
-            folder.add(GgufFile(in_folder(release_folder(part, len(parts)), name), plan))
+            files[part.component] = in_folder(release_folder(part, len(parts)), name)
+            folder.add(GgufFile(files[part.component], plan))
+            if not part.published:  # no published model has its shapes: its loader's config goes beside the file
+                folder.add(TextFile(in_folder(release_folder(part, len(parts)), f"{CONFIG_FOLDER}/config.json"),
+                                    part.config_json))
             notes += plan.notes
             counts = {t: counts.get(t, 0) + n for t, n in plan.type_counts().items()}
         precision = f"GGUF {options.quant.upper()}: " + ", ".join(f"{n} {t}" for t, n in counts.items())
-        card = QuantizedCard("GGUF", "gguf", precision, notes, _usage(parts, folder, options))
-        folder.add(TextFile("README.md", quantized_card(parts, card, options, inputs.source)))
+        card = QuantizedCard("GGUF", "gguf", precision, notes, _usage(parts, files, options))
+        folder.add(TextFile("README.md", quantized_card(parts, card, options, inputs.source,
+                                                        trained=any(part.fused for part in parts))))
         if options.workers is None:  # quantizing is compute: a thread per core, the writer's share is small
             options = replace(options, workers=default_workers(writer_core=False))
         return publish_way_back(folder, parts, "GGUF transformer", precision, notes, inputs, output, options)
@@ -61,19 +68,22 @@ def _release_strings(part: OriginalPart, policy) -> dict[str, str]:
     return {key: metadata[key] for key in policy.release_metadata}
 
 
-def _usage(parts: list[OriginalPart], folder: FolderPlan, options: ExportOptions) -> str:
-    """How the family's loaders (Diffusers, ComfyUI-GGUF) load the file."""
-    files = [planned.path for planned in folder.files if not planned.path.endswith(".md")]
-    part, where = parts[0], options.push_to_hub or "path/to/this/folder"
-    config = part.variant.hub_id if part.variant else "path/to/a/Diffusers/model/folder"
-    model = part.family.transformer.class_name
-    loaders = quantization_policy(part.family.key).gguf_loaders
+def _usage(parts: list[OriginalPart], files: dict[str, str], options: ExportOptions) -> str:
+    """How the family's loaders (Diffusers, ComfyUI-GGUF) load each file: Diffusers with the config of the model the
+    file holds, the published model's on the Hub, else the one written beside the file."""
+    where = options.push_to_hub or "path/to/this/folder"
+    model = parts[0].family.transformer.class_name
+    loaders = quantization_policy(parts[0].family.key).gguf_loaders
     usage = []
     if "Diffusers" in loaders:
-        usage.append(f"import torch\nfrom diffusers import GGUFQuantizationConfig, {model}\n\n"
-                     f"transformer = {model}.from_single_file(\n"
-                     f"    \"{where}/{files[0]}\", config=\"{config}\", subfolder=\"transformer\",\n"
-                     "    quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16))")
+        usage.append(f"import torch\nfrom diffusers import GGUFQuantizationConfig, {model}\n")
+        for part in parts:
+            config, subfolder = (part.variant.hub_id, part.component) if part.published else \
+                (where, in_folder(release_folder(part, len(parts)), CONFIG_FOLDER))
+            usage.append(f"{part.component} = {model}.from_single_file(\n"
+                         f"    \"{where}/{files[part.component]}\", config=\"{config}\", subfolder=\"{subfolder}\",\n"
+                         "    quantization_config=GGUFQuantizationConfig(compute_dtype=torch.bfloat16), "
+                         "dtype=torch.bfloat16)")
     if "ComfyUI-GGUF" in loaders:
         usage.append("# in ComfyUI: put the file in models/unet and load it with ComfyUI-GGUF's Unet Loader (GGUF)")
     return "\n".join(usage)

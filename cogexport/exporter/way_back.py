@@ -15,8 +15,11 @@ from .result import ExportResult
 
 
 def file_stem(part: OriginalPart) -> str:
-    """What a quantized file of the part is named after: its published variant, else its family."""
-    return part.variant.name if part.variant else part.family.name
+    """What a quantized file of the part is named after: the published variant it is, else its family as a custom
+    size (a custom size named after the variant whose layout it has would claim to be that published model)."""
+    if part.variant is not None and part.published:
+        return part.variant.name
+    return f"{part.family.name.replace(' ', '-')}-custom-size"
 
 
 def in_folder(folder: str, name: str) -> str:

@@ -53,5 +53,5 @@ def usage_lines(loaders: tuple[str, ...], pipeline: str, base_model: str | None,
     """The lines that load the adapter, at its trained strength, with each of these loaders."""
     imports = [line for name in loaders for line in LOADERS[name][0]]
     lines = ["import torch", f"from diffusers import {pipeline}", *imports, "",
-             f"pipe = {pipeline}.from_pretrained(\"{base_model or 'path/to/base'}\", torch_dtype=torch.bfloat16)"]
+             f"pipe = {pipeline}.from_pretrained(\"{base_model or 'path/to/base'}\", dtype=torch.bfloat16)"]
     return lines + [line for name in loaders for line in LOADERS[name][1](files)]

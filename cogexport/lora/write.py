@@ -26,7 +26,7 @@ import torch
 
 from ..errors import CogExportError
 from ..lazy import LazyTensor
-from ..precision import PrecisionPolicy
+from ..precision import AsRead, PrecisionPolicy
 from .adapter import LoraAdapter, LoraModule
 from .formats import (FULL_AT_ONE, IN_HEADER, IN_SIDE_FILE, LORA_AB_NAMES, LoraFormat, holders, writable_format,
                       writable_formats)
@@ -55,7 +55,7 @@ def formats_for(adapter: LoraAdapter) -> list[str]:
 
 
 def plan_output(adapter: LoraAdapter, format_name: str, model_schema: Mapping[str, torch.Size],
-                policy: PrecisionPolicy, where: str, base_model: str | None = None) -> AdapterOutput:
+                policy: PrecisionPolicy | AsRead, where: str, base_model: str | None = None) -> AdapterOutput:
     """The tensors, header metadata and side files of ``adapter`` in ``format_name``."""
     target = writable_format(format_name)
     table = output_table(adapter.family, format_name)

@@ -96,7 +96,6 @@ class ModelFamily:
     tags: tuple[str, ...]
     components: Mapping[str, ModelSpec]  # every model the family exports, the transformer first
     lora_layouts: tuple[LoraLayout, ...]  # [[lora.layout]]: read into tables by cogexport/lora/tables.py
-    lora_keep_fp32: tuple[str, ...]
     lora_names_from: str | None
     scheduler_class: str
     scheduler_config: Mapping[str, Any]
@@ -327,7 +326,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
     return ModelFamily(
         key=key, name=head.name, shapes=_shapes_module(head.shapes, key), tags=head.tags,
         components=components, lora_layouts=layouts,
-        lora_keep_fp32=lora.keep_fp32, lora_names_from=lora.names_from,
+        lora_names_from=lora.names_from,
         scheduler_class=pipeline.scheduler, scheduler_config=pipeline.scheduler_config,
         tasks=tasks, variants=variants, from_checkpoint=pipeline.from_checkpoint, extends=head.extends,
     )

@@ -65,8 +65,6 @@ class ComponentSection:
 class LoraSection:
     """``[lora]``: the family's LoRA adapters (see adding-a-lora-format.md)."""
 
-    keep_fp32: tuple[str, ...] = declared("adapter tensors kept in fp32 (B @ A stays exact when a reader fuses them)",
-                                          ())
     names_from: str | None = declared(
         "the variant whose model has every tensor name (adapters' names are checked against it)", None)
     layout: tuple[LoraLayout, ...] = declared("the layouts its adapters come in, in the order they are tried", ())

@@ -36,6 +36,7 @@ class TensorCheck:
     max_error: float
     rms_relative: float
     judge: str
+    stored: int = 1  # the tensors the file stores for it (a quantized layer's weight and each of its scales)
 
 
 def errors(restored: torch.Tensor, source: torch.Tensor) -> tuple[float, float]:
@@ -82,6 +83,7 @@ def check_comfy_quant(layers: Mapping[str, ComfyQuantization], stored: Mapping[s
     for name, tensor in weights.items():
         restored, original = tensor.load(), source[name].load()
         quantization = layers.get(name[: -len(".weight")]) if name.endswith(".weight") else None
+        parts = {}
         if quantization is not None:
             parts = layer_parts(name[: -len(".weight")], quantization, stored)
             exact = all(_same_bytes(parts[part.name].load(), part.make(original, name)) for part in quantization.parts)
@@ -90,7 +92,7 @@ def check_comfy_quant(layers: Mapping[str, ComfyQuantization], stored: Mapping[s
             exact, kind = torch.equal(restored, original.to(restored.dtype)), str(restored.dtype).replace("torch.", "")
             judge = "the dtype cast"
         max_error, relative = errors(restored.float(), original.float())
-        checks.append(TensorCheck(name, kind, exact, max_error, relative, judge))
+        checks.append(TensorCheck(name, kind, exact, max_error, relative, judge, max(len(parts), 1)))
     return checks
 
 
