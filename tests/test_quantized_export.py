@@ -179,7 +179,7 @@ def test_inspect_and_verify_read_quantized_files(cli, tmp_path):
     assert "scaled fp8: 20 weights" in cli("inspect", tmp_path / "fp8").stdout
     for folder in ("gguf", "fp8"):
         result = cli("verify", tmp_path / folder, "--against", release, "--json")
-        (report,) = json.loads(result.stdout)
+        (report,) = json.loads(result.stdout)["reports"]
         assert result.exit_code == 0 and report["ok"] and report["exact"] == report["tensors"] == 69
         assert max(error["rms_relative"] for error in report["errors"]) < 0.05
     path = gguf_file(tmp_path / "gguf")
