@@ -5,6 +5,8 @@ its reports; the long lists of names of a checkpoint's facts given as their coun
 from __future__ import annotations
 
 import json
+import os
+import signal
 import shutil
 
 import pytest
@@ -132,3 +134,29 @@ def test_a_weights_file_holding_nan_refused_in_json(cli, tmp_path):
     result = cli("consolidate", tmp_path / "weights.pt", tmp_path / "out", "--json")
     line = assert_refusal(result, "bad")
     assert one_object(result.stdout)["error"] == line.removeprefix("cogexport: error: ")
+
+
+@pytest.mark.parametrize("stop, exit_code, error", [
+    (lambda: os.kill(os.getpid(), signal.SIGTERM), 128 + signal.SIGTERM, "stopped by SIGTERM; nothing was written"),
+    (lambda: (_ for _ in ()).throw(KeyboardInterrupt), 130, "interrupted; nothing was written"),
+])
+def test_a_run_stopped_midway_is_one_json_object_too(cli, tmp_path, monkeypatch, stop, exit_code, error):
+    """Stopped as it plans its files (by a kill signal, or Ctrl-C): nothing written, the object says so."""
+    from cogexport import consolidation
+
+    real_plan_shards = consolidation.plan_shards
+
+    def stopped(*args, **kwargs):
+        stop()  # a signal is delivered at the next bytecode: before the plan below
+        return real_plan_shards(*args, **kwargs)
+
+    torch.save({"w": torch.ones(4)}, tmp_path / "weights.pt")
+    monkeypatch.setattr(consolidation, "plan_shards", stopped)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        result = cli("consolidate", tmp_path / "weights.pt", tmp_path / "out", "--json")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.exit_code == exit_code
+    assert one_object(result.stdout) == {"ok": False, "error": error, "exit_code": exit_code}
+    assert not (tmp_path / "out").exists()
