@@ -36,7 +36,12 @@ def _run_command_line() -> int:
     except SystemExit as done:  # click ends every run this way
         return _exit_code(done.code)
     except ExtensionError as error:  # a malformed family or format met while the command was built
-        print(f"cogexport: error: {error.kind}: {one_line(str(error))}", file=sys.stderr)
+        message = f"{error.kind}: {one_line(str(error))}"
+        print(f"cogexport: error: {message}", file=sys.stderr)
+        if "--json" in sys.argv[1:]:
+            from .cli_json import print_failure
+
+            print_failure(message, 2)
         return 2
     return 0
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 from pathlib import Path
 
 import click
 
 from . import __version__
-from .cli_common import (allow_nonfinite_option, checkpoint_paths, json_option, output_path, role_option, tag_option,
-                         user_errors_exit_2, workers_option)
+from .cli_common import (allow_nonfinite_option, checkpoint_paths, json_option, output_path, role_option, say,
+                         tag_option, user_errors_exit_2, verbose_option, workers_option)
+from .cli_json import print_failure, print_object, summarised_inspection, summarised_result
 from .errors import ExtensionError, one_line
 from .sizes import human_bytes
 
@@ -27,7 +27,16 @@ class ExportByDefault(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.list_commands(ctx) and args[0] not in ("-h", "--help", "--version"):
             args = ["export", *args]
+        ctx.meta["cogexport.json"] = "--json" in args  # a mistake on the command line is answered in JSON too
         return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as error:  # a usage error: click prints it on stderr and exits with its code
+            if ctx.meta.get("cogexport.json"):
+                print_failure(one_line(error.format_message()), error.exit_code)
+            raise
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
@@ -38,6 +47,8 @@ class ExportByDefault(click.Group):
                 module = importlib.import_module(f".{self.LAZY[name]}", __package__)
             except ExtensionError as error:  # a malformed family or format, met as the command is built from them
                 click.echo(f"cogexport: error: {error.kind}: {one_line(str(error))}", err=True)
+                if ctx.meta.get("cogexport.json"):
+                    print_failure(f"{error.kind}: {one_line(str(error))}", 2)
                 ctx.exit(2)
             self.add_command(getattr(module, name), name)
         return super().get_command(ctx, name)
@@ -79,9 +90,10 @@ def main() -> None:
 @allow_nonfinite_option
 @workers_option
 @json_option
+@verbose_option
 @user_errors_exit_2
 def consolidate(checkpoint, output, dtype, tag, role, max_shard_size, overwrite, allow_nonfinite, workers,
-                as_json) -> None:
+                as_json, verbose) -> None:
     """Consolidate a DeepSpeed ZeRO or PyTorch distributed (DCP) checkpoint into safetensors weights.
 
     CHECKPOINT is the save dir (with 'latest'), a tag dir or a checkpoint-N folder; give several folders
@@ -93,9 +105,9 @@ def consolidate(checkpoint, output, dtype, tag, role, max_shard_size, overwrite,
     result = run_consolidate(list(checkpoint), output, dtype=dtype, tag=tag, role=role, max_shard_size=max_shard_size,
                              overwrite=overwrite, workers=workers, allow_nonfinite=allow_nonfinite)
     for note in [*result.source["notes"], *result.notes]:
-        click.echo(f"cogexport: warning: {note}", err=True)
+        say("warning", note)
     if as_json:
-        click.echo(json.dumps(result.as_dict(), indent=2))
+        print_object(True, result.as_dict() if verbose else summarised_result(result.as_dict()))
         return
     source = result.source
     click.echo(f"wrote {result.output}: {', '.join(result.files)}")
@@ -110,8 +122,9 @@ def consolidate(checkpoint, output, dtype, tag, role, max_shard_size, overwrite,
 @click.option("--quick", is_flag=True,
               help="Read no tensor data: skip the CRC-32 checks and the masters' agreement with the module.")
 @json_option
+@verbose_option
 @user_errors_exit_2
-def inspect(checkpoint, tag, role, quick, as_json) -> None:
+def inspect(checkpoint, tag, role, quick, as_json, verbose) -> None:
     """Describe a checkpoint: format, stage, dtype, ranks, step, parameters, and every problem found.
 
     Unless --quick, every byte of the checkpoint's files is read and checked as the exporters check what they
@@ -121,7 +134,10 @@ def inspect(checkpoint, tag, role, quick, as_json) -> None:
     from .inspect_report import inspect_paths, render_inspect_text
 
     report = inspect_paths(list(checkpoint), tag, check_data=not quick, role=role)
-    click.echo(json.dumps(report, indent=2) if as_json else render_inspect_text(report))
+    if as_json:
+        print_object(report["usable"], report if verbose else summarised_inspection(report))
+    else:
+        click.echo(render_inspect_text(report))
     if not report["usable"]:
         sys.exit(1)
 
@@ -161,11 +177,14 @@ def verify(output, against, vae_against, base, tag, ema, role, no_load, judge_li
     vae_files = list((output / "vae").glob("*.safetensors")) if is_pipeline(output) else []
     # Hard-linked files came from --base as they were; only an exported (or copied) VAE deserves the reminder.
     checked = {Path(report.folder) for report in reports}
+    notes = []
     if vae_against is None and output / "vae" not in checked and any(path.stat().st_nlink == 1 for path in vae_files):
-        click.echo(f"cogexport: note: {output / 'vae'} not checked (pass --vae-against with the VAE checkpoint it was "
-                   "exported from, if it was not taken from --base)", err=True)
+        notes.append(f"{output / 'vae'} not checked (pass --vae-against with the VAE checkpoint it was exported from, "
+                     "if it was not taken from --base)")
+    for note in notes:
+        say("note", note)
     if as_json:
-        click.echo(json.dumps([r.as_dict() for r in reports], indent=2))
+        print_object(all(r.ok for r in reports), {"reports": [r.as_dict() for r in reports], "notes": notes})
     else:
         for report in reports:
             click.echo("\n".join(_verify_lines(report)))
@@ -218,8 +237,9 @@ def _split_output(arguments: tuple[Path, ...]) -> tuple[list[Path], Path | None]
 @allow_nonfinite_option
 @workers_option
 @json_option
+@verbose_option
 @user_errors_exit_2
-def universal(arguments, tag, overwrite, allow_nonfinite, workers, as_json) -> None:
+def universal(arguments, tag, overwrite, allow_nonfinite, workers, as_json, verbose) -> None:
     """Write DeepSpeed's universal checkpoint, to resume a ZeRO run on a different number of GPUs.
 
     OUTPUT defaults to TAG_universal next to the tag, and SAVE_DIR/latest_universal points at it; resume with
@@ -231,9 +251,9 @@ def universal(arguments, tag, overwrite, allow_nonfinite, workers, as_json) -> N
     result = run_universal(checkpoint, output, tag=tag, overwrite=overwrite, workers=workers,
                            allow_nonfinite=allow_nonfinite)
     for note in result.notes:
-        click.echo(f"cogexport: warning: {note}", err=True)
+        say("warning", note)
     if as_json:
-        click.echo(json.dumps(result.as_dict(), indent=2))
+        print_object(True, result.as_dict() if verbose else summarised_result(result.as_dict()))
         return
     source = result.source
     click.echo(f"wrote {result.output}: {result.parameters} trainable parameters with their fp32 masters and "

@@ -1,5 +1,6 @@
-"""What every command of the command line shares: one line and exit code 2 for a user's mistake, the report of
-rank 0 alone in a torchrun job, and the arguments and options several commands take."""
+"""What every command of the command line shares: one line and exit code 2 for a user's mistake (and with --json,
+one object saying so on stdout), the report and notes of rank 0 alone in a torchrun job, and the arguments and options
+several commands take."""
 
 from __future__ import annotations
 
@@ -13,39 +14,66 @@ from pathlib import Path
 import click
 
 from .allocation import reuse_freed_tensor_memory
+from .cli_json import print_failure
 from .errors import CogExportError, ExtensionError, one_line
-from .write.ranks import join_job
+from .write.ranks import current_ranks, join_job
 
 
 def user_errors_exit_2(command):
-    """Print a CogExportError as one line on stderr and exit 2; let real bugs keep their traceback."""
+    """Print a CogExportError as one line on stderr and exit 2; let real bugs keep their traceback. With --json, the
+    failure is also the run's one JSON object on stdout."""
 
     @wraps(command)
     def run(*args, **kwargs):
         # A killed run (or a closed terminal) must clean up its staging folder like Ctrl-C does.
         for signum in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, lambda number, _frame: sys.exit(128 + number))
+            signal.signal(signum, _stop)
         reuse_freed_tensor_memory()
         try:
             with join_job() as ranks:
                 with quiet_unless(ranks.leader):
-                    result = command(*args, **kwargs)
+                    return command(*args, **kwargs)
         except CogExportError as error:
-            click.echo(f"cogexport: error: {error}", err=True)
-            sys.exit(2)
+            fail(str(error), 2, kwargs.get("as_json", False))
         except OSError as error:  # the machine's answer about a path (permissions, disk full): not a bug of ours
             where = f": {error.filename}" if error.filename else ""
-            click.echo(f"cogexport: error: {one_line(f'{error.strerror or error}{where}')}", err=True)
-            sys.exit(2)
+            fail(one_line(f"{error.strerror or error}{where}"), 2, kwargs.get("as_json", False))
         except ExtensionError as error:  # a family's data or a format's declaration (maybe another package's)
-            click.echo(f"cogexport: error: {error.kind}: {one_line(str(error))}", err=True)
-            sys.exit(2)
+            fail(f"{error.kind}: {one_line(str(error))}", 2, kwargs.get("as_json", False))
         except KeyboardInterrupt:
             click.echo("cogexport: interrupted; nothing was written", err=True)
+            if kwargs.get("as_json", False):
+                print_failure("interrupted; nothing was written", 130)
             sys.exit(130)
-        return result
+        except StoppedBySignal as stop:  # its clean-up done on the way out: the run's end, said as any failure
+            if kwargs.get("as_json", False):
+                print_failure(f"stopped by {signal.Signals(stop.code - 128).name}; nothing was written", stop.code)
+            raise
 
     return run
+
+
+class StoppedBySignal(SystemExit):
+    """The exit a SIGTERM or SIGHUP asks for (exit code 128 + the signal's number)."""
+
+
+def _stop(number: int, _frame) -> None:
+    raise StoppedBySignal(128 + number)
+
+
+def fail(message: str, exit_code: int, as_json: bool) -> None:
+    """End the run: its one error line on stderr (and its JSON object on stdout, with --json)."""
+    click.echo(f"cogexport: error: {message}", err=True)
+    if as_json:
+        print_failure(message, exit_code)
+    sys.exit(exit_code)
+
+
+def say(kind: str, text: str) -> None:
+    """A note or warning on stderr ("cogexport: warning: ..."), once per job: every process of a torchrun job runs
+    the same command on the same input and would say the same thing, so rank 0 alone says it."""
+    if current_ranks().leader:
+        click.echo(f"cogexport: {kind}: {text}", err=True)
 
 
 @contextmanager
@@ -67,7 +95,13 @@ role_option = click.option(
     help="The set of weights to read from a checkpoint that keeps several: a FastVideo run's role (student, critic, "
          "ema, ...), or a state dict saved beside the module in a DeepSpeed or torch.save file (module, ema) "
          "[default: the trained weights: FastVideo's student, DeepSpeed's module].")
-json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print one JSON object on stdout instead of text, on failure too ({\"ok\": false, "
+                                "\"error\": ..., \"exit_code\": ...}; the error line stays on stderr).")
+verbose_option = click.option(
+    "--verbose", is_flag=True,
+    help="With --json: list every name of the checkpoint's trainable, frozen, tied and buffer tensors and every file "
+         "read [default: the count and the first few of each].")
 workers_option = click.option("--workers", type=click.IntRange(1), metavar="N",
                               help="Threads reading, checking and casting (or quantizing) tensors ahead of the writer "
                                    "(1: one thread does all in turn) [default: one per core but the writer's; one per "

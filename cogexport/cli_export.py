@@ -4,14 +4,14 @@ loading every family's data."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
 import click
 
-from .cli_common import (allow_nonfinite_option, checkpoint_paths, json_option, output_path, role_option, tag_option,
-                         user_errors_exit_2, workers_option)
+from .cli_common import (allow_nonfinite_option, checkpoint_paths, json_option, output_path, role_option, say,
+                         tag_option, user_errors_exit_2, verbose_option, workers_option)
+from .cli_json import print_object, summarised_result
 from .exporter.experts import expert_names
 from .exporter.options import DTYPES, component_choices, lora_format_help, quant_help, task_help, to_help
 from .exporter.output_formats import chosen_format, to_choices
@@ -84,10 +84,11 @@ def _model_name_examples() -> str:
 @allow_nonfinite_option
 @workers_option
 @json_option
+@verbose_option
 @user_errors_exit_2
 def export(checkpoint, output, model_type, component, base, vae_path, dtype, keep_fp32, max_shard_size, variant,
            tag, ema, role, lora, lora_alpha, lora_expert, lora_format, model_name, base_model, layout, quant,
-           fp8_layout, overwrite, push_to_hub, private, allow_nonfinite, workers, as_json) -> None:
+           fp8_layout, overwrite, push_to_hub, private, allow_nonfinite, workers, as_json, verbose) -> None:
     from .exporter import ExportOptions, command_line
 
     options = ExportOptions(model_type=model_type, component=component, base=base, vae=vae_path, dtype=dtype,
@@ -100,9 +101,9 @@ def export(checkpoint, output, model_type, component, base, vae_path, dtype, kee
     fmt, options = chosen_format(layout, options)
     result = fmt.export(list(checkpoint), output, options)
     for note in result.notes:
-        click.echo(f"cogexport: note: {note}", err=True)
+        say("note", note)
     if as_json:
-        click.echo(json.dumps(result.as_dict(), indent=2))
+        print_object(True, result.as_dict() if verbose else summarised_result(result.as_dict()))
         return
     click.echo(f"wrote {result.output}: {result.model} {result.component}, {result.tensors} tensors, "
                f"{human_bytes(result.total_bytes)} ({result.precision})")

@@ -939,7 +939,7 @@ def baseline(source: Source, work: Path, references: bool) -> tuple[dict, Any]:
     root = work / "pristine"
     shutil.copytree(source.root, root)
     checkpoint = root / source.checkpoint
-    inspected = run_forked(cogexport_command("inspect", str(checkpoint), "--json"), work)
+    inspected = run_forked(cogexport_command("inspect", str(checkpoint), "--json", "--verbose"), work)
     if inspected.code != 0:
         raise click.ClickException(f"inspect fails on the undamaged {source.name}: {inspected.stderr[-2000:]}")
     report = comparable_report(inspected.stdout, root)
@@ -987,7 +987,7 @@ def run_case(source: Source, seed: int, turn: int, work: Path, pristine: dict, r
     detail = choices[mutation](root, rng)
     before = snapshot(root)
     seconds, messages = {}, {}
-    run = run_forked(cogexport_command("inspect", str(checkpoint), "--json"), work)
+    run = run_forked(cogexport_command("inspect", str(checkpoint), "--json", "--verbose"), work)
     results, seconds["inspect"] = {"inspect": judge_inspect(run, pristine, root, before)}, run.seconds
     messages["inspect"] = last_line(run)
     if source.truth:

@@ -108,7 +108,7 @@ def test_multi_node_run_with_ranks_in_separate_folders(variant, tmp_path):
 
 def test_inspect_reports_the_checkpoint(cli):
     fixture = deepspeed_checkpoint(DeepSpeedVariant(3, "fp16", 3))
-    report = json.loads(cli("inspect", fixture.checkpoint, "--json").stdout)
+    report = json.loads(cli("inspect", fixture.checkpoint, "--json", "--verbose").stdout)
     assert (report["format"], report["stage"], report["training_dtype"], report["world_size"]) == ("deepspeed", 3, "fp16", 3)
     assert report["step"] == 2 and report["tag"] == "global_step2" and report["ds_version"] == "0.19.8"
     assert report["frozen"] == fixture.truth["frozen"] and report["tied"] == fixture.truth["tied"]

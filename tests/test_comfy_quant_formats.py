@@ -211,7 +211,7 @@ def test_export_inspect_and_verify_through_the_command_line(quant, cli, tmp_path
     (path,) = (tmp_path / "out").glob(f"*_{quant}.safetensors")
     assert f"ComfyUI {quant}: 10 weights" in cli("inspect", path).stdout
     result = cli("verify", tmp_path / "out", "--against", tmp_path / "model", "--json")
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert result.exit_code == 0 and report["ok"] and report["exact"] == report["tensors"]
     assert comfy_quantization(quant).format in (tmp_path / "out" / "README.md").read_text()
     (tmp_path / "refusal").mkdir()

@@ -4,6 +4,7 @@ local headers, strict safetensors headers, rank identity, missing optimizer file
 from __future__ import annotations
 
 import json
+import os
 import random
 import struct
 import zlib
@@ -271,8 +272,22 @@ def test_safetensors_headers_are_checked_like_the_library_does(cli, tmp_path, sa
 def test_bytes_after_the_last_tensor_are_refused(tmp_path, safetensors_parts):
     path, header, data = safetensors_parts
     write_with_header(path, header, data + b"\0" * 8)
-    with pytest.raises(CogExportError, match="8 bytes after the last tensor"):
+    size = path.stat().st_size
+    with pytest.raises(CogExportError, match=f"8 bytes after the last tensor .*up to byte {size - 8:,} of the "
+                                             f"{size:,}-byte file"):
         SafetensorsCheckpoint(path)
+
+
+def test_a_truncated_safetensors_file_is_told_in_bytes_of_the_file(cli, tmp_path, safetensors_parts):
+    """Both numbers are positions in the file the user has: where the header says its tensors end (the whole file's
+    size before it was cut) and the size it has (not an offset into the data region beside the file's size)."""
+    path, header, data = safetensors_parts
+    whole = path.stat().st_size
+    os.truncate(path, whole - 6)
+    result = cli("inspect", path)
+    assert result.exit_code == 2 and len(result.error_lines) == 1
+    assert f"is truncated: its header places tensors up to byte {whole:,}, but the file has {whole - 6:,} bytes (6 " \
+           "missing); copy the file again" in result.stderr
 
 
 def test_inspect_exit_codes(cli, tmp_path):

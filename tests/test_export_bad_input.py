@@ -50,14 +50,20 @@ def test_shape_mismatch_against_base(cli, tmp_path, sat_run):
     run, _ = sat_run
     config = build_tiny_transformer("5b-i2v", num_layers=2).config
     wider = config_folder(tmp_path / "wider", CogVideoXTransformer3DModel.from_config({**config, "num_attention_heads": 3}))
+    # the model expected is the one --base's config describes: the message says so, and what to give instead
     assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", wider],
-                   "does not match the target model's shapes", "the model expects")
+                   f"does not match the shapes of the model --base describes ({wider / 'config.json'})",
+                   "the model expects", "give as --base the Diffusers folder of the model the checkpoint was trained from")
 
 
 def test_layer_count_mismatch_against_base(cli, tmp_path, sat_run):
     run, _ = sat_run
     deeper = config_folder(tmp_path / "deeper", build_tiny_transformer("5b-i2v", num_layers=3))
-    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", deeper], "lacks", "transformer_blocks.2.")
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", deeper], "transformer_blocks.2.",
+                   f"lacks 24 tensor(s) the model --base describes ({deeper / 'config.json'}) needs", "give as --base")
+    shallower = config_folder(tmp_path / "shallower", build_tiny_transformer("5b-i2v", num_layers=1))
+    assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--base", shallower], "transformer_blocks.1.",
+                   "which the model --base describes", "give as --base")
 
 
 def test_lora_checkpoint_given_to_a_full_export(cli, tmp_path):

@@ -121,7 +121,7 @@ def test_inspect_says_what_the_save_is(cli):
     run = hf_storage_checkpoint("wan-t2v", 3)
     report = json.loads(cli("inspect", run.layout("mapping"), "--json").stdout)
     assert (report["format"], report["world_size"], report["usable"]) == ("hf-storage", 3, True)
-    assert len(report["files"]) == 9 and report["models"]["transformer"]["family"] == "Wan"
+    assert report["files"]["count"] == 9 and report["models"]["transformer"]["family"] == "Wan"
     text = cli("inspect", run.layout("consolidated")).stdout
     assert "HuggingFaceStorageWriter (consolidated)" in text and "sharded/ are the same save" in text
 

@@ -259,7 +259,8 @@ def test_bad_input_is_one_line(tmp_path, cli):
     bare = {n: t for n, t in tensors.items() if n != "vae.decoder.conv_out.conv.weight"}
     save_file(bare, given / "lacking.safetensors", metadata=metadata)
     assert_refused(cli, tmp_path, [given / "lacking.safetensors", tmp_path / "out", "--base", base],
-                   "lacks 1 tensor(s) the target model needs: decoder.conv_out.conv.weight", inputs=[given])
+                   "lacks 1 tensor(s) the VAE --base describes", "vae/config.json) needs: decoder.conv_out.conv.weight",
+                   inputs=[given])
     save_file(split(tensors, "model.diffusion_model."), given / "transformer.safetensors")
     assert_refused(cli, tmp_path, [given / "transformer.safetensors", tmp_path / "out"],
                    "not a published LTX-2 size; pass --base", inputs=[given])

@@ -180,7 +180,7 @@ def test_inspect_and_verify_read_quantized_files(cli, tmp_path):
     assert "scaled fp8: 20 weights" in cli("inspect", tmp_path / "fp8").stdout
     for folder in ("gguf", "fp8"):
         result = cli("verify", tmp_path / folder, "--against", release, "--json")
-        (report,) = json.loads(result.stdout)
+        (report,) = json.loads(result.stdout)["reports"]
         # counted as the export counts them: the file's tensors (the fp8 file's scales and markers too)
         assert result.exit_code == 0 and report["ok"]
         assert report["exact"] == report["tensors"] == exported[folder]["tensors"] == {"gguf": 69, "fp8": 109}[folder]

@@ -157,7 +157,8 @@ def test_inspect_reads_a_file_of_a_format_an_outside_reader_declares(toy_package
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert (report["format"], report["toy_version"], report["usable"]) == ("toy", 3, True)
-    assert tuple(report)[:len(KEY_ORDER)] == KEY_ORDER and report["stage"] is None  # every reader's keys, as ever
+    # ok first, then every reader's keys, as ever
+    assert tuple(report)[:len(KEY_ORDER) + 1] == ("ok", *KEY_ORDER) and report["stage"] is None
     assert {row["name"]: row["shape"] for row in report["tensors"]} == {"blocks.0.weight": [2, 2], "blocks.0.bias": [2]}
     text = run_with_package(toy_package, "inspect", toy_file.parent)
     assert re.search(r"^format +toy checkpoint, version 3$", text.stdout, re.MULTILINE), text.stdout + text.stderr

@@ -8,6 +8,7 @@ The ranks are real processes launched by torch's own launcher (``python -m torch
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -232,3 +233,26 @@ def test_ranks_that_plan_differently_all_fail(tmp_path):
                     script=script)
     assert done.returncode != 0 and "planned different outputs" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_notes_are_printed_once_and_json_is_one_object(tmp_path):
+    """Every rank runs the same command and would say the same thing: rank 0 alone prints the notes and the report."""
+    weights = {f"t{i}": torch.full((300,), float(i)) for i in range(6)}
+    weights["t4"][7] = float("nan")
+    torch.save(weights, tmp_path / "weights.pt")
+    done = torchrun(2, "consolidate", tmp_path / "weights.pt", tmp_path / "out", "--max-shard-size", "3600",
+                    "--allow-nonfinite", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("cogexport: warning:")]
+    assert len(warnings) == 1 and "t4" in warnings[0], done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] is True and report["notes"] == [warnings[0].removeprefix("cogexport: warning: ")]
+
+
+def test_a_failed_job_is_one_json_object(tmp_path):
+    """A failure under torchrun: each rank says it on stderr, rank 0 alone prints the JSON object."""
+    torch.save({f"t{i}": torch.full((300,), float(i)) for i in range(6)}, tmp_path / "weights.pt")
+    done = torchrun(2, "consolidate", tmp_path / "weights.pt", tmp_path / "weights.pt" / "out", "--json")
+    assert done.returncode != 0
+    report = json.loads(done.stdout)
+    assert report["ok"] is False and report["exit_code"] == 2 and report["error"] in done.stderr

@@ -28,7 +28,7 @@ def test_a_faithful_export_verifies(cli, tmp_path):
     run, out = exported(tmp_path)
     result = cli("verify", out, "--against", run, "--json")
     assert result.exit_code == 0, result.stdout
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["ok"] and report["loads_with_diffusers"] and report["mismatches"] == [] and report["kind"] == "model"
     assert report["tensors"] == report["exact"] + report["cast_exact"] == 64
     assert report["cast_exact"] > 0, "the fp32-kept norms are checked against the upcast bf16 source"
@@ -100,7 +100,7 @@ def test_a_pipeline_with_an_exported_vae_verifies_both(cli, tmp_path):
 
 def test_verify_says_what_it_proves_and_why_there_is_no_second_opinion(cli, tmp_path):
     run, out = exported(tmp_path)
-    (report,) = json.loads(cli("verify", out, "--against", run, "--json").stdout)
+    (report,) = json.loads(cli("verify", out, "--against", run, "--json").stdout)["reports"]
     assert report["judge"] is None and "Diffusers' package has no converter for SAT CogVideoX" in report["judge_note"]
     assert any("a wrong rule would pass this check" in claim for claim in report["proves"])
     text = cli("verify", out, "--against", run).stdout
@@ -138,7 +138,7 @@ def test_a_wrong_rule_passes_the_consistency_check_but_not_diffusers_own_convert
     assert cli(wan_original, tmp_path / "out", "--dtype", "fp32").exit_code == 0
     result = cli("verify", tmp_path / "out", "--against", wan_original, "--json")
     assert result.exit_code == 1
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["mismatches"] == [], "the same wrong table replans the same wrong folder"
     assert report["judge"] == "convert_wan_transformer_to_diffusers"
     assert any("blocks.0.attn1.norm_q.weight differs from what Diffusers' convert_wan_transformer_to_diffusers"
@@ -147,10 +147,10 @@ def test_a_wrong_rule_passes_the_consistency_check_but_not_diffusers_own_convert
 
 def test_a_faithful_wan_export_agrees_with_diffusers_own_converter(cli, tmp_path, wan_original):
     assert cli(wan_original, tmp_path / "out").exit_code == 0
-    (report,) = json.loads(cli("verify", tmp_path / "out", "--against", wan_original, "--json").stdout)
+    (report,) = json.loads(cli("verify", tmp_path / "out", "--against", wan_original, "--json").stdout)["reports"]
     assert report["ok"] and report["judged"] == report["tensors"] == 69 and report["judge_mismatches"] == []
     (report,) = json.loads(cli("verify", tmp_path / "out", "--against", wan_original, "--judge-limit", "1000",
-                               "--json").stdout)
+                               "--json").stdout)["reports"]
     assert report["ok"] and report["judge"] is None and "over the 0.0 GB limit" in report["judge_note"]
 
 
@@ -165,7 +165,7 @@ def test_verify_checks_a_lora_adapter_folder(cli, tmp_path):
     export(run.run_dir, tmp_path / "adapter", base=base)
     result = cli("verify", tmp_path / "adapter", "--against", run.run_dir, "--json")
     assert result.exit_code == 0, result.stdout
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["kind"] == "LoRA adapter" and report["tensors"] == 16 and report["ok"]
 
     weights = tmp_path / "adapter" / "pytorch_lora_weights.safetensors"
@@ -183,7 +183,7 @@ def test_verify_checks_a_fused_lora_folder(cli, tmp_path):
     export(run.run_dir, tmp_path / "fused", base=base, lora="fuse")
     result = cli("verify", tmp_path / "fused", "--against", run.run_dir, "--json")
     assert result.exit_code == 0, result.stdout
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["kind"] == "fused model" and report["tensors"] == 64 and report["loads_with_diffusers"]
 
     weights = tmp_path / "fused" / "diffusion_pytorch_model.safetensors"

@@ -33,7 +33,7 @@ def test_each_family_export_agrees_with_diffusers_own_converter(family, judge, t
     source, out = original_and_export(cli, tmp_path, pipeline, *extra)
     result = cli("verify", out, "--against", source, "--json")
     assert result.exit_code == 0, result.stdout + result.stderr
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["ok"] and report["judge"] == judge and report["judge_mismatches"] == []
     assert report["judged"] == report["tensors"] == len(load_file(out / "diffusion_pytorch_model.safetensors"))
     assert tensors is None or report["tensors"] == tensors
@@ -48,7 +48,7 @@ def test_a_changed_export_is_caught_by_the_mochi_converter(cli, tmp_path):
     save_file(tensors, weights, metadata={"format": "pt"})
     result = cli("verify", out, "--against", source, "--json")
     assert result.exit_code == 1
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert any(line.startswith("transformer_blocks.47.norm1_context.linear_1.weight differs from what Diffusers' "
                                "convert_mochi_transformer_checkpoint_to_diffusers") for line in report["judge_mismatches"])
 

@@ -147,7 +147,7 @@ def test_a14b_experts_both_ways(variant, tmp_path, cli):
     assert result.exit_code == 0, result.stderr
     result = cli("verify", tmp_path / "pipeline", "--against", tmp_path / "original", "--json")
     assert result.exit_code == 0, result.stdout
-    assert [Path(r["folder"]).name for r in json.loads(result.stdout)] == ["transformer", "transformer_2"]
+    assert [Path(r["folder"]).name for r in json.loads(result.stdout)["reports"]] == ["transformer", "transformer_2"]
 
 
 def test_one_expert_alone_exports_as_one_transformer(tmp_path):

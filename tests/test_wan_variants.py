@@ -250,7 +250,7 @@ def test_verify_asks_diffusers_converter_where_it_reads_the_layout(shape_class, 
     export(tmp_path / "original", tmp_path / "out")
     result = cli("verify", tmp_path / "out", "--against", tmp_path / "original", "--json")
     assert result.exit_code == 0, result.stdout
-    report = json.loads(result.stdout)[0]
+    report = json.loads(result.stdout)["reports"][0]
     assert report["ok"] and report["loads_with_diffusers"]
     assert (report["judge"] == "convert_wan_transformer_to_diffusers") == judge
     assert report["judged"] == (report["tensors"] if judge else 0)

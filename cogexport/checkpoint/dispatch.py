@@ -48,6 +48,7 @@ from .claims import SEARCH_DEPTH, gather
 from .copies import NotACopy, judge_copy, possible_copies, refuse_placeholders, shown_copy
 from .dcp_locate import STEP_NUMBER, step_number
 from .locate import natural_sorted
+from .text_files import not_weights_message, text_file_kind
 from .readers import Claim, OpenOptions, Reader, looks_for, phrase_of, reader_of_file, reader_of_several, \
     stands_for_folder
 
@@ -96,6 +97,11 @@ def _open_file(path: Path, options: OpenOptions) -> LazyCheckpoint:
     reader = reader_of_file(path)
     if reader is None or reader.open_file is None:
         raise CogExportError(f"{path} is no file cogexport reads (it looks for {looks_for()})")
+    kind = text_file_kind(path)
+    # A text file no reader names is not weights of any kind (the reader of files of any name would call it damaged);
+    # an LFS pointer is one whatever its name (model.safetensors, never fetched).
+    if kind is not None and (reader.any_file or kind == "a Git LFS pointer"):
+        raise CogExportError(not_weights_message(path, kind))
     if options.tag is not None and not reader.own_tags:
         raise CogExportError(f"--tag {quoted(options.tag)} does not apply to {path}: one file has no steps or tags; "
                              "drop --tag")

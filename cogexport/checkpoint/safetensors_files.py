@@ -191,7 +191,7 @@ def read_header(file: Path, descriptor: int) -> tuple[dict[str, tuple[torch.dtyp
         dtype, shape, offsets = _checked_entry(file, name, entry)
         entries[name] = (dtype, torch.Size(shape), data_start + offsets[0])
         ranges.append((offsets[0], offsets[1], name))
-    _check_tiling(file, ranges, data_size)
+    _check_tiling(file, ranges, data_start, data_size)
     return entries, metadata
 
 
@@ -238,7 +238,7 @@ def _checked_entry(file: Path, name: str, entry: object) -> tuple[torch.dtype, l
     return dtype, shape, offsets
 
 
-def _check_tiling(file: Path, ranges: list[tuple[int, int, str]], data_size: int) -> None:
+def _check_tiling(file: Path, ranges: list[tuple[int, int, str]], data_start: int, data_size: int) -> None:
     """The tensors' byte ranges cover the data exactly: no overlap, no gap, nothing past the end of the file."""
     position = 0
     for start, stop, name in sorted(ranges):
@@ -246,10 +246,14 @@ def _check_tiling(file: Path, ranges: list[tuple[int, int, str]], data_size: int
             what = "overlaps the tensor before it" if start < position else f"leaves a gap of {start - position} bytes"
             raise _corrupt(file, f"tensor {quoted(name)} {what}")
         position = stop
-    if position != data_size:
-        what = "the file is truncated" if position > data_size else f"{data_size - position} bytes after the last tensor"
-        raise CogExportError(f"{file} is truncated or corrupt: the tensors end at byte {position} of {data_size} "
-                             f"({what}); copy the file again")
+    # Said in bytes of the file (the header's offsets count from the end of the header, which users never see).
+    needed, size = data_start + position, data_start + data_size
+    if needed > size:
+        raise CogExportError(f"{file} is truncated: its header places tensors up to byte {needed:,}, but the file has "
+                             f"{size:,} bytes ({needed - size:,} missing); copy the file again")
+    if needed < size:
+        raise CogExportError(f"{file} is corrupt: {size - needed:,} bytes after the last tensor (its header places "
+                             f"tensors up to byte {needed:,} of the {size:,}-byte file); copy the file again")
 
 
 def _is_count(value: object) -> bool:

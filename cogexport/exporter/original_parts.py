@@ -7,7 +7,7 @@ policy and, for the quantized outputs, as read (not cast), both in original name
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ..checkpoint import LazyCheckpoint, as_paths
 from ..errors import CogExportError
@@ -22,7 +22,11 @@ from .adapters import adapters_to_fuse
 from .inputs import ExportInputs, open_weights, search_folders
 from .options import ExportOptions
 from .original_writers import OriginalPart
-from .parts import ModelExport, family_hint, plan_component, plan_fused_transformer, plan_transformer
+from .parts import ModelExport, family_hint, model_family, plan_component, plan_fused_transformer, plan_transformer
+
+# A format's check of the family of each transformer it writes, made as soon as the family is known (before --base
+# may be asked for): raises CogExportError for a family the format cannot write.
+FamilyCheck = Callable[[ModelFamily, str], None]
 
 _EXPERTS = ("transformer", "transformer_2")  # the pipeline components a transformer may be split into
 
@@ -63,27 +67,31 @@ def release_folder_of(family: ModelFamily, component: str, experts: int) -> str:
 
 
 def plan_way_back(inputs: ExportInputs, component: str, options: ExportOptions,
-                  refuse_original: bool = True) -> list[OriginalPart]:
+                  refuse_original: bool = True, family_check: FamilyCheck | None = None) -> list[OriginalPart]:
     """Every part to write back: the transformer (each expert; with a LoRA run's adapter fused in), or the one
-    ``component``. ``refuse_original``: an input already in the original layout is refused (--to original)."""
+    ``component``. ``refuse_original``: an input already in the original layout is refused (--to original);
+    ``family_check``: the format's check of each transformer's family."""
     if component != "transformer":
         return [_component_part(inputs.sources[name], component, inputs, options, inputs.where_of(name),
                                 inputs.search_folders(name), _own_folder(inputs, name), refuse_original)
                 for name in inputs.sources]
     adapters = adapters_to_fuse(inputs, options)  # the original layout holds a full model: a LoRA run is fused
     names = tuple(adapters) or tuple(inputs.sources)
-    return [_transformer_part(inputs, name, names, options, adapters.get(name), refuse_original) for name in names]
+    return [_transformer_part(inputs, name, names, options, adapters.get(name), refuse_original,
+                              family_check or (lambda family, where: None)) for name in names]
 
 
 def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], options: ExportOptions,
-                      adapter: LoraAdapter | None, refuse_original: bool) -> OriginalPart:
+                      adapter: LoraAdapter | None, refuse_original: bool, family_check: FamilyCheck) -> OriginalPart:
     if adapter is not None:
+        family_check(model_family(adapter, inputs.base), inputs.where_of(name))
         part = plan_fused_transformer(adapter, inputs, name, options)
     else:
         source, where = inputs.sources[name], inputs.where_of(name)
         search = [*inputs.paths_of(name), *inputs.search_folders(name)]
         family, table = choose_table(source, "transformer", "transformer", where,
                                      family_hint(inputs.base, options, search))
+        family_check(family, where)
         _check_layouts(family.transformer, table.name, family, where, refuse_original)
         # the release's expert subfolders (high_noise_model/, ...) when writing several experts
         experts = tuple(release_folder_of(family, each, len(names)) for each in names) if len(names) > 1 else ()

@@ -75,7 +75,8 @@ def plan_transformer(source: Mapping[str, LazyTensor], options: ExportOptions, w
     metadata = source.info.header_metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
     recognised = recognise(source, table, family, experts, metadata)
     chosen = choose_transformer(recognised, family, target_request(options, base, component, experts), where, folders)
-    plan = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where)
+    plan = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where,
+                            target=chosen.described_as, remedy=chosen.remedy)
     return _transformer_part(component, chosen, plan, table, options)
 
 
@@ -172,7 +173,10 @@ def plan_component(source: Mapping[str, LazyTensor], component: str, family: Mod
         config = family.component_config(component, variant) if variant is not None else \
             _fitting_config(family, component, table, source, where)
     target = build_target(spec.class_name, config)
-    plan = plan_translation(table, source, target.schema, target.counts, what=where)
+    told = dict(target=f"the {component_title(component)} --base describes ({base.config_file(component)})",
+                remedy="give as --base the pipeline (or model folder) the checkpoint belongs to, if this is not "
+                       "it") if base else {}
+    plan = plan_translation(table, source, target.schema, target.counts, what=where, **told)
     policy = precision(spec.keep_fp32, options)
     return ModelExport(component, target, plan, policy.apply(plan.tensors), policy, table, family,
                        f"{variant.name if variant else family.name} {component_title(component)}", variant=variant)

@@ -23,7 +23,7 @@ from .original_parts import open_way_back, plan_way_back, release_folder
 from .original_writers import OriginalPart
 from .output_formats import OutputFormat
 from .result import ExportResult
-from .way_back import file_stem, in_folder, publish_way_back
+from .way_back import file_stem, in_folder, publish_way_back, quantized_family_check
 
 CONFIG_FOLDER = "config"  # beside a custom size's file: the Diffusers config its loader builds the model from
 
@@ -33,7 +33,8 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
     _, options = checked_format(replace(options or ExportOptions(), **overrides), "gguf")
     with ExitStack() as stack:
         inputs = open_way_back(checkpoint, options, "transformer", stack)
-        parts = plan_way_back(inputs, "transformer", options, refuse_original=False)
+        parts = plan_way_back(inputs, "transformer", options, refuse_original=False,
+                              family_check=quantized_family_check("GGUF files"))
         folder, notes, counts, files = FolderPlan(), [], {}, {}
         for part in parts:
             policy = quantization_policy(part.family.key)

@@ -1,11 +1,14 @@
 """What the exports into a family's original names share (--to original, gguf, comfyui): where an expert's file goes,
-and the result they report."""
+the refusal of a family a quantized format has no policy for, and the result they report."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..checkpoint.readers import info_dict
+from ..errors import CogExportError
+from ..models.family import ModelFamily, families
+from ..quantize import quantizable_families
 from ..write.folder_plan import FolderPlan
 from .inputs import ExportInputs
 from .options import ExportOptions
@@ -24,6 +27,21 @@ def file_stem(part: OriginalPart) -> str:
 
 def in_folder(folder: str, name: str) -> str:
     return f"{folder}/{name}" if folder else name
+
+
+def quantized_family_check(files: str):
+    """The check (original_parts.FamilyCheck) that the family's quantized.toml says how to write ``files`` ("GGUF
+    files"): a family without one is refused as soon as its checkpoint is recognised, in words naming the families
+    that have one and what the family's model can be exported to instead."""
+    def check(family: ModelFamily, where: str) -> None:
+        if family.key in quantizable_families():
+            return
+        supported = ", ".join(other.name for other in families() if other.key in quantizable_families())
+        instead = "a Diffusers folder (drop --to)" + (" or its original layout (--to original)"
+                                                        if family.transformer.originals else "")
+        raise CogExportError(f"{where} is a {family.name} model: cogexport writes no {files} of {family.name} models "
+                             f"(only of {supported}); export it to {instead}")
+    return check
 
 
 def way_back_result(parts: list[OriginalPart], folder: FolderPlan, what: str, inputs: ExportInputs, output: str,

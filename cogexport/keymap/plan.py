@@ -87,19 +87,22 @@ def _no_data() -> torch.Tensor:
 
 def plan_translation(table: KeyMapTable, source: Mapping[str, LazyTensor],
                      schema: Mapping[str, torch.Size] | None, counts: Mapping[str, int], *,
-                     strict: bool = True, what: str = "the checkpoint") -> Plan:
-    """Translate ``source`` with ``table`` into the keys of ``schema`` (the target model's state_dict shapes)."""
+                     strict: bool = True, what: str = "the checkpoint", target: str = "the target model",
+                     remedy: str = "") -> Plan:
+    """Translate ``source`` with ``table`` into the keys of ``schema`` (the target model's state_dict shapes).
+    ``target`` names that model where a message says what it lacks or expects (the model --base's config describes),
+    and ``remedy`` is what to do then."""
     selected, ignored = table.select(source)
     plan = Plan(tensors={}, ignored=ignored)
     groups = _group_keys(table, selected, schema, counts, plan, strict, what)
     # every file the table keeps is made, empty when the source had none of its tensors (which then says so)
     plan.kept = {drop.keep: {name: source[selected[name]] for name in plan.kept.get(drop.keep, {})}
                  for drop in table.drops if drop.keep}
-    produced = _GroupBuilder(table, source, selected, schema, counts, plan, strict, what).build(groups)
+    produced = _GroupBuilder(table, source, selected, schema, counts, plan, strict, what, target, remedy).build(groups)
     if schema is None:
         plan.tensors = produced
         return plan
-    _check_against_schema(produced, schema, what)
+    _check_against_schema(produced, schema, what, target, remedy)
     plan.tensors = {name: produced[name] for name in schema}
     return plan
 
@@ -152,15 +155,19 @@ class _GroupBuilder:
     plan: Plan
     strict: bool
     what: str
+    target: str
+    remedy: str
     produced: dict[str, LazyTensor] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    beyond_target: bool = False  # a source tensor has no place in the target model: its shapes say another model
 
     def build(self, groups: _Groups) -> dict[str, LazyTensor]:
         rules = {id(rule): rule for rule in _all_rules(self.table)}
         for (rule_id, values), found in groups.items():
             self._apply(rules[rule_id], dict(values), found)
         if self.errors:
-            raise CogExportError(f"{self.what} does not fit key map {self.table.name}: {_listing(self.errors, 3)}")
+            raise CogExportError(f"{self.what} does not fit key map {self.table.name}: {_listing(self.errors, 3)}"
+                                 + (f"; {self.remedy}" if self.remedy and self.beyond_target else ""))
         return self.produced
 
     def _apply(self, rule: Regroup, values: dict[str, str], found: dict[int, str]) -> None:
@@ -192,7 +199,8 @@ class _GroupBuilder:
             if rule.optional_reason:
                 self.plan.dropped.update({self.selected[n]: rule.optional_reason for n in names})
             else:
-                self.errors.append(f"{', '.join(names)} becomes {target}, which the target model does not have")
+                self.errors.append(f"{', '.join(names)} becomes {target}, which {self.target} does not have")
+                self.beyond_target = True
             return False
         if target in self.produced:
             self.errors.append(f"{target} is produced twice (again from {', '.join(names)})")
@@ -200,11 +208,13 @@ class _GroupBuilder:
         return True
 
 
-def _check_against_schema(produced: Mapping[str, LazyTensor], schema: Mapping[str, torch.Size], what: str) -> None:
+def _check_against_schema(produced: Mapping[str, LazyTensor], schema: Mapping[str, torch.Size], what: str,
+                          target: str, remedy: str) -> None:
+    then = f"; {remedy}" if remedy else ""
     missing = [name for name in schema if name not in produced]
     if missing:
-        raise CogExportError(f"{what} lacks {len(missing)} tensor(s) the target model needs: {_listing(missing)}")
+        raise CogExportError(f"{what} lacks {len(missing)} tensor(s) {target} needs: {_listing(missing)}{then}")
     wrong = [f"{name} is {tuple(produced[name].shape)}, the model expects {tuple(shape)}"
              for name, shape in schema.items() if produced[name].shape != torch.Size(shape)]
     if wrong:
-        raise CogExportError(f"{what} does not match the target model's shapes: {_listing(wrong, 3)}")
+        raise CogExportError(f"{what} does not match the shapes of {target}: {_listing(wrong, 3)}{then}")

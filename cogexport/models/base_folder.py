@@ -41,6 +41,10 @@ class BaseFolder:
     def config(self, component: str) -> dict | None:
         return self.configs.get(component)
 
+    def config_file(self, component: str) -> Path:
+        """Where ``config(component)`` was read: a pipeline's component folder, or the model folder itself."""
+        return self.path / component / "config.json" if self.is_pipeline else self.path / "config.json"
+
     def component_dir(self, component: str) -> Path:
         folder = self.path / component
         if not folder.is_dir():

@@ -109,8 +109,11 @@ def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, wh
         if others:
             advice = (remedy or EXPORT_REMEDY).format(found=others[0][0].name)
             raise CogExportError(f"{where} holds a {others[0][0].name} {component}, not a {family.name} one; {advice}")
-        raise CogExportError(f"{where} holds no {what} weights cogexport recognises (tried "
-                             f"{', '.join(name for _, name in candidates)}); its first keys are {sample}")
+        # a table several families read (Wan's, by its variants) is one layout tried once; its families named once
+        tried = len({name for _, name in candidates})
+        owners = ", ".join(dict.fromkeys(candidate_family.name for candidate_family, _ in candidates))
+        raise CogExportError(f"{where} holds no {what} weights cogexport recognises (it tried the {tried} {what} "
+                             f"layouts of {owners}); its first keys are {sample}")
     owners = sorted({found_family.name for found_family, _ in fitting})
     if len(owners) > 1:  # the same names in two families' models (LTX-Video's and LTX-2's Diffusers VAEs)
         advice = (remedy or EXPORT_AMBIGUITY_REMEDY).format(found=" or ".join(owners))

@@ -36,6 +36,9 @@ class TransformerChoice:
     label: str  # what the model is, for the user: a published name, or a custom size in a variant's layout
     published: bool  # the model is that published variant (its Hub id may be named as the base model)
     notes: list[str] = field(default_factory=list)  # what the user should know about the choice
+    # the model as the messages of planning name it (whose config it is), and what to do when its shapes disagree
+    described_as: str = "the target model"
+    remedy: str = ""
 
 
 def choose_transformer(recognised: Recognised | None, family: ModelFamily, request: TargetRequest, where: str,
@@ -63,8 +66,23 @@ def choose_transformer(recognised: Recognised | None, family: ModelFamily, reque
     is_published = (published == variant or _is_release(family, recognised, variant, config, request)) \
         if recognised else base_config is None
     label = variant.name if is_published else f"custom-size {family.name} ({variant.name} layout)"
+    described_as, remedy = _config_source(base if base_config is not None else None, beside is not None, variant,
+                                          request.component)
     return TransformerChoice(family, build_target(family.transformer.class_name, config), variant, label,
-                             is_published, notes)
+                             is_published, notes, described_as, remedy)
+
+
+def _config_source(base: BaseFolder | None, beside: bool, variant: Variant, component: str) -> tuple[str, str]:
+    """The model exported into, named by where its config came from, and what to do when the checkpoint's shapes
+    are not its shapes."""
+    if base is not None:
+        return (f"the model --base describes ({base.config_file(component)})",
+                "give as --base the Diffusers folder of the model the checkpoint was trained from, if this is not it")
+    if beside:
+        return ("the model the config.json beside the checkpoint describes",
+                "if that config is not the checkpoint's own, pass --base with the Diffusers folder of the model it "
+                "was trained from")
+    return f"the published {variant.name}", ""
 
 
 def _is_release(family: ModelFamily, recognised: Recognised, variant: Variant, config: Mapping[str, Any],
