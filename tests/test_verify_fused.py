@@ -37,7 +37,7 @@ def test_a_fused_adapter_alone_verifies_against_the_adapter_and_base(cli, tmp_pa
     lora_file, base, fused = fused_adapter_alone(cli, tmp_path)
     result = cli("verify", fused, "--against", lora_file, "--base", base, "--json")
     assert result.exit_code == 0, result.stdout + result.stderr
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["kind"] == "fused model" and report["ok"] and report["loads_with_diffusers"]
     assert report["tensors"] == report["exact"] == 64
     assert report["judge"].startswith("PEFT's LoRA merge") and report["judged"] == 8  # the adapter's 8 modules
@@ -57,7 +57,7 @@ def test_a_changed_value_of_a_fused_weight_is_caught_by_both_checks(cli, tmp_pat
     change_one_value(fused / "diffusion_pytorch_model.safetensors", ADAPTED)
     result = cli("verify", fused, "--against", lora_file, "--base", base, "--no-load", "--json")
     assert result.exit_code == 1
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["mismatches"] == [f"{ADAPTED}: values differ from the checkpoint's"]
     assert report["judge_mismatches"] == [f"{ADAPTED} differs from what PEFT's LoRA merge "
                                           "(peft.tuners.lora.Linear.merge) makes of the base weight"]
@@ -72,7 +72,7 @@ def test_a_fused_folder_of_another_base_is_caught(cli, tmp_path):
     change_one_value(other / "diffusion_pytorch_model.safetensors", ADAPTED)
     result = cli("verify", fused, "--against", lora_file, "--base", other, "--no-load", "--json")
     assert result.exit_code == 1
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert f"{ADAPTED}: values differ from the checkpoint's" in report["mismatches"]
     assert len(report["judge_mismatches"]) == 1
 
@@ -81,7 +81,7 @@ def test_a_sat_lora_run_with_its_base_weights_gets_peft_as_second_opinion(cli, t
     original = build_tiny_transformer("2b", num_layers=2, seed=3)
     run = write_sat_run(tmp_path / "run", original.state_dict(), lora_rank=4, dtype=torch.float32)
     export(run.run_dir, tmp_path / "fused", base=config_folder(tmp_path / "base", original), lora="fuse")
-    (report,) = json.loads(cli("verify", tmp_path / "fused", "--against", run.run_dir, "--no-load", "--json").stdout)
+    (report,) = json.loads(cli("verify", tmp_path / "fused", "--against", run.run_dir, "--no-load", "--json").stdout)["reports"]
     assert report["ok"] and report["judged"] == 8 and report["cast_exact"] > 0, report
 
 
@@ -95,7 +95,7 @@ def test_a_wrong_strength_in_the_merge_passes_consistency_but_not_peft(cli, tmp_
     lora_file, base, fused = fused_adapter_alone(cli, tmp_path)
     result = cli("verify", fused, "--against", lora_file, "--base", base, "--no-load", "--json")
     assert result.exit_code == 1
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["mismatches"] == [] and len(report["judge_mismatches"]) == report["tensors"] - 56 == 8
 
 
@@ -111,11 +111,11 @@ def test_a_quantized_file_of_a_lora_run_verifies_against_the_adapter_and_base(cl
     assert cli(path, tmp_path / "out", "--base", pipeline, "--to", "gguf", "--quant", "Q8_0").exit_code == 0
     result = cli("verify", tmp_path / "out", "--against", path, "--base", pipeline, "--json")
     assert result.exit_code == 0, result.stdout + result.stderr
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["kind"] == "quantized file" and report["ok"] and report["exact"] == report["tensors"] == 69
     assert_refusal(cli("verify", tmp_path / "out", "--against", path), "holds only a LoRA adapter", "pass --base")
     unfused = cli("verify", tmp_path / "out", "--against", pipeline / "transformer_2", "--json")
-    assert unfused.exit_code == 1 and json.loads(unfused.stdout)[0]["mismatches"]
+    assert unfused.exit_code == 1 and json.loads(unfused.stdout)["reports"][0]["mismatches"]
 
     (file,) = (tmp_path / "out").rglob("*.gguf")
     data = bytearray(file.read_bytes())
@@ -134,7 +134,7 @@ def test_an_adapter_whose_names_several_families_share_verifies_with_base(cli, t
     assert_refusal(cli("verify", tmp_path / "adapter", "--against", lora_file), "pass --base")
     result = cli("verify", tmp_path / "adapter", "--against", lora_file, "--base", run.base, "--json")
     assert result.exit_code == 0, result.stdout + result.stderr
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["kind"] == "LoRA adapter" and report["ok"] and report["tensors"] == 16
 
     weights = tmp_path / "adapter" / "pytorch_lora_weights.safetensors"

@@ -24,7 +24,7 @@ def test_a_wan_original_file_verifies_and_diffusers_converter_reads_it_back(cli,
     pipeline, original = wan_original(tmp_path)
     result = cli("verify", original, "--against", pipeline, "--json")
     assert result.exit_code == 0, result.stdout + result.stderr
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["kind"] == "original layout" and report["ok"]
     assert report["tensors"] == report["exact"] + report["cast_exact"] == 69 and report["cast_exact"] > 0  # bf16
     assert report["judge"] == "convert_wan_transformer_to_diffusers" and report["judged"] == 69
@@ -40,7 +40,7 @@ def test_a_changed_value_in_an_original_file_is_caught(cli, tmp_path):
     save_file(tensors, weights)
     result = cli("verify", original, "--against", pipeline, "--json")
     assert result.exit_code == 1
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["mismatches"] == [f"{CHANGED}: values differ from the checkpoint's"]
     assert report["judge_mismatches"] == ["blocks.0.attn1.to_q.weight: Diffusers' convert_wan_transformer_to_diffusers "
                                           "reads the written file as another value than the model it came from"]
@@ -53,7 +53,7 @@ def test_a_wrong_rule_passes_consistency_but_not_diffusers_converter(cli, tmp_pa
 
     scrambled_wan_table(monkeypatch, original_parts)
     pipeline, original = wan_original(tmp_path)
-    (report,) = json.loads(cli("verify", original, "--against", pipeline, "--json").stdout)
+    (report,) = json.loads(cli("verify", original, "--against", pipeline, "--json").stdout)["reports"]
     assert report["mismatches"] == [] and not report["ok"]
     assert "blocks.0.attn1.norm_q.weight: Diffusers' convert_wan_transformer_to_diffusers reads the written file as " \
            "another value than the model it came from" in report["judge_mismatches"]
@@ -62,7 +62,7 @@ def test_a_wrong_rule_passes_consistency_but_not_diffusers_converter(cli, tmp_pa
 def test_a_sat_original_verifies_and_says_why_there_is_no_converter(cli, tmp_path):
     pipeline = tiny_pipeline("t2v")
     export_original(pipeline, tmp_path / "sat", progress=False)
-    (report,) = json.loads(cli("verify", tmp_path / "sat", "--against", pipeline, "--json").stdout)
+    (report,) = json.loads(cli("verify", tmp_path / "sat", "--against", pipeline, "--json").stdout)["reports"]
     assert report["ok"] and report["tensors"] == 52 and report["judge"] is None
     assert "no converter for SAT CogVideoX" in report["judge_note"]
 
@@ -73,10 +73,10 @@ def test_a_fused_adapter_alone_in_the_original_layout_verifies_with_base(cli, tm
     result = cli(lora_file, tmp_path / "sat", "--to", "original", "--base", run.base, "--lora", "fuse")
     assert result.exit_code == 0, result.stderr
     (report,) = json.loads(cli("verify", tmp_path / "sat", "--against", lora_file, "--base", run.base,
-                               "--json").stdout)
+                               "--json").stdout)["reports"]
     assert report["ok"] and report["tensors"] == 52, report
     unfused = cli("verify", tmp_path / "sat", "--against", run.base, "--json")
-    assert unfused.exit_code == 1 and len(json.loads(unfused.stdout)[0]["mismatches"]) == 4  # the adapted layers
+    assert unfused.exit_code == 1 and len(json.loads(unfused.stdout)["reports"][0]["mismatches"]) == 4  # the adapted layers
 
 
 def test_each_expert_of_a_two_expert_release_is_checked_against_its_own_model(cli, tmp_path):
@@ -84,7 +84,7 @@ def test_each_expert_of_a_two_expert_release_is_checked_against_its_own_model(cl
     export_original(pipeline, tmp_path / "release", progress=False)
     result = cli("verify", tmp_path / "release", "--against", pipeline, "--json")
     assert result.exit_code == 0, result.stdout + result.stderr
-    reports = json.loads(result.stdout)
+    reports = json.loads(result.stdout)["reports"]
     assert [report["folder"] for report in reports] == [str(tmp_path / "release" / name)
                                                         for name in ("high_noise_model", "low_noise_model")]
     assert all(report["ok"] and report["judged"] == 69 for report in reports)
@@ -95,7 +95,7 @@ def test_each_expert_of_a_two_expert_release_is_checked_against_its_own_model(cl
     high.rename(tmp_path / "high")
     low.rename(high)
     (tmp_path / "high").rename(low)
-    swapped = json.loads(cli("verify", tmp_path / "release", "--against", pipeline, "--json").stdout)
+    swapped = json.loads(cli("verify", tmp_path / "release", "--against", pipeline, "--json").stdout)["reports"]
     assert all(report["mismatches"] and report["judge_mismatches"] for report in swapped)
 
 
@@ -109,5 +109,5 @@ def test_a_lora_adapter_in_original_module_names_is_checked_as_an_adapter(cli, t
     path = comfy(tmp_path / "lora" / "run.safetensors", make_adapter(weights, MODULES, seed=5))
     result = cli(path, tmp_path / "adapter", "--base", pipeline, "--lora-format", "comfyui")
     assert result.exit_code == 0, result.stderr
-    (report,) = json.loads(cli("verify", tmp_path / "adapter", "--against", path, "--json").stdout)
+    (report,) = json.loads(cli("verify", tmp_path / "adapter", "--against", path, "--json").stdout)["reports"]
     assert report["kind"] == "LoRA adapter" and report["ok"], report

@@ -24,7 +24,7 @@ def test_a_universal_checkpoint_verifies_against_its_zero_checkpoint(variant, cl
     checkpoint, folder = universal_of(variant, tmp_path)
     result = cli("verify", folder, "--against", checkpoint, "--json")
     assert result.exit_code == 0, result.stdout + result.stderr
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     truth = deepspeed_checkpoint(variant).truth
     # each trainable parameter's master, two Adam states and step; each frozen parameter and buffer
     others = len(truth["frozen"]) + len(truth["buffers"])
@@ -50,13 +50,13 @@ def test_a_changed_value_of_a_master_or_state_is_caught(cli, tmp_path):
     change_one_value(folder / "zero" / name / "exp_avg_sq.pt")
     result = cli("verify", folder, "--against", checkpoint, "--json")
     assert result.exit_code == 1
-    (report,) = json.loads(result.stdout)
+    (report,) = json.loads(result.stdout)["reports"]
     assert report["mismatches"] == [f"zero/{name}/exp_avg_sq.pt: param differs from the checkpoint's"]
 
 
 def test_a_foreign_checkpoint_and_a_changed_model_states_file_are_caught(cli, tmp_path):
     _, folder = universal_of(DeepSpeedVariant(2, "bf16", 2), tmp_path)
     other = deepspeed_checkpoint(DeepSpeedVariant(2, "bf16", 3)).checkpoint  # the same model, trained on 3 ranks
-    (report,) = json.loads(cli("verify", folder, "--against", other, "--json").stdout)
+    (report,) = json.loads(cli("verify", folder, "--against", other, "--json").stdout)["reports"]
     assert not report["ok"] and any(line.endswith("differs from the checkpoint's") for line in report["mismatches"])
     assert any(line.startswith("mp_rank_00_model_states.pt is not ") for line in report["mismatches"])
