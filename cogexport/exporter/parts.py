@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..checkpoint import LazyCheckpoint
+from ..checkpoint.model_folder import WEIGHT_SUFFIXES
 from ..errors import CogExportError
 from ..keymap.plan import Plan, plan_translation
 from ..keymap.table import KeyMapTable
@@ -125,10 +126,9 @@ def _base_transformer_weights(inputs: ExportInputs, family: ModelFamily, target:
     base = inputs.base
     folder = None if base is None else base.component_dir(component) if base.is_pipeline else base.path
     weights = None
-    if folder is not None and any(folder.glob("*.safetensors")):
+    # its weights as from_pretrained names them (older save_pretrained output: .bin), never another file beside them
+    if folder is not None and any(path.suffix in WEIGHT_SUFFIXES for path in folder.iterdir()):
         weights = inputs.open_more([folder])
-    elif folder is not None and (folder / "diffusion_pytorch_model.bin").is_file():  # older save_pretrained output
-        weights = inputs.open_more([folder / "diffusion_pytorch_model.bin"])
     if weights is None:
         raise CogExportError(f"--lora fuse needs the base weights: {inputs.where_of(component)} holds only the "
                              "adapter; pass --base with the Diffusers pipeline or transformer folder (with its "
