@@ -32,26 +32,45 @@ MARK = re.compile(r"^<!-- example: ([\w-]+) -->$")
 TIMING = re.compile(r"\b\d+(\.\d+)? ?(s|ms|seconds)\b")
 
 
-def _cached(module: str, function: str, variant: str) -> Callable[[], Path]:
+def _cached(module: str, function: str, variant: str) -> Path:
     """One of the tests' cached tiny pipelines (tests/<module>.py's ``function(variant)``, made once)."""
-    def make() -> Path:
-        sys.path.insert(0, str(ROOT / "tests"))
-        return getattr(importlib.import_module(module), function)(variant)
+    sys.path.insert(0, str(ROOT / "tests"))
+    return getattr(importlib.import_module(module), function)(variant)
+
+
+def _linked(module: str, function: str, variant: str, inside: str = "") -> Callable[[Path], None]:
+    """An input that is a cached fixture (or a folder ``inside`` it), linked under the name the docs use."""
+    return lambda where: where.symlink_to(_cached(module, function, variant) / inside)
+
+
+def _model_folder(module: str, function: str, variant: str, inside: str, files: dict[str, str]) -> Callable[[Path], None]:
+    """A model folder: the fixture's ``inside`` folder's config.json and ``files`` (name -> the fixture file it is)."""
+    def make(where: Path) -> None:
+        source = _cached(module, function, variant) / inside
+        where.mkdir(parents=True)
+        for name, original in {"config.json": "config.json", **files}.items():
+            (where / name).symlink_to(source / original)
 
     return make
 
 
 @dataclass(frozen=True)
 class Example:
-    """Inputs linked into the work folder under the names the docs use; ``setup`` commands run first unshown."""
+    """Inputs made in the work folder under the names the docs use; ``setup`` commands run first unshown."""
 
-    inputs: dict[str, Callable[[], Path]]
+    inputs: dict[str, Callable[[Path], None]]
     shown: tuple[str, ...]
     setup: tuple[str, ...] = ()
 
 
-WAN_BASE = {"wan-base": _cached("wan_fixtures", "tiny_wan_pipeline", "t2v-a14b")}
-COG_BASE = {"cog-base": _cached("cogvideox_fixtures", "tiny_pipeline", "i2v")}
+WAN_BASE = {"wan-base": _linked("wan_fixtures", "tiny_wan_pipeline", "t2v-a14b")}
+COG_BASE = {"cog-base": _linked("cogvideox_fixtures", "tiny_pipeline", "i2v")}
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+# a Wan transformer folder with a stray file beside its weights, and one with the stray file only
+STRAY = {"finetune/transformer": _model_folder("wan_fixtures", "tiny_wan_pipeline", "t2v", "transformer",
+                                               {WEIGHTS: WEIGHTS, "ground_truth.safetensors": WEIGHTS}),
+         "bare/transformer": _model_folder("wan_fixtures", "tiny_wan_pipeline", "t2v", "transformer",
+                                           {"ground_truth.safetensors": WEIGHTS})}
 TO_ORIGINAL = "wan-base wan-release --to original --dtype fp32"
 EXAMPLES: dict[str, Example] = {
     "wan-to-original": Example(WAN_BASE, (TO_ORIGINAL,)),
@@ -59,6 +78,7 @@ EXAMPLES: dict[str, Example] = {
     "wan-there-and-back": Example(WAN_BASE, (TO_ORIGINAL, "wan-release wan-exported --base wan-base")),
     "wan-vae-to-original": Example(WAN_BASE, ("wan-base wan-vae --to original --component vae",)),
     "cogvideox-to-sat": Example(COG_BASE, ("cog-base/transformer cog-sat --to original --dtype fp32",)),
+    "model-folder-weights": Example(STRAY, ("finetune/transformer out", "bare/transformer out")),
 }
 
 
@@ -88,8 +108,9 @@ def render(name: str) -> str:
     """Example NAME's block: each shown command and what it printed."""
     example = EXAMPLES[name]
     with _work_folder() as work:
-        for link, make in example.inputs.items():
-            (work / link).symlink_to(make())
+        for name, make in example.inputs.items():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            make(work / name)
         for command in example.setup:
             _run(command, work)
         lines = []

@@ -93,8 +93,8 @@ def test_the_weights_are_found_by_from_pretrained_names_and_the_stray_file_is_le
     result = cli(folder, tmp_path / "out", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
     assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), weights)
-    assert "left alone beside them ground_truth.safetensors" in result.stderr
+    assert "not read as its weights: ground_truth.safetensors" in result.stderr
     if layout != "bin":  # inspect describes a Diffusers folder of safetensors weights
         report = cli("inspect", folder)
-        assert report.exit_code == 0 and "left alone beside them ground_truth.safetensors" in report.stdout
+        assert report.exit_code == 0 and "not read as its weights: ground_truth.safetensors" in report.stdout
         assert ", 2 shards" in report.stdout if layout == "shards" else "shards" not in report.stdout

@@ -52,7 +52,8 @@ class ModelFolderWeights:
             return None
         names = ", ".join(p.name for p in self.strays)
         return (f"{self.folder} is a Diffusers model folder ({self.class_name}): read its weights "
-                f"{_shown(self.chosen)}; left alone beside them {names}, which from_pretrained does not read")
+                f"{_shown(self.chosen)}; not read as its weights: {names} beside them, which from_pretrained does not "
+                "read")
 
     def refusal(self) -> CogExportError:
         """The line refusing a folder whose weights are not named as from_pretrained names them."""

@@ -1,5 +1,6 @@
-"""The safetensors reader: a folder's weights (a model folder's plain weights and their index, another index and its
-files, or a folder's only file), other loose files each on its own, a file given alone, and one model's parts in
+"""The safetensors reader: a folder's weights (a Diffusers model folder's by the names from_pretrained reads,
+model_folder.py; a folder's plain weights and their index, another index and its files, or a folder's only file),
+other loose files each on its own, a file given alone, and one model's parts in
 separate files given together. Reading is safetensors_files.py's."""
 
 from __future__ import annotations
