@@ -98,3 +98,14 @@ def test_the_weights_are_found_by_from_pretrained_names_and_the_stray_file_is_le
         report = cli("inspect", folder)
         assert report.exit_code == 0 and "not read as its weights: ground_truth.safetensors" in report.stdout
         assert ", 2 shards" in report.stdout if layout == "shards" else "shards" not in report.stdout
+
+
+def test_the_file_cogexport_keeps_beside_a_model_is_no_stray(cli, tmp_path):
+    """per_channel_statistics.safetensors (the tensors LTX-2's VAE class has no place for, kept_beside.py) belongs to
+    the folder as cogexport writes it: no note, while a stray file beside it still gets one."""
+    folder = model_folder(tmp_path / "model", {WEIGHTS: truth(), "per_channel_statistics.safetensors": other_weights()})
+    result = cli(folder, tmp_path / "out", "--dtype", "fp32")
+    assert result.exit_code == 0 and "note" not in result.stderr, result.stderr
+    save_file(other_weights(), folder / "ema.safetensors")
+    result = cli(folder, tmp_path / "out2", "--dtype", "fp32")
+    assert "not read as its weights: ema.safetensors beside them" in result.stderr

@@ -6,8 +6,9 @@ weights are ``diffusion_pytorch_model.safetensors``, or the shards its index
 or the index ``diffusion_pytorch_model.safetensors.index.V.json`` (older saves: ``...safetensors.V.index.json``);
 and the same names ending in ``.bin`` for torch.save weights. The plain (variant-less) weights are read when present,
 else the folder's one variant. Any other weight file beside them (a ``ground_truth.safetensors`` left there, an
-``ema.pt``) is no part of the model for ``from_pretrained``: it is left alone and named in a note, and a folder with
-no such weights but other weight files is refused, naming them, rather than read from a file it may not mean.
+``ema.pt``) is no part of the model for ``from_pretrained``: it is left alone and named in a note (the files cogexport
+itself keeps beside a model, kept_beside.py, silently), and a folder with no such weights but other weight files is
+refused, naming them, rather than read from a file it may not mean.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CogExportError
+from ..kept_beside import KEPT_BESIDE_MODELS
 from .safetensors_files import indexed_files
 
 CONFIG = "config.json"
@@ -126,6 +128,8 @@ def model_folder_weights(folder: Path, entries: list[Path], not_weights) -> Mode
             break
     named = {path for files in groups.values() for path in files}
     found.forms = sorted(named - set(found.chosen) - {p for files in found.choices.values() for p in files})
+    # cogexport's own side files (the tensors the class has no place for) belong to the folder as it writes them
+    found.forms += [path for path in entries if path.name in KEPT_BESIDE_MODELS and path not in named]
     found.strays = [path for path in entries if path.suffix in WEIGHT_SUFFIXES and path not in named
-                    and path.is_file() and not not_weights(path.name)]
+                    and path.name not in KEPT_BESIDE_MODELS and path.is_file() and not not_weights(path.name)]
     return found
