@@ -32,18 +32,19 @@ MARK = re.compile(r"^<!-- example: ([\w-]+) -->$")
 TIMING = re.compile(r"\b\d+(\.\d+)? ?(s|ms|seconds)\b")
 
 
-def _cached(module: str, function: str, variant: str) -> Path:
-    """One of the tests' cached tiny pipelines (tests/<module>.py's ``function(variant)``, made once)."""
+def _cached(module: str, function: str, *args: str) -> Path:
+    """One of the tests' cached tiny pipelines (tests/<module>.py's ``function(*args)``, made once)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    return getattr(importlib.import_module(module), function)(variant)
+    return getattr(importlib.import_module(module), function)(*args)
 
 
-def _linked(module: str, function: str, variant: str, inside: str = "") -> Callable[[Path], None]:
-    """An input that is a cached fixture (or a folder ``inside`` it), linked under the name the docs use."""
-    return lambda where: where.symlink_to(_cached(module, function, variant) / inside)
+def _linked(module: str, function: str, *args: str) -> Callable[[Path], None]:
+    """An input that is a cached fixture, linked under the name the docs use."""
+    return lambda where: where.symlink_to(_cached(module, function, *args))
 
 
-def _model_folder(module: str, function: str, variant: str, inside: str, files: dict[str, str]) -> Callable[[Path], None]:
+def _model_folder(module: str, function: str, variant: str, inside: str,
+                  files: dict[str, str]) -> Callable[[Path], None]:
     """A model folder: the fixture's ``inside`` folder's config.json and ``files`` (name -> the fixture file it is)."""
     def make(where: Path) -> None:
         source = _cached(module, function, variant) / inside

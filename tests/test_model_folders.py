@@ -48,7 +48,8 @@ def fused(cli, base: Path, out: Path):
 def test_fusing_into_a_base_folder_reads_its_weights_and_names_the_stray_file_beside_them(cli, tmp_path):
     clean = fused(cli, real_wan_base(), tmp_path / "clean")
     assert clean.exit_code == 0, clean.stderr
-    base = model_folder(tmp_path / "base" / "transformer", {WEIGHTS: truth(), "ground_truth.safetensors": other_weights()})
+    base = model_folder(tmp_path / "base" / "transformer",
+                        {WEIGHTS: truth(), "ground_truth.safetensors": other_weights()})
     result = fused(cli, base, tmp_path / "fused")
     assert result.exit_code == 0, result.stderr
     assert_same_tensors(load_file(tmp_path / "fused" / WEIGHTS), load_file(tmp_path / "clean" / WEIGHTS))

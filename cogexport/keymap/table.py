@@ -145,8 +145,9 @@ def _drop(spec: DropRule, kinds: dict, table: str, where: str) -> Drop:
     pattern = _patterns(spec.source, kinds, table, "from")[0] if spec.source is not None else None
     keep = spec.keep
     _require(keep is None or keep in KEPT_BESIDE_MODELS, table,
-             f"{where}: keep names a file cogexport keeps beside a model folder ({', '.join(sorted(KEPT_BESIDE_MODELS))}; "
-             "a new one is added to cogexport/kept_beside.py, so that readers of model folders know it)")
+             f"{where}: keep names a file cogexport keeps beside a model folder "
+             f"({', '.join(sorted(KEPT_BESIDE_MODELS))}; a new one is added to cogexport/kept_beside.py, so that "
+             "readers of model folders know it)")
     return Drop(spec.reason, pattern, spec.glob, keep)
 
 

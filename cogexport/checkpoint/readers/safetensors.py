@@ -51,7 +51,7 @@ def safetensors_claims(scan: FolderScan) -> list[Claim]:
     files = [p for p in everything if p not in covered and not scan.is_not_weights(p.name)]
     weights = _folder_weights(scan, files, alone=everything == files)
     claims = []
-    if weights:  # a folder of weights (an index, plain weights) is named by the folder; a folder of one file by the file
+    if weights:  # a folder of weights (an index, plain weights) is named by the folder; one file's folder by the file
         shown = weights[0] if len(weights) == 1 and weights[0].stem not in PLAIN_STEMS else folder
         claims.append(Claim(SAFETENSORS, shown, lambda options: SafetensorsCheckpoint(folder), covers=set(weights)))
     others = [file for file in files if file not in weights]
