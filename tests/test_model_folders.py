@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import assert_refused, assert_same_tensors
 from safetensors.torch import load_file, save_file
-from wan_fixtures import REAL_WAN, TRUTH, real_wan_base
+from wan_fixtures import REAL_WAN, TRUTH, real_wan_base, tiny_wan_pipeline
 
 pytestmark = pytest.mark.skipif(not REAL_WAN.is_dir(), reason=f"the real Wan fixtures are not at {REAL_WAN}")
 
@@ -110,3 +110,19 @@ def test_the_file_cogexport_keeps_beside_a_model_is_no_stray(cli, tmp_path):
     save_file(other_weights(), folder / "ema.safetensors")
     result = cli(folder, tmp_path / "out2", "--dtype", "fp32")
     assert "not read as its weights: ema.safetensors beside them" in result.stderr
+
+
+def test_a_vae_folder_given_as_vae_is_read_by_the_same_names(cli, tmp_path):
+    """--vae with a Diffusers VAE folder: a stray file beside its weights is named; alone, it is refused."""
+    pipeline = tiny_wan_pipeline("t2v")
+    vae = tmp_path / "inputs" / "vae"
+    vae.mkdir(parents=True)
+    shutil.copyfile(pipeline / "vae" / "config.json", vae / "config.json")
+    shutil.copyfile(pipeline / "vae" / WEIGHTS, vae / "ema.safetensors")
+    args = [pipeline / "transformer", tmp_path / "out", "--base", pipeline, "--vae", vae]
+    assert_refused(cli, tmp_path, args, str(vae), "ema.safetensors", "no weight file from_pretrained reads",
+                   inputs=[vae])
+    shutil.copyfile(pipeline / "vae" / WEIGHTS, vae / WEIGHTS)
+    result = cli(*args)
+    assert result.exit_code == 0, result.stderr
+    assert f"{vae} is a Diffusers model folder (AutoencoderKLWan): read its weights {WEIGHTS}" in result.stderr
