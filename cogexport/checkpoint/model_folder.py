@@ -17,6 +17,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..errors import CogExportError
 from ..kept_beside import KEPT_BESIDE_MODELS
@@ -110,7 +111,8 @@ def _groups(entries: list[Path]) -> dict[tuple[str, str | None], list[Path]]:
     return groups
 
 
-def model_folder_weights(folder: Path, entries: list[Path], not_weights) -> ModelFolderWeights | None:
+def model_folder_weights(folder: Path, entries: list[Path],
+                         not_weights: Callable[[str], bool]) -> ModelFolderWeights | None:
     """A model folder's weight files (None for a folder that is no Diffusers model folder). ``entries``: the folder's
     entries; ``not_weights(name)``: whether a file is training state or a piece of a save, never weights."""
     class_name = model_class(folder)
