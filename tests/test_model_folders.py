@@ -126,3 +126,16 @@ def test_a_vae_folder_given_as_vae_is_read_by_the_same_names(cli, tmp_path):
     result = cli(*args)
     assert result.exit_code == 0, result.stderr
     assert f"{vae} is a Diffusers model folder (AutoencoderKLWan): read its weights {WEIGHTS}" in result.stderr
+
+
+def test_several_variants_and_no_plain_weights_are_refused_each_named(cli, tmp_path):
+    """from_pretrained would need to be told the variant; cogexport will not pick one (before, the two files were two
+    candidates, and a sharded variant beside a single-file one was left out of the choice)."""
+    folder = model_folder(tmp_path / "inputs" / "model", {"diffusion_pytorch_model.fp16.safetensors": truth(),
+                                                          "diffusion_pytorch_model.bf16.safetensors": other_weights()})
+    assert_refused(cli, tmp_path, [folder, tmp_path / "out"], "several variants of its weights and no plain ones",
+                   "bf16: diffusion_pytorch_model.bf16.safetensors; fp16: diffusion_pytorch_model.fp16.safetensors",
+                   inputs=[folder])
+    result = cli(folder / "diffusion_pytorch_model.fp16.safetensors", tmp_path / "out", "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), truth())

@@ -59,7 +59,13 @@ class ModelFolderWeights:
                 "read")
 
     def refusal(self) -> CogExportError:
-        """The line refusing a folder whose weights are not named as from_pretrained names them."""
+        """The line refusing a folder whose weights are not named as from_pretrained names them, or that holds several
+        variants of them and no plain weights (from_pretrained would need to be told which)."""
+        if self.choices:
+            listing = "; ".join(f"{variant}: {files[0].name}" for variant, files in self.choices.items())
+            return CogExportError(f"{self.folder} is a Diffusers model folder ({self.class_name}) holding several "
+                                  f"variants of its weights and no plain ones ({listing}); point at the variant's "
+                                  "file (or a folder holding one variant); cogexport will not guess which one you mean")
         missing = (f"{self.folder} is a Diffusers model folder ({self.class_name}) with no weight file from_pretrained "
                    f"reads ({STEM}.safetensors, or its shards and index)")
         if not self.strays:

@@ -44,7 +44,7 @@ def safetensors_files(folder: Path) -> list[Path]:
     model = model_folder_weights(folder, sorted(folder.iterdir()), lambda name: False)
     if model is not None and model.kind == "safetensors":
         return [path for path in model.chosen if path.suffix != ".json"]
-    if model is not None and not model.choices:
+    if model is not None:
         raise model.refusal()
     for stem in PLAIN_STEMS:
         if (folder / f"{stem}.safetensors.index.json").is_file():

@@ -62,24 +62,22 @@ def safetensors_claims(scan: FolderScan) -> list[Claim]:
 
 def _model_folder_claims(model: ModelFolderWeights) -> list[Claim]:
     """A Diffusers model folder (model_folder.py): its weights by from_pretrained's names, every other weight file
-    beside them left alone (named in a note); each variant a claim of its own when there are several and no plain
-    weights (the user picks); none of them but other weight files: a claim that refuses, naming them."""
+    beside them left alone (named in a note); several variants and no plain weights, or none of them but other weight
+    files: a claim that refuses, naming them."""
     folder, beside = model.folder, {*model.forms, *model.strays}
     if model.kind == "bin":
         return []  # torch.save weights: the torch.save reader claims them and what lies beside them
-    if model.choices:
-        return [Claim(SAFETENSORS, files[0], lambda options, files=files: SafetensorsCheckpoint(files[0]),
-                      covers={*files, *beside}, detail=f"variant {variant}") for variant, files in model.choices.items()
-                if len(files) == 1 and files[0].suffix == ".safetensors"]
     if model.chosen:
         note = model.stray_note()
         return [Claim(SAFETENSORS, folder, lambda options: SafetensorsCheckpoint(folder),
                       covers={*model.chosen, *beside}, notes=[note] if note else [])]
-    if model.strays:
+    if model.strays or model.choices:
         def refuse(options: OpenOptions) -> SafetensorsCheckpoint:
             raise model.refusal()
 
-        return [Claim(SAFETENSORS, folder, refuse, covers=beside, detail="no weight file from_pretrained reads")]
+        variants = {path for files in model.choices.values() for path in files}
+        detail = "several variants, no plain weights" if model.choices else "no weight file from_pretrained reads"
+        return [Claim(SAFETENSORS, folder, refuse, covers={*beside, *variants}, detail=detail)]
     return []
 
 
