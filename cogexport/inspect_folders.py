@@ -73,8 +73,7 @@ def _model_report(folder: Path, check_data: bool) -> dict:
     class_name = config.get("_class_name")
     found = family_of_class(class_name) if isinstance(class_name, str) else None
     report = {"class": class_name, "family": found[0].name if found else None, "model": _model_name(found, config),
-              "variant": variant_of(folder), "files": sorted(p.name for p in folder.glob("*.safetensors")),
-              "problems": []}
+              "variant": variant_of(folder), "files": [], "notes": [], "problems": []}
     try:
         with open_checkpoint(folder, strict=False) as weights:
             if check_data:
@@ -82,6 +81,8 @@ def _model_report(folder: Path, check_data: bool) -> dict:
                     count = count_nonfinite(weights[name].load())
                     report["problems"] += [nonfinite_problem(name, count)] if count else []
             tensors = list(weights.values())
+            # the files read, as from_pretrained names them; any other weight file beside them is in a note
+            report.update(files=sorted(Path(file).name for file in weights.info.files), notes=weights.info.notes)
             report.update(tensors=len(tensors), parameter_count=sum(t.numel for t in tensors),
                           stored_bytes=sum(t.nbytes for t in tensors),
                           dtypes=_dtype_counts(tensors), data_checked=check_data)
@@ -155,6 +156,9 @@ def render_folder_text(report: dict) -> str:
         rows += [("made by", f"cogexport: {card.get('command', '?')}"), ("from", card.get("source", "?"))]
     if card.get("base_model"):
         rows.append(("base model", str(card["base_model"])))
+    notes = report.get("notes", []) + [note for component in report.get("components", {}).values()
+                                       for note in component.get("notes", [])]
+    rows += [("note", note) for note in notes]
     rows += [("problem", problem) for problem in report["problems"]] or [("problems", "none")]
     rows.append(("usable", "yes" if report["usable"] else "no (see problems)"))
     width = max(len(label) for label, _ in rows)

@@ -39,7 +39,7 @@ def _cache_key(*scripts: str) -> str:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -65,7 +65,7 @@ def run_rank_script(command: list[str], output: Path, env: dict) -> subprocess.C
 def cached_fixture(name: str, scripts: tuple[str, ...], command: list[str]) -> Path:
     """Run ``command`` (with OUT appended) once per cache key; return the finished folder."""
     folder = CACHE / _cache_key(*scripts) / name
-    with _locked(folder.with_name(name + ".lock")):
+    with locked(folder.with_name(name + ".lock")):
         if not (folder / ".complete").exists():
             partial = folder.with_name(name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)

@@ -1,11 +1,13 @@
 """The documentation stays true to the code: the command-line reference is what scripts/cli_reference.py makes of the
 click definitions now, it names every command and option, every relative link of README.md and docs/ reaches a
-file (and heading) that exists, and the README stays a front page (at most ~350 lines; the record lives in docs/)."""
+file (and heading) that exists, the example outputs marked in README.md and docs/ are what the commands print now
+(scripts/doc_examples.py), and the README stays a front page (at most ~350 lines; the record lives in docs/)."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import click
@@ -124,6 +126,7 @@ def test_the_two_commands_the_readme_gives_exist():
 def _script(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -239,3 +242,22 @@ def test_the_reader_guide_names_every_field_of_a_reader_and_a_claim_and_every_re
     [claim_table] = _section_tables(guide, "Claims")
     assert [row[0] for row in claim_table] == [f"`{f.name}`" for f in fields(Claim)], \
         "docs/adding-a-reader.md: the table of a claim's fields is not Claim's fields"
+
+
+def test_the_example_outputs_are_what_the_commands_print_now():
+    """Every block marked ``<!-- example: NAME -->`` in README.md and docs/ is what its commands print, run now on the
+    tests' tiny fixtures (scripts/doc_examples.py): an example cannot go stale (issue 40, item 8: the fp32 lines of the
+    way back had changed under the README and docs/families/wan.md)."""
+    examples = _script("doc_examples")
+    stale = [str(page.relative_to(ROOT)) for page, text in examples.rendered_pages().items()
+             if page.read_text(encoding="utf-8") != text]
+    assert not stale, (f"the example outputs of {', '.join(stale)} are not what the commands print now: regenerate "
+                       f"them with `{examples.REGENERATE}` and commit the result")
+
+
+def test_every_example_is_shown_and_every_marked_block_names_one():
+    examples = _script("doc_examples")
+    shown = {name for page in _markdown_files()
+             for name, _, _ in examples.marked_blocks(page.read_text(encoding="utf-8"))}
+    assert shown == set(examples.EXAMPLES), f"examples no page shows: {set(examples.EXAMPLES) - shown}; " \
+                                            f"marked blocks no example makes: {shown - set(examples.EXAMPLES)}"

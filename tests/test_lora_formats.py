@@ -54,9 +54,9 @@ def lazy(tensors: dict[str, torch.Tensor]) -> dict[str, LazyTensor]:
 
 @pytest.mark.skipif(not REAL_WAN.is_dir(), reason=f"the real Wan fixtures are not at {REAL_WAN}")
 def test_a_registered_format_is_read_and_written_like_the_shipped_ones(toy, tmp_path):
-    from test_lora_wan import BASE_FOLDER, every_block_layer, make_adapter, write_musubi
+    from test_lora_wan import BASE_FOLDER, BASE_TRUTH, every_block_layer, make_adapter, write_musubi
 
-    weights = load_file(BASE_FOLDER / "ground_truth.safetensors")
+    weights = load_file(BASE_TRUTH)
     adapter = make_adapter(weights, every_block_layer(), seed=41)
     musubi = load_file(write_musubi(tmp_path / "in" / "lora.safetensors", adapter))
     read = read_adapter(lazy(musubi), "musubi file")

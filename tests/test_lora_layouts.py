@@ -74,9 +74,9 @@ wan = pytest.mark.skipif(not REAL_WAN.is_dir(), reason=f"the real Wan fixtures a
 @pytest.fixture(scope="module")
 def wan_base():
     from diffusers import WanTransformer3DModel
-    from test_lora_wan import BASE_FOLDER
+    from test_lora_wan import BASE_FOLDER, BASE_TRUTH
 
-    return WanTransformer3DModel.load_config(BASE_FOLDER), load_file(BASE_FOLDER / "ground_truth.safetensors")
+    return WanTransformer3DModel.load_config(BASE_FOLDER), load_file(BASE_TRUTH)
 
 
 @wan

@@ -27,7 +27,7 @@ from lora_helpers import assert_all_equal, assert_same_files, files_of, peft_fus
 from lycoris_helpers import (added, aitoolkit_wan_key, comfy_delta, lycoris_loaded, lycoris_saved, musubi_delta,
                              random_factors, write_musubi_lycoris)
 from safetensors.torch import load_file, save_file
-from test_lora_wan import BASE_FOLDER, original
+from test_lora_wan import BASE_FOLDER, BASE_TRUTH, original
 from wan_fixtures import REAL_WAN
 
 from cogexport.checkpoint import open_checkpoint
@@ -59,7 +59,7 @@ LOHA = {"attn1.to_q": dict(algo="loha", dim=4, alpha=2), "attn1.to_k": dict(algo
 @pytest.fixture(scope="module")
 def base():
     config = WanTransformer3DModel.load_config(BASE_FOLDER)
-    return config, load_file(BASE_FOLDER / "ground_truth.safetensors")
+    return config, load_file(BASE_TRUTH)
 
 
 def tiny_model(base) -> WanTransformer3DModel:

@@ -20,12 +20,14 @@ from lora_helpers import (adapter_metadata, assert_all_equal, assert_any_to_any_
                           peft_fused, peft_patterns, peft_wrapped, random_modules, write_comfyui_lora,
                           write_diffusers_lora, write_finetrainers_lora, write_musubi_lora, write_peft_adapter)
 from safetensors.torch import load_file, save_file
-from wan_fixtures import REAL_WAN
+from wan_fixtures import REAL_WAN, TRUTH, real_wan_base
 
 from cogexport.exporter import export
 
 REAL = REAL_WAN  # a tiny real Wan 2.1 and LoRAs written by the trainers
-BASE_FOLDER = REAL / "base" / "transformer"
+# the base model as a save_pretrained folder, and its weights as the fixture's maker saved them (the truth)
+BASE_FOLDER = real_wan_base() if REAL.is_dir() else REAL / "base" / "transformer"
+BASE_TRUTH = REAL / "base" / "transformer" / TRUTH
 OUTPUTS = ("diffusers", "peft", "comfyui", "musubi")
 OUTPUT_FILE = {"diffusers": "pytorch_lora_weights.safetensors", "peft": "adapter_model.safetensors",
                "comfyui": "lora.safetensors", "musubi": "lora.safetensors"}
@@ -133,7 +135,7 @@ def write_finetrainers(path: Path, adapter: Adapter) -> Path:
 # -- judges --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def base():
-    return WanTransformer3DModel.load_config(BASE_FOLDER), load_file(BASE_FOLDER / "ground_truth.safetensors")
+    return WanTransformer3DModel.load_config(BASE_FOLDER), load_file(BASE_TRUTH)
 
 
 def judged(folder: Path, target: str, config, weights) -> dict[str, torch.Tensor]:
@@ -496,7 +498,7 @@ def test_bad_wan_lora_input(cli, tmp_path, synthetic):
     assert_refusal(cli(tmp_path / "dora", tmp_path / "o5", "--lora-format", "comfyui"),
                    "cannot hold DoRA magnitudes (on blocks.0.attn1.to_q)", "--lora-format peft")
 
-    tenth = make_adapter(load_file(BASE_FOLDER / "ground_truth.safetensors"), ["blocks.0.attn1.to_q"], strengths=((4, 0.1),))
+    tenth = make_adapter(load_file(BASE_TRUTH), ["blocks.0.attn1.to_q"], strengths=((4, 0.1),))
     write_diffusers(tmp_path / "tenth", tenth)
     assert_refusal(cli(tmp_path / "tenth", tmp_path / "o6", "--lora-format", "musubi"),
                    "the strength of blocks.0.self_attn.q (scale 0.025) cannot be stored exactly", "fp32")

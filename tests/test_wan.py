@@ -19,7 +19,7 @@ import torch
 from diffusers import WanTransformer3DModel
 from safetensors.torch import load_file, save_file
 from wan_fixtures import (CONVERTER_GAPS, EXPERTS, build_tiny_transformer, diffusers_reads_original, real_wan,
-                          same_files, tiny_wan_pipeline, weights)
+                          real_wan_base, same_files, tiny_wan_pipeline, weights)
 
 from cogexport.keymap.plan import translate_shapes
 from cogexport.keymap.table import load_table
@@ -186,7 +186,7 @@ def test_real_export_reproduces_the_original_models_output(tmp_path):
 
 def test_real_ground_truth_back_to_original_is_the_released_file(tmp_path, cli):
     real = real_wan()
-    result = cli(real / "base" / "transformer", tmp_path / "original", "--to", "original", "--dtype", "fp32")
+    result = cli(real_wan_base(), tmp_path / "original", "--to", "original", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
     # byte for byte the file WanModel.save_pretrained wrote
     assert (tmp_path / "original" / "diffusion_pytorch_model.safetensors").read_bytes() == \
@@ -199,7 +199,7 @@ def test_real_ground_truth_back_to_original_is_the_released_file(tmp_path, cli):
 
 def test_real_sharded_way_back_is_read_by_diffusers(tmp_path):
     real = real_wan()
-    export_original(real / "base" / "transformer", tmp_path / "original", dtype="fp32", max_shard_size="60kB")
+    export_original(real_wan_base(), tmp_path / "original", dtype="fp32", max_shard_size="60kB")
     index = json.loads((tmp_path / "original" / "diffusion_pytorch_model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) == 3
     converted = diffusers_reads_original(weights(tmp_path / "original"))

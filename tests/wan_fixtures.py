@@ -5,12 +5,13 @@ the independent judges of the original layout."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from fixtures import ROOT, SCRIPTS, DeepSpeedFixture, cached_fixture
+from fixtures import CACHE, ROOT, SCRIPTS, DeepSpeedFixture, cached_fixture, locked
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(SCRIPTS))
@@ -18,6 +19,7 @@ from wan_tiny_configs import TINY_VAE21, TINY_VAE22, build_tiny_transformer, bui
 
 SHARED = Path(os.environ.get("COGEXPORT_SHARED", ROOT.parent / "shared"))
 REAL_WAN = SHARED / "fixtures" / "wan21-t2v"
+TRUTH = "ground_truth.safetensors"  # the fixture's weights as its maker saved them, in Diffusers names
 EXPERTS = ("high_noise_model", "low_noise_model")  # the A14B release's subfolders: transformer, transformer_2
 
 # Diffusers 0.42.1's convert_wan_transformer_to_diffusers has no rule for FLF2V's image position table (facts page
@@ -30,6 +32,24 @@ def real_wan() -> Path:
     if not (REAL_WAN / "original").is_dir():
         pytest.skip(f"the real Wan fixture is not at {REAL_WAN} (set COGEXPORT_SHARED)")
     return REAL_WAN
+
+
+def real_wan_base() -> Path:
+    """The real tiny Wan's Diffusers transformer folder as save_pretrained lays it out. The shared fixture keeps those
+    weights as base/transformer/ground_truth.safetensors (the truth the tests compare with), a name from_pretrained
+    never reads, so cogexport rightly refuses that folder as a model; this copy names them
+    diffusion_pytorch_model.safetensors. Made once."""
+    source = REAL_WAN / "base" / "transformer"
+    folder = CACHE / f"wan21-t2v-base-{(source / TRUTH).stat().st_size}" / "transformer"
+    with locked(folder.parent.with_suffix(".lock")):
+        if not (folder / "diffusion_pytorch_model.safetensors").is_file():
+            partial = folder.with_name("transformer.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            shutil.copyfile(source / "config.json", partial / "config.json")
+            shutil.copyfile(source / TRUTH, partial / "diffusion_pytorch_model.safetensors")
+            os.rename(partial, folder)
+    return folder
 
 
 def tiny_wan_pipeline(variant: str) -> Path:

@@ -24,9 +24,9 @@ judged against it (copies.py), and are its copy (the same names and shapes in an
 lower-precision copy when narrower), its ZeRO-3 placeholders (the same names, shape [0] where DeepSpeed had
 partitioned the tensor: no weights, a note names them), or a second set of weights (other names or shapes, or
 unreadable): refused, unless ``--tag`` named the checkpoint; a folder's weights in other forms
-(``stem.fp16.safetensors`` variants, ``pytorch_model.bin`` beside safetensors weights); other safetensors files of a
-save_pretrained model folder (its config.json names its class: it is its plain weights, and cogexport keeps there a
-release's tensors the class has no place for); training state (optimizer, scheduler, RNG, trainer files); hidden
+(``stem.fp16.safetensors`` variants, ``pytorch_model.bin`` beside safetensors weights); other weight files of a
+Diffusers model folder (its config.json names its class: it is the files from_pretrained reads, the others named in a
+note; with none of those, it is refused, model_folder.py); training state (optimizer, scheduler, RNG, trainer files); hidden
 folders. One rank's file of a distributed save (PyTorch's Hugging Face writer) is never read as a model: pointing at
 it is refused. Nor are ZeRO-3's empty placeholders, whatever reads them: a checkpoint holding any is refused
 (``inspect``: a problem).

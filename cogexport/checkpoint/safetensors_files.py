@@ -36,8 +36,16 @@ SHARDING_INFO = "DCP_SHARDING_INFO"
 
 
 def safetensors_files(folder: Path) -> list[Path]:
-    """The weight files of a folder: the ones its index names, else its single *.safetensors file (the plain,
-    non-variant weights when the folder also holds variants such as diffusion_pytorch_model.fp16.safetensors)."""
+    """The weight files of a folder: a Diffusers model folder's by from_pretrained's names (model_folder.py), else the
+    ones its index names, else its single *.safetensors file (the plain, non-variant weights when the folder also
+    holds variants such as model.fp16.safetensors)."""
+    from .model_folder import model_folder_weights  # it reads indexes with this module's indexed_files
+
+    model = model_folder_weights(folder, sorted(folder.iterdir()), lambda name: False)
+    if model is not None and model.kind == "safetensors":
+        return [path for path in model.chosen if path.suffix != ".json"]
+    if model is not None:
+        raise model.refusal()
     for stem in PLAIN_STEMS:
         if (folder / f"{stem}.safetensors.index.json").is_file():
             return indexed_files(folder / f"{stem}.safetensors.index.json")

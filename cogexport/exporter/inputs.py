@@ -79,6 +79,11 @@ class ExportInputs:
         self.extra.append(opened)
         return opened
 
+    def notes_of_others(self) -> list[str]:
+        """What opening the other checkpoints read found out (--base's weights, a --vae: weight files left alone beside
+        a model folder's own): the user hears of these as of the checkpoint's."""
+        return [note for each in self.extra for note in each.info.notes]
+
     def read_paths(self, options: ExportOptions) -> list[Path]:
         """Every path read: the output may neither be inside nor contain one."""
         read = [file for each in (*self.sources.values(), *self.extra) for file in each.info.files]

@@ -124,7 +124,7 @@ def _model_result(parts: list[ModelExport], variant: Variant | None, component: 
     result = ExportResult(output, component, label, folder.written_paths, sum(len(p.tensors) for p in parts),
                           sum(p.shards.total_bytes for p in parts), parts[0].policy.describe(),
                           family=parts[0].family.name, source=info_dict(inputs.source.info),
-                          notes=list(inputs.source.info.notes))
+                          notes=[*inputs.source.info.notes, *inputs.notes_of_others()])
     if adapters:
         result.lora = lora_summary(adapters, inputs)
         result.notes += [note for each in adapters.values() for note in each.warnings]

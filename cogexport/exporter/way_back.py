@@ -49,7 +49,8 @@ def way_back_result(parts: list[OriginalPart], folder: FolderPlan, what: str, in
     source = next(iter(inputs.sources.values()))
     return ExportResult(output, what, parts[0].label, folder.written_paths, folder.tensors, folder.total_bytes,
                         precision, family=parts[0].family.name, source=info_dict(source.info),
-                        notes=[*source.info.notes, *(note for part in parts for note in part.notes), *notes])
+                        notes=[*source.info.notes, *inputs.notes_of_others(),
+                               *(note for part in parts for note in part.notes), *notes])
 
 
 def publish_way_back(folder: FolderPlan, parts: list[OriginalPart], what: str, precision: str, notes: list[str],

@@ -20,6 +20,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from ..errors import ExtensionError
+from ..kept_beside import KEPT_BESIDE_MODELS
 from ..schema import SchemaError, header, read
 from .pattern import KeyPattern, PatternError
 from .roots import find_key_map_file
@@ -143,8 +144,10 @@ def _drop(spec: DropRule, kinds: dict, table: str, where: str) -> Drop:
     _require((spec.source is None) != (spec.glob is None), table, f"{where} needs exactly one of from / glob")
     pattern = _patterns(spec.source, kinds, table, "from")[0] if spec.source is not None else None
     keep = spec.keep
-    _require(keep is None or (keep.endswith(".safetensors") and "/" not in keep), table,
-             f"{where}: keep names a safetensors file beside the model (no folder)")
+    _require(keep is None or keep in KEPT_BESIDE_MODELS, table,
+             f"{where}: keep names a file cogexport keeps beside a model folder "
+             f"({', '.join(sorted(KEPT_BESIDE_MODELS))}; a new one is added to cogexport/kept_beside.py, so that "
+             "readers of model folders know it)")
     return Drop(spec.reason, pattern, spec.glob, keep)
 
 

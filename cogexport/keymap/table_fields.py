@@ -115,8 +115,8 @@ class DropRule:
     source: str | tuple[str, ...] | None = declared("the key pattern dropped (this or `glob`)", None, key="from")
     glob: str | None = declared("a glob of the keys dropped (this or `from`)", None)
     reason: str = declared("why (required): the export prints it", "")
-    keep: str | None = declared("a safetensors file beside the model (no folder) the dropped tensors are kept in",
-                                None)
+    keep: str | None = declared("the file beside the model folder the dropped tensors are kept in (one of "
+                                "cogexport/kept_beside.py's, which readers of model folders know)", None)
 
 
 # The rule kinds, in the order a table's rules are made.

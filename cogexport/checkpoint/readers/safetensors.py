@@ -1,14 +1,15 @@
-"""The safetensors reader: a folder's weights (a model folder's plain weights and their index, another index and its
-files, or a folder's only file), other loose files each on its own, a file given alone, and one model's parts in
+"""The safetensors reader: a folder's weights (a Diffusers model folder's by the names from_pretrained reads,
+model_folder.py; a folder's plain weights and their index, another index and its files, or a folder's only file),
+other loose files each on its own, a file given alone, and one model's parts in
 separate files given together. Reading is safetensors_files.py's."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ...errors import CogExportError
 from ..base import HeaderFacts
+from ..model_folder import ModelFolderWeights, model_folder_weights
 from ..safetensors_files import PLAIN_STEMS, SafetensorsCheckpoint, indexed_files, refuse_distributed_piece
 from .reader import Claim, FolderScan, OpenOptions, Reader
 
@@ -42,31 +43,42 @@ def _folder_weights(scan: FolderScan, files: list[Path], alone: bool) -> list[Pa
 
 
 def safetensors_claims(scan: FolderScan) -> list[Claim]:
+    model = None if scan.earlier else model_folder_weights(scan.folder, scan.entries, scan.is_not_weights)
+    if model is not None:
+        return _model_folder_claims(model)
     folder, covered = scan.folder, scan.covered()
     everything = scan.files(".safetensors")
     files = [p for p in everything if p not in covered and not scan.is_not_weights(p.name)]
     weights = _folder_weights(scan, files, alone=everything == files)
     claims = []
-    if weights:  # a model folder (plain weights, an index) is named by the folder; a folder of one file by the file
+    if weights:  # a folder of weights (an index, plain weights) is named by the folder; one file's folder by the file
         shown = weights[0] if len(weights) == 1 and weights[0].stem not in PLAIN_STEMS else folder
         claims.append(Claim(SAFETENSORS, shown, lambda options: SafetensorsCheckpoint(folder), covers=set(weights)))
     others = [file for file in files if file not in weights]
-    if weights and others and _is_model_folder(folder):
-        # a save_pretrained model folder is its plain weights (what from_pretrained reads); other files beside them
-        # are side files (cogexport keeps a release's tensors the Diffusers class has no place for there)
-        claims[0].covers |= set(others)
-        return claims
     claims += [Claim(SAFETENSORS, file, lambda options, file=file: SafetensorsCheckpoint(file), covers={file})
                for file in others]
     return claims
 
 
-def _is_model_folder(folder: Path) -> bool:
-    """A Diffusers model folder: its config.json names the model's class."""
-    try:
-        return isinstance(json.loads((folder / "config.json").read_text()).get("_class_name"), str)
-    except (OSError, ValueError, AttributeError):
-        return False
+def _model_folder_claims(model: ModelFolderWeights) -> list[Claim]:
+    """A Diffusers model folder (model_folder.py): its weights by from_pretrained's names, every other weight file
+    beside them left alone (named in a note); several variants and no plain weights, or none of them but other weight
+    files: a claim that refuses, naming them."""
+    folder, beside = model.folder, {*model.forms, *model.strays}
+    if model.kind == "bin":
+        return []  # torch.save weights: the torch.save reader claims them and what lies beside them
+    if model.chosen:
+        note = model.stray_note()
+        return [Claim(SAFETENSORS, folder, lambda options: SafetensorsCheckpoint(folder),
+                      covers={*model.chosen, *beside}, notes=[note] if note else [])]
+    if model.strays or model.choices:
+        def refuse(options: OpenOptions) -> SafetensorsCheckpoint:
+            raise model.refusal()
+
+        variants = {path for files in model.choices.values() for path in files}
+        detail = "several variants, no plain weights" if model.choices else "no weight file from_pretrained reads"
+        return [Claim(SAFETENSORS, folder, refuse, covers={*beside, *variants}, detail=detail)]
+    return []
 
 
 def _index_names(index: Path) -> set[str]:

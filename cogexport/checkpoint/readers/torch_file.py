@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from ..model_folder import ModelFolderWeights, model_folder_weights
 from ..torch_state_dict import TorchStateDictCheckpoint
 from .reader import Claim, FolderScan, Reader
 
@@ -18,6 +19,10 @@ TRAINING_STATE = re.compile(r"^(optimizer|scheduler|lr_scheduler|sampler|scaler|
 def torch_file_claims(scan: FolderScan) -> list[Claim]:
     """torch.save weights lying loose: not another reader's file, not training state, not the older ``.bin`` copy of
     weights claimed beside it (pytorch_model.bin beside model.safetensors)."""
+    model = model_folder_weights(scan.folder, scan.entries, scan.is_not_weights)
+    if model is not None and model.kind == "bin" and len(model.chosen) == 1 and \
+            not any(claim.whole_folder for claim in scan.earlier):
+        return [_model_folder_claim(model)]
     covered = scan.covered()
     beside_weights = any(not claim.whole_folder and not claim.companion for claim in scan.earlier)
     claims = []
@@ -29,6 +34,14 @@ def torch_file_claims(scan: FolderScan) -> list[Claim]:
         claims.append(Claim(TORCH_FILE, file, lambda options, file=file: TorchStateDictCheckpoint(file, options.entry),
                             covers={file}))
     return claims
+
+
+def _model_folder_claim(model: ModelFolderWeights) -> Claim:
+    """A Diffusers model folder whose weights are diffusion_pytorch_model.bin (model_folder.py): that file, and every
+    other weight file beside it left alone, named in a note."""
+    file, note = model.chosen[0], model.stray_note()
+    return Claim(TORCH_FILE, file, lambda options: TorchStateDictCheckpoint(file, options.entry),
+                 covers={file, *model.forms, *model.strays}, notes=[note] if note else [])
 
 
 TORCH_FILE = Reader(
