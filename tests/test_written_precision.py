@@ -8,7 +8,7 @@ import pytest
 import torch
 from quantized_models import FAMILIES
 from safetensors.torch import load_file
-from test_lora_wan import BASE_FOLDER, every_block_layer, make_adapter, write_musubi
+from test_lora_wan import BASE_FOLDER, BASE_TRUTH, every_block_layer, make_adapter, write_musubi
 
 from cogexport.verify import verify
 from cogexport.exporter import export
@@ -18,7 +18,7 @@ from cogexport.exporter.to_comfyui import export_comfyui
 @pytest.fixture(scope="module")
 def bf16_lora(tmp_path_factory):
     """A musubi-tuner LoRA of the tiny Wan trained in bf16: its A and B in bf16, its .alpha in fp32."""
-    adapter = make_adapter(load_file(BASE_FOLDER / "ground_truth.safetensors"), every_block_layer())
+    adapter = make_adapter(load_file(BASE_TRUTH), every_block_layer())
     adapter.modules = {module: (a.to(torch.bfloat16), b.to(torch.bfloat16), rank, alpha)
                        for module, (a, b, rank, alpha) in adapter.modules.items()}
     return write_musubi(tmp_path_factory.mktemp("lora") / "lora.safetensors", adapter)
@@ -73,7 +73,7 @@ def test_a_lokr_adapter_is_counted_alike_by_export_and_verify(lora_format, tmp_p
     from lycoris_helpers import lycoris_saved
     from test_lora_lycoris import LOKR, per_block, tiny_model
 
-    base = WanTransformer3DModel.load_config(BASE_FOLDER), load_file(BASE_FOLDER / "ground_truth.safetensors")
+    base = WanTransformer3DModel.load_config(BASE_FOLDER), load_file(BASE_TRUTH)
     path, _ = lycoris_saved(tiny_model(base), per_block(LOKR), tmp_path / "run" / "pytorch_lora_weights.safetensors", 1)
     result = export(path, tmp_path / "out", base=BASE_FOLDER, lora_format=lora_format)
     (report,) = verify(tmp_path / "out", path)
