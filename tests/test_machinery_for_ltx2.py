@@ -46,7 +46,7 @@ to = "outer.{n}"
 [[drop]]
 from = "model.inner.stat.{s}"
 reason = "no place for it"
-keep = "stats.safetensors"
+keep = "per_channel_statistics.safetensors"
 """
 
 
@@ -74,13 +74,14 @@ def test_a_kept_drop_hands_its_tensors_out_and_every_kept_file_is_made():
     source = lazy({"model.inner.a.weight": (2,), "model.inner.stat.mean": (4,)})
     plan = plan_translation(table, source, {"inner.a.weight": torch.Size((2,))}, {})
     assert plan.dropped == {"model.inner.stat.mean": "no place for it"}
-    assert list(plan.kept) == ["stats.safetensors"] and list(plan.kept["stats.safetensors"]) == ["model.inner.stat.mean"]
-    assert torch.equal(plan.kept["stats.safetensors"]["model.inner.stat.mean"].load(), torch.ones(4))
+    kept = "per_channel_statistics.safetensors"  # a file cogexport keeps beside a model folder (kept_beside.py)
+    assert list(plan.kept) == [kept] and list(plan.kept[kept]) == ["model.inner.stat.mean"]
+    assert torch.equal(plan.kept[kept]["model.inner.stat.mean"].load(), torch.ones(4))
     none = plan_translation(table, lazy({"model.inner.a.weight": (2,)}), {"inner.a.weight": torch.Size((2,))}, {})
-    assert none.kept == {"stats.safetensors": {}}  # made empty: the source had none (so the way back says nothing)
+    assert none.kept == {kept: {}}  # made empty: the source had none (so the way back says nothing)
     assert table.drops[0].names() == ["model.inner.stat.mean", "model.inner.stat.std"]
     with pytest.raises(TableError, match="keep names a safetensors file"):
-        parse_table(TWO_PREFIXES.replace('"stats.safetensors"', '"sub/stats.bin"'), "t")
+        parse_table(TWO_PREFIXES.replace('"per_channel_statistics.safetensors"', '"sub/stats.bin"'), "t")
 
 
 def test_judge_when_false_means_the_key_must_be_absent():
