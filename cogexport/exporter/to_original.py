@@ -52,8 +52,17 @@ def _what(parts: list[OriginalPart], component: str) -> str:
 
 
 def _precision(parts: list[OriginalPart]) -> str:
-    written = {name: tensor for part in parts for name, tensor in {**part.prefixed(), **part.beside}.items()}
-    return describe_written(written)
+    """The dtypes as written; the models a release keeps beside the transformer in its file (LTX's VAEs, under
+    their prefixes) each said apart, so that a VAE in fp32 beside a bf16 transformer is one phrase, not a list of
+    every one of its tensors as exceptions to the transformer's dtype."""
+    written = {name: tensor for part in parts for name, tensor in part.prefixed().items()}
+    beside: dict[str, dict] = {}
+    for name, tensor in (item for part in parts for item in part.beside.items()):
+        beside.setdefault(name.split(".")[0], {})[name] = tensor
+    if not beside:
+        return describe_written(written)
+    return "; ".join([f"transformer: {describe_written(written)}",
+                      *(f"{prefix}: {describe_written(tensors)}" for prefix, tensors in beside.items())])
 
 
 def _verify(output: Path, request):
