@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..models.family import component_title
 from ..precision import describe_written
-from ..write.folder_plan import FolderPlan
+from ..write.folder_plan import FolderPlan, TextFile
+from .cards import original_card
 from .options import ExportOptions, checked_format
 from .original_parts import add_components_beside, open_way_back, plan_way_back, release_folder
 from .original_writers import OriginalPart, original_files
@@ -41,7 +42,10 @@ def export_original(checkpoint, output, options: ExportOptions | None = None, **
         folder = FolderPlan()
         for part in parts:
             folder.add(*original_files(release_folder(part, len(parts)), part, options.max_shard_size))
-        return publish_way_back(folder, parts, f"original {_what(parts, component)}", _precision(parts), [], inputs,
+        precision = _precision(parts)
+        folder.add(TextFile("README.md", original_card(parts, folder.written_paths, precision, options,
+                                                       inputs.source)))
+        return publish_way_back(folder, parts, f"original {_what(parts, component)}", precision, [], inputs,
                                 output, options)
 
 
