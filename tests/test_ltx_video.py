@@ -267,3 +267,13 @@ def test_tables_never_match_another_familys_keys():
                         assert not matches, f"{name} recognises {family} keys"
         mine = [load_table(n) for _, n in component_tables("transformer", family_named(family))]
         assert any(t.recognises(t.select(sorted(s))[0]) for t in mine for s in sets)
+
+
+def test_the_summary_says_the_vae_beside_the_transformer_apart(tmp_path):
+    """The release file keeps the VAE beside the transformer; the summary gives each its own dtypes (the VAE kept whole
+    in fp32 is one phrase, not each of its tensors listed as an exception to the transformer's bf16)."""
+    from cogexport.exporter import export_original
+
+    result = export_original(tiny_pipeline(*SHAPE_CLASSES[0]), tmp_path / "release", progress=False)
+    assert result.precision.startswith("transformer: bf16, except ") and result.precision.endswith("; vae: fp32")
+    assert "decoder" not in result.precision and "encoder" not in result.precision

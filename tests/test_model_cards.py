@@ -121,3 +121,23 @@ def test_each_expert_of_a_custom_size_pair_loads_with_its_own_config(cli, tmp_pa
         weights = dequantized_state(names[component])
         truth = load_file(pipeline / component / "diffusion_pytorch_model.safetensors")
         assert {name: t.shape for name, t in weights.items()} == {name: t.shape for name, t in truth.items()}
+
+
+@pytest.mark.parametrize("variant", ["t2v", "t2v-a14b"])
+def test_an_original_layout_has_a_card_whose_snippet_reads_its_files(variant, tmp_path):
+    """--to original writes the release's own files, which no Diffusers class reads as they are: the card names no
+    Diffusers library, and its snippet reads every tensor of the files (each expert's of a two-expert release)."""
+    from wan_fixtures import tiny_wan_pipeline
+
+    from cogexport.exporter import export_original
+
+    export_original(tiny_wan_pipeline(variant), tmp_path / "out", progress=False)
+    card = card_of(tmp_path / "out")
+    assert card.data.library_name is None and "relation" not in str(card.data.to_dict())
+    tensors = run_snippet(card, tmp_path / "out")["tensors"]
+    files = sorted((tmp_path / "out").rglob("*.safetensors"))
+    read = {path.parent.name: tensors[path.parent.name] for path in files} if len(files) > 1 else {"out": tensors}
+    for path in files:
+        written = load_file(path)
+        assert read[path.parent.name].keys() == written.keys()
+        assert all(torch.equal(read[path.parent.name][name], tensor) for name, tensor in written.items())

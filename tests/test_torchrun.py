@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -256,3 +258,21 @@ def test_a_failed_job_is_one_json_object(tmp_path):
     assert done.returncode != 0
     report = json.loads(done.stdout)
     assert report["ok"] is False and report["exit_code"] == 2 and report["error"] in done.stderr
+
+
+def test_only_rank_0_draws_a_progress_bar_on_a_terminal(tmp_path):
+    """The ranks of a job share the terminal torchrun was started from: each writes its share, and only rank 0 draws
+    its bar (two bars redrawn over each other are noise). Each rank's share here is one shard of its own size, so
+    the totals the bars show say whose bar was drawn."""
+    generator = torch.Generator().manual_seed(0)
+    save_file({"a.weight": torch.randn(1 << 18, generator=generator),
+               "b.weight": torch.randn(1 << 20, generator=generator)}, tmp_path / "weights.safetensors")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+               "cogexport", "consolidate", str(tmp_path / "weights.safetensors"), str(tmp_path / "out"),
+               "--max-shard-size", "2MB"]
+    # script(1) gives the job a terminal, as a user's shell would (120 columns wide: a new one has none)
+    done = subprocess.run(["script", "-qec", f"stty cols 120 rows 40; {shlex.join(command)}", "/dev/null"],
+                          env=ENVIRONMENT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:]
+    totals = set(re.findall(r"consolidate:[^|\r\n]*\|[^|\r\n]*\| *[\d.]+[kMG]?/([\d.]+[kMG]?)", done.stdout))
+    assert len(totals) == 1, totals  # rank 0's share only (before: rank 1's 4.19M beside rank 0's 1.05M)

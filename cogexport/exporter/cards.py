@@ -126,7 +126,8 @@ def adapter_card(facts: AdapterCardFacts, lora_format: LoraFormat, options: Expo
         base_model=facts.base_model,
         made=ADAPTER,
         precision=precision,
-        details=[*(f"Adapter{' (' + sub + ')' if sub else ''}: {each.describe()}" for sub, each in facts.adapters.items()),
+        details=[*(f"Adapter{' (' + sub + ')' if sub else ''}: {each.describe()}"
+                   for sub, each in facts.adapters.items()),
                  f"Layout: {lora_format.title}; {lora_format.strength_where}, so its loader applies the trained "
                  "strength with no scale passed by hand",
                  f"Read with: {first.table.name} ({first.table.description})"],
@@ -163,3 +164,41 @@ def quantized_card(parts, card: QuantizedCard, options: ExportOptions, source: L
         usage=card.usage,
         layout=card.layout,
     )
+
+
+def original_card(parts, files: list[str], precision: str, options: ExportOptions, source: LazyCheckpoint) -> str:
+    """The card of a model written in its family's original layout: the release's own file names, which its own
+    repository and ComfyUI load (no Diffusers class reads them as they are), so the snippet reads the files' tensors
+    and says where they go."""
+    part = parts[0]
+    task = part.family.task(part.variant.task if part.variant else next(iter(part.family.tasks)))
+    return _card(
+        f"{part.label} ({part.family.name} original layout)", part.family, task, options, source,
+        base_model=options.base_model or (part.variant.hub_id if part.published else None),
+        made=FINETUNE if any(p.fused for p in parts) or records_training(source) else CONVERSION,
+        precision=precision, usage=_original_usage(part.family, files, options),
+        layout=f"{part.family.name}'s original", library=None,
+    )
+
+
+def _original_usage(family: ModelFamily, files: list[str], options: ExportOptions) -> str:
+    """Reading the weight files written (a few of them, for a sharded release): tensors in the family's original
+    names, for its own model classes or ComfyUI's loaders, which take the release's files as they are; a release of
+    several models in folders of their own (the experts of a pair) read model by model."""
+    weights = [name for name in files if name.endswith((".safetensors", ".pt", ".pth"))]
+    models = list(dict.fromkeys(str(Path(name).parent) for name in weights))
+    safetensors = any(name.endswith(".safetensors") for name in weights)
+    lines = ["# tensors in the original release's names: for the family's own model classes, or ComfyUI's loaders",
+             *(["from huggingface_hub import hf_hub_download"] if options.push_to_hub else []),
+             *(["from safetensors.torch import load_file"] if safetensors else []),
+             *(["import torch"] if not all(name.endswith(".safetensors") for name in weights) else []),
+             "tensors = {}" if models == ["."] else f"tensors = {{model: {{}} for model in {models}}}"]
+    for name in weights[:4]:
+        path = f'hf_hub_download("{options.push_to_hub}", "{name}")' if options.push_to_hub \
+            else f'"path/to/this/folder/{name}"'
+        read = f"load_file({path})" if name.endswith(".safetensors") else f"torch.load({path}, weights_only=True)"
+        into = "tensors" if models == ["."] else f'tensors["{Path(name).parent}"]'
+        lines.append(f"{into}.update({read})")
+    if len(weights) > 4:
+        lines.append(f"# ... and the {len(weights) - 4} other files of the release the same way")
+    return "\n".join(lines)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..models.family import component_title
 from ..precision import describe_written
-from ..write.folder_plan import FolderPlan
+from ..write.folder_plan import FolderPlan, TextFile
+from .cards import original_card
 from .options import ExportOptions, checked_format
 from .original_parts import add_components_beside, open_way_back, plan_way_back, release_folder
 from .original_writers import OriginalPart, original_files
@@ -41,7 +42,10 @@ def export_original(checkpoint, output, options: ExportOptions | None = None, **
         folder = FolderPlan()
         for part in parts:
             folder.add(*original_files(release_folder(part, len(parts)), part, options.max_shard_size))
-        return publish_way_back(folder, parts, f"original {_what(parts, component)}", _precision(parts), [], inputs,
+        precision = _precision(parts)
+        folder.add(TextFile("README.md", original_card(parts, folder.written_paths, precision, options,
+                                                       inputs.source)))
+        return publish_way_back(folder, parts, f"original {_what(parts, component)}", precision, [], inputs,
                                 output, options)
 
 
@@ -52,8 +56,17 @@ def _what(parts: list[OriginalPart], component: str) -> str:
 
 
 def _precision(parts: list[OriginalPart]) -> str:
-    written = {name: tensor for part in parts for name, tensor in {**part.prefixed(), **part.beside}.items()}
-    return describe_written(written)
+    """The dtypes as written; the models a release keeps beside the transformer in its file (LTX's VAEs, under
+    their prefixes) each said apart, so that a VAE in fp32 beside a bf16 transformer is one phrase, not a list of
+    every one of its tensors as exceptions to the transformer's dtype."""
+    written = {name: tensor for part in parts for name, tensor in part.prefixed().items()}
+    beside: dict[str, dict] = {}
+    for name, tensor in (item for part in parts for item in part.beside.items()):
+        beside.setdefault(name.split(".")[0], {})[name] = tensor
+    if not beside:
+        return describe_written(written)
+    return "; ".join([f"transformer: {describe_written(written)}",
+                      *(f"{prefix}: {describe_written(tensors)}" for prefix, tensors in beside.items())])
 
 
 def _verify(output: Path, request):

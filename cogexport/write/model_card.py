@@ -42,6 +42,7 @@ class CardFacts:
     usage: str = ""
     tags: tuple[str, ...] = ()
     layout: str = "Diffusers"  # the format the folder's files are in
+    library: str | None = "diffusers"  # what loads them, for the Hub (None: the family's own code, ComfyUI)
 
     @property
     def relation(self) -> str | None:
@@ -50,7 +51,7 @@ class CardFacts:
 
 
 def model_card(facts: CardFacts) -> str:
-    data = ModelCardData(library_name="diffusers", base_model=facts.base_model, pipeline_tag=facts.pipeline_tag,
+    data = ModelCardData(library_name=facts.library, base_model=facts.base_model, pipeline_tag=facts.pipeline_tag,
                          tags=[*facts.tags, "cogexport"], base_model_relation=facts.relation)
     base = f"[{facts.base_model}](https://huggingface.co/{facts.base_model})" if facts.base_model else "its base model"
     intro = _INTRO[facts.made] if facts.base_model else _INTRO_NO_BASE.get(facts.made, _INTRO[facts.made])

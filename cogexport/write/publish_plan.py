@@ -28,7 +28,8 @@ def write_plan(plan: FolderPlan, destination: Path, settings: IOSettings, label:
     """Write ``plan`` as the folder ``destination``. ``check`` (the destination's checks) runs on every rank first;
     ``needed_bytes``: what the free-space check asks for (default: the plan's bytes). A tensor holding NaN or
     infinite values fails the write before anything is published, unless ``allow_nonfinite``: then the tensors
-    written with them are returned, every rank's (value_watch.py)."""
+    written with them are returned, every rank's (value_watch.py). Only rank 0 draws a progress bar (of its share):
+    the ranks of a torchrun job share one terminal, where several bars would redraw over each other."""
     ranks = ranks or current_ranks()
     check_same_plan(plan, ranks)
     if check is not None:
@@ -37,7 +38,7 @@ def write_plan(plan: FolderPlan, destination: Path, settings: IOSettings, label:
     needed = plan.total_bytes if needed_bytes is None else needed_bytes
     watch = ValueWatch(allow_nonfinite)
     with staged_folder(destination, needed, ranks, finish=lambda staging: _write_others(staging, plan)) as staging, \
-            byte_progress(sum(planned.nbytes for planned in share), label, progress) as bar:
+            byte_progress(sum(planned.nbytes for planned in share), label, progress if ranks.leader else False) as bar:
         write_data_files(staging, share, lambda _name, nbytes: bar.update(nbytes), settings, watch)
     return [tensor for passed_on in ranks.gather(watch.passed_on) for tensor in passed_on]
 
