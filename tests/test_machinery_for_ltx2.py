@@ -80,7 +80,7 @@ def test_a_kept_drop_hands_its_tensors_out_and_every_kept_file_is_made():
     none = plan_translation(table, lazy({"model.inner.a.weight": (2,)}), {"inner.a.weight": torch.Size((2,))}, {})
     assert none.kept == {kept: {}}  # made empty: the source had none (so the way back says nothing)
     assert table.drops[0].names() == ["model.inner.stat.mean", "model.inner.stat.std"]
-    with pytest.raises(TableError, match="keep names a safetensors file"):
+    with pytest.raises(TableError, match="keep names a file cogexport keeps beside a model folder"):
         parse_table(TWO_PREFIXES.replace('"per_channel_statistics.safetensors"', '"sub/stats.bin"'), "t")
 
 
