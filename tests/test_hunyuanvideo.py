@@ -39,7 +39,7 @@ def written_back(cli, tmp_path, model, shape_class: str, *extra) -> dict[str, to
     model.save_pretrained(tmp_path / "diffusers")
     result = cli(tmp_path / "diffusers", tmp_path / "original", "--to", "original", *extra)
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == [MODEL_STATES]
+    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["README.md", MODEL_STATES]
     saved = torch.load(tmp_path / "original" / MODEL_STATES, weights_only=True)
     assert list(saved) == ["module"]
     return saved["module"]

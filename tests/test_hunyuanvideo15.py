@@ -42,7 +42,7 @@ def written_back(cli, tmp_path, model, *extra) -> dict[str, torch.Tensor]:
     model.save_pretrained(tmp_path / "diffusers")
     result = cli(tmp_path / "diffusers", tmp_path / "original", "--to", "original", *extra)
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["config.json", WEIGHTS]
+    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["README.md", "config.json", WEIGHTS]
     return load_file(tmp_path / "original" / WEIGHTS)
 
 
@@ -176,7 +176,7 @@ def test_release_vae_to_diffusers_and_back(cli, tmp_path):
     assert_same_tensors(exported, vae.state_dict())
     result = cli(tmp_path / "out", tmp_path / "back", "--to", "original", "--component", "vae")
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == [WEIGHTS]
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["README.md", WEIGHTS]
     assert_same_tensors(load_file(tmp_path / "back" / WEIGHTS), original)
 
 

@@ -55,7 +55,7 @@ def test_to_original_is_read_back_by_diffusers_converter(shape_class, saved, tmp
     model, root = saved(shape_class)
     result = cli(root / "fp32", tmp_path / "original", "--to", "original", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["config.json",
+    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["README.md", "config.json",
                                                                          "diffusion_pytorch_model.safetensors"]
     original = weights(tmp_path / "original")
     assert not any(name.startswith(("blocks.0.attn1", "condition_embedder", "proj_out")) for name in original)
@@ -118,7 +118,7 @@ def test_a14b_experts_both_ways(variant, tmp_path, cli):
     result = cli(pipeline, tmp_path / "original", "--to", "original", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
     assert "Wan2.2-" in result.stdout and "A14B layout" in result.stdout
-    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == list(EXPERTS)
+    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["README.md", *EXPERTS]
     for component, expert in zip(("transformer", "transformer_2"), EXPERTS):
         converted = diffusers_reads_original(weights(tmp_path / "original" / expert))
         expected = weights(pipeline / component)

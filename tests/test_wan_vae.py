@@ -29,7 +29,7 @@ def test_vae21_way_back_is_read_by_diffusers_converter(tmp_path, cli):
     vae.save_pretrained(tmp_path / "vae")
     result = cli(tmp_path / "vae", tmp_path / "original", "--to", "original", "--component", "vae")
     assert result.exit_code == 0, result.stderr
-    assert [p.name for p in (tmp_path / "original").iterdir()] == ["Wan2.1_VAE.pth"]
+    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["README.md", "Wan2.1_VAE.pth"]
     original = torch.load(tmp_path / "original" / "Wan2.1_VAE.pth", weights_only=True)  # a plain state dict
     converted = diffusers_reads_original_vae(original)
     expected = vae.state_dict()

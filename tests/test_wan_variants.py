@@ -60,7 +60,7 @@ def test_to_original_is_read_back_by_diffusers_converter(shape_class, saved, tmp
     model, root = saved(shape_class)
     result = cli(root / "fp32", tmp_path / "original", "--to", "original", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["config.json",
+    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["README.md", "config.json",
                                                                          "diffusion_pytorch_model.safetensors"]
     original = weights(tmp_path / "original")
     assert not any(name.startswith(("blocks.0.attn1", "condition_embedder", "proj_out")) for name in original)
@@ -264,7 +264,7 @@ def test_vace_fun_experts_both_ways(tmp_path, cli):
     result = cli(pipeline, tmp_path / "original", "--to", "original", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
     assert "Wan2.2-VACE-Fun-A14B layout" in result.stdout
-    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == list(EXPERTS)
+    assert sorted(p.name for p in (tmp_path / "original").iterdir()) == ["README.md", *EXPERTS]
     for component, expert in zip(("transformer", "transformer_2"), EXPERTS):
         converted, expected = judged(weights(tmp_path / "original" / expert)), weights(pipeline / component)
         assert set(converted) == set(expected) and all(torch.equal(converted[n], t) for n, t in expected.items())

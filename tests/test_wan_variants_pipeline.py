@@ -59,7 +59,7 @@ def test_pipeline_with_wans_original_vae(variant, tmp_path, cli):
     base = tiny_variant_pipeline(variant)
     export_original(base, tmp_path / "release", dtype="fp32")
     export_original(base, tmp_path / "vae", component="vae")
-    assert [p.name for p in (tmp_path / "vae").iterdir()] == ["Wan2.1_VAE.pth"]
+    assert sorted(p.name for p in (tmp_path / "vae").iterdir()) == ["README.md", "Wan2.1_VAE.pth"]
     result = cli(tmp_path / "release", tmp_path / "out", "--base", base, "--vae", tmp_path / "vae" / "Wan2.1_VAE.pth")
     assert result.exit_code == 0, result.stderr
     assert "vae linked" not in result.stdout

@@ -43,8 +43,8 @@ def export_original(checkpoint, output, options: ExportOptions | None = None, **
         for part in parts:
             folder.add(*original_files(release_folder(part, len(parts)), part, options.max_shard_size))
         precision = _precision(parts)
-        folder.add(TextFile("README.md", original_card(parts, folder.written_paths, precision, options,
-                                                       inputs.source)))
+        source = next(iter(inputs.sources.values()))  # the model's checkpoint (a VAE's, with --component vae)
+        folder.add(TextFile("README.md", original_card(parts, folder.written_paths, precision, options, source)))
         return publish_way_back(folder, parts, f"original {_what(parts, component)}", precision, [], inputs,
                                 output, options)
 
