@@ -48,8 +48,8 @@ def check_same_plan(plan: FolderPlan, ranks: Ranks) -> None:
     digests = ranks.gather(plan_digest(plan))
     differing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
     if differing:
-        raise CogExportError(f"the ranks of this job planned different outputs (rank {differing[0]}'s plan differs from "
-                             "rank 0's); every rank must read the same checkpoint with the same options")
+        raise CogExportError(f"the ranks of this job planned different outputs (rank {differing[0]}'s plan differs "
+                             "from rank 0's); every rank must read the same checkpoint with the same options")
 
 
 def _write_others(staging: Path, plan: FolderPlan) -> None:
