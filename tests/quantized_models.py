@@ -212,3 +212,12 @@ def original_tensors(family: TinyFamily, model) -> dict[str, LazyTensor]:
     state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     source = {name: LazyTensor(t.shape, t.dtype, lambda t=t: t, name) for name, t in state.items()}
     return dict(plan_translation(load_table(family.table).inverted(), source, None, {}).tensors)
+
+
+def saved_tiny(family: TinyFamily, tmp_path_factory):
+    """A tiny model of ``family`` built, its config saved (``folder/config``): the family, the model, its tensors in
+    original names and the folder, as the quantized-file tests take them."""
+    model = family.build()
+    folder = tmp_path_factory.mktemp(family.key)
+    model.save_config(folder / "config")
+    return family, model, original_tensors(family, model), folder

@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from quantized_models import FAMILIES, original_tensors
+from quantized_models import FAMILIES, original_tensors, saved_tiny
 
 from cogexport.quantize.policy import plan_gguf, quantization_policy
 from cogexport.write.gguf_file import write_gguf
@@ -20,11 +20,7 @@ QUANTS = ["BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_0", "Q5_1", "Q4_K_M", "Q4
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def tiny(request, tmp_path_factory):
-    family = FAMILIES[request.param]
-    model = family.build()
-    folder = tmp_path_factory.mktemp(family.key)
-    model.save_config(folder / "config")
-    return family, model, original_tensors(family, model), folder
+    return saved_tiny(FAMILIES[request.param], tmp_path_factory)
 
 
 def gguf_package_weights(path, family) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ import json
 import gguf
 import pytest
 import torch
-from quantized_models import MORE_FAMILIES, original_tensors
+from quantized_models import MORE_FAMILIES, original_tensors, saved_tiny
 from safetensors import safe_open
 from test_gguf_diffusers import dequantized_state, forward, gguf_package_weights, load_with_diffusers
 from test_gguf_file import COMFY_ARCHITECTURES, comfy_gguf_load, comfy_gguf_metadata, lazy
@@ -31,11 +31,7 @@ RUNS_IN_DIFFUSERS = [key for key, family in MORE_FAMILIES.items() if family.diff
 
 @pytest.fixture(scope="module", params=list(MORE_FAMILIES))
 def tiny(request, tmp_path_factory):
-    family = MORE_FAMILIES[request.param]
-    model = family.build()
-    folder = tmp_path_factory.mktemp(family.key)
-    model.save_config(folder / "config")
-    return family, model, original_tensors(family, model), folder
+    return saved_tiny(MORE_FAMILIES[request.param], tmp_path_factory)
 
 
 @pytest.mark.parametrize("quant", ["Q4_K_M", "Q8_0"])
