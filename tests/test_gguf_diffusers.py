@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from quantized_models import FAMILIES, original_tensors, saved_tiny
+from quantized_models import FAMILIES, saved_tiny
 
 from cogexport.quantize.policy import plan_gguf, quantization_policy
 from cogexport.write.gguf_file import write_gguf
