@@ -97,27 +97,30 @@ def test_gguf_of_a_lora_run_is_fused_first(cli, tmp_path):
     assert np.array_equal(stored["blocks.1.ffn.2.weight"].reshape(ffn.shape), ffn.half().numpy())
 
 
-def test_gguf_quantized_by_worker_threads_is_the_one_thread_file_and_a_bad_value_is_refused(cli, tmp_path,
-                                                                                              monkeypatch):
-    """With --workers, tensors are quantized ahead in threads and handed to the writer in the file's order: the file
-    one thread writes in turn, byte for byte. A NaN met by a worker is one line naming its tensor, nothing written."""
+def test_gguf_quantized_by_worker_threads_and_processes_is_the_one_thread_file_and_a_bad_value_is_refused(
+        cli, tmp_path, monkeypatch):
+    """With --workers, tensors are quantized ahead in threads, their rows in pieces by as many worker processes,
+    and handed to the writer in the file's order: the file one thread writes in turn, byte for byte. A NaN met in a
+    worker is one line naming its tensor, nothing written."""
     import threading
 
+    from cogexport.quantize import processes
     from cogexport.write import gguf_file as writer
 
+    monkeypatch.setattr(processes, "MIN_PIECE_VALUES", 1 << 14)  # the tiny model's tensors go to the processes
     model = FAMILIES["wan"].build()
     model.save_pretrained(tmp_path / "model")
     quantized_in, quantize = [], writer.stored_bytes
-    monkeypatch.setattr(writer, "stored_bytes", lambda t: quantized_in.append(threading.current_thread().name)
-                        or quantize(t))
+    monkeypatch.setattr(writer, "stored_bytes", lambda t, pool=None: quantized_in.append(
+        (threading.current_thread().name, pool.count if pool else 0)) or quantize(t, pool))
     threads = {}
     for workers in ("1", "3"):
         quantized_in.clear()
         result = cli(tmp_path / "model", tmp_path / f"w{workers}", "--to", "gguf", "--quant", "Q4_K_M",
                      "--workers", workers)
         assert result.exit_code == 0, result.stderr
-        threads[workers] = {name.split("_")[0] for name in quantized_in}
-    assert threads == {"1": {"MainThread"}, "3": {"cogexport-load"}}
+        threads[workers] = {(name.split("_")[0], count) for name, count in quantized_in}
+    assert threads == {"1": {("MainThread", 1)}, "3": {("cogexport-load", 3)}}
     assert gguf_file(tmp_path / "w1").read_bytes() == gguf_file(tmp_path / "w3").read_bytes()
     state = model.state_dict()
     state["blocks.0.ffn.net.2.weight"][3, 5] = float("nan")

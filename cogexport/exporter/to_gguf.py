@@ -31,7 +31,12 @@ CONFIG_FOLDER = "config"  # beside a custom size's file: the Diffusers config it
 def export_gguf(checkpoint, output, options: ExportOptions | None = None, **overrides) -> ExportResult:
     """Write the transformer of ``checkpoint`` as a GGUF file of ``options.quant`` into the folder ``output``."""
     _, options = checked_format(replace(options or ExportOptions(), **overrides), "gguf")
+    if options.workers is None:  # quantizing is compute: a worker per core, the writer's share is small
+        options = replace(options, workers=default_workers(writer_core=False))
+    from ..quantize.processes import QuantizingProcesses  # GGUF jobs only: multiprocessing is no other start's cost
+
     with ExitStack() as stack:
+        processes = stack.enter_context(QuantizingProcesses(options.workers))
         inputs = open_way_back(checkpoint, options, "transformer", stack)
         parts = plan_way_back(inputs, "transformer", options, refuse_original=False,
                               family_check=quantized_family_check("GGUF files"))
@@ -41,7 +46,7 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
             plan = plan_gguf(part.read_as, policy, options.quant, _release_strings(part, policy))
             name = f"{file_stem(part)}-{plan.preset.name}.gguf"
             files[part.component] = in_folder(release_folder(part, len(parts)), name)
-            folder.add(GgufFile(files[part.component], plan))
+            folder.add(GgufFile(files[part.component], plan, processes))
             if not part.published:  # no published model has its shapes: its loader's config goes beside the file
                 folder.add(TextFile(in_folder(release_folder(part, len(parts)), f"{CONFIG_FOLDER}/config.json"),
                                     part.config_json))
@@ -51,8 +56,6 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
         card = QuantizedCard("GGUF", "gguf", precision, notes, _usage(parts, files, options))
         folder.add(TextFile("README.md", quantized_card(parts, card, options, inputs.source,
                                                         trained=any(part.fused for part in parts))))
-        if options.workers is None:  # quantizing is compute: a thread per core, the writer's share is small
-            options = replace(options, workers=default_workers(writer_core=False))
         return publish_way_back(folder, parts, "GGUF transformer", precision, notes, inputs, output, options)
 
 

@@ -32,6 +32,8 @@ from .io_engine import TensorFeed
 if TYPE_CHECKING:
     import gguf
 
+    from ..quantize.processes import QuantizingProcesses
+
 ORIG_SHAPE_KEY = "comfy.gguf.orig_shape."
 
 
@@ -70,12 +72,17 @@ def gguf_layout(plan: GgufPlan) -> FileLayout:
                                     writer.data_alignment)
 
 
-def stored_bytes(tensor: PlannedTensor) -> torch.Tensor:
-    """The planned tensor loaded and quantized: its bytes in the file (flat uint8). NaN or infinite values are the
-    quantizer's to count, as it checks every value anyway (``NonfiniteValuesError``: the writer's watch decides)."""
-    values = tensor.source.load().reshape(tensor.stored_shape)
+def stored_bytes(tensor: PlannedTensor, processes: QuantizingProcesses | None = None) -> torch.Tensor:
+    """The planned tensor loaded and quantized: its bytes in the file (flat uint8), by ``processes`` where given
+    (pieces of a big tensor in worker processes), else here. NaN or infinite values are the quantizer's to count,
+    as it checks every value anyway (``NonfiniteValuesError``: the writer's watch decides)."""
+    def load() -> torch.Tensor:
+        return tensor.source.load().reshape(tensor.stored_shape)
+
     try:
-        return quantize_tensor(values, tensor.type.name, tensor.name).reshape(-1)
+        if processes is None:
+            return quantize_tensor(load(), tensor.type.name, tensor.name).reshape(-1)
+        return processes.quantize(load, tensor.type.name, tensor.name).reshape(-1)
     except NonfiniteValuesError as met:
         if met.write_anyway is not None:
             write_anyway = met.write_anyway
@@ -83,9 +90,9 @@ def stored_bytes(tensor: PlannedTensor) -> torch.Tensor:
         raise
 
 
-def quantized(tensor: PlannedTensor) -> LazyTensor:
+def quantized(tensor: PlannedTensor, processes: QuantizingProcesses | None = None) -> LazyTensor:
     """The planned tensor's bytes in the file, quantized when loaded (``stored_bytes``): what a feed loads ahead."""
-    return LazyTensor(torch.Size([tensor.nbytes]), torch.uint8, lambda: stored_bytes(tensor),
+    return LazyTensor(torch.Size([tensor.nbytes]), torch.uint8, lambda: stored_bytes(tensor, processes),
                       f"{tensor.name} as {tensor.type.name}")
 
 
@@ -115,6 +122,7 @@ class GgufFile:
 
     path: str
     plan: GgufPlan
+    processes: QuantizingProcesses | None = None  # where big tensors are quantized (None: in the writing process)
 
     @property
     def nbytes(self) -> int:
@@ -126,7 +134,7 @@ class GgufFile:
 
     def write_order(self) -> list[LazyTensor]:
         """The tensors' bytes in the order they are written (the payloads ``write`` takes)."""
-        return [quantized(tensor) for tensor in self.plan.tensors]
+        return [quantized(tensor, self.processes) for tensor in self.plan.tensors]
 
     def write_names(self) -> list[str]:
         return [tensor.name for tensor in self.plan.tensors]
