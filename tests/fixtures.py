@@ -26,7 +26,9 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
-CACHE = ROOT / "tests" / ".fixtures"
+# resolved: scripts/test.sh links tests/.fixtures to the user's cache, shared by clones, and a fixture may record
+# paths (its base pipeline's), which must name the cache, not a clone that may be gone
+CACHE = (ROOT / "tests" / ".fixtures").resolve()
 
 
 def _cache_key(*scripts: str) -> str:
