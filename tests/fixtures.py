@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -73,9 +74,12 @@ def cached_fixture(name: str, scripts: tuple[str, ...], command: list[str]) -> P
             shutil.rmtree(partial, ignore_errors=True)
             shutil.rmtree(folder, ignore_errors=True)
             env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+            started = time.monotonic()
             done = run_rank_script([sys.executable, *command, str(partial)], partial, env)
             if done.returncode != 0:
                 raise RuntimeError(f"making fixture {name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+            # what each fixture costs a cold CI run (scripts/fixture_costs.py sums them)
+            (partial / ".seconds").write_text(f"{time.monotonic() - started:.1f}\n")
             (partial / ".complete").touch()
             os.rename(partial, folder)
     return folder
