@@ -56,9 +56,9 @@ def check_target(facts: Mapping[str, Any], config: Mapping[str, Any], where: str
     for option, present in wanted.items():
         if bool(config.get(option, False)) != present:
             has = "has" if present else "has no"
-            module = "image projection (image_projection)" if option == "has_image_proj" else \
-                "history embedder (clean_x_embedder)"
-            raise CogExportError(f"{where} {has} a {module}, but the config it would go into says {option} "
+            module = "an image projection (image_projection)" if option == "has_image_proj" else \
+                "a history embedder (clean_x_embedder)"
+            raise CogExportError(f"{where} {has} {module}, but the config it would go into says {option} "
                                  f"{config.get(option, False)}; check --base")
     if config.get("image_condition_type") is not None:
         raise CogExportError(f"{where}: the config it would go into has image_condition_type "
