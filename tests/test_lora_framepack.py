@@ -134,3 +134,18 @@ def test_a_hunyuanvideo_lora_applies_to_a_framepack_base(synthetic, base, tmp_pa
     truth = merged(weights, {f"transformer_blocks.0.attn.to_{p}": (a, b[i * hidden:(i + 1) * hidden], 1.0)
                              for i, p in enumerate("qkv")})
     assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth)
+
+
+def test_the_release_folder_is_a_base(synthetic, base, tmp_path):
+    """lllyasviel/FramePackI2V_HY as downloaded (the Packed class's config.json, shards) is --base for fusing: its
+    config translated, its weights read."""
+    from framepack_fixtures import release_folder
+
+    _, config, weights = base
+    model = HunyuanVideoFramepackTransformer3DModel.from_config(config)
+    model.load_state_dict(weights)
+    release = release_folder(tmp_path / "FramePackI2V_HY", model)
+    path, modules = synthetic["musubi"]
+    result = export(path, tmp_path / "fused", base=release, lora="fuse", dtype="fp32")
+    assert result.family == "HunyuanVideo FramePack"
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth_of(weights, modules))

@@ -78,16 +78,17 @@ def claims_config(config: Mapping[str, Any]) -> bool:
     return config.get("_class_name") == ORIGINAL_CLASS
 
 
-def config_beside(folders: Sequence[Path], facts: Mapping[str, Any]) -> dict | None:
-    """The Diffusers config from the Packed config.json beside the weights: the Packed class's arguments are
-    Diffusers' own (Diffusers' class adds image_condition_type, which the release leaves at None)."""
-    found = original_config_beside(folders, (ORIGINAL_CLASS,))
-    if found is None:
-        return None
-    original, path = found
+def base_config(original: Mapping[str, Any], path: Path) -> dict:
+    """The Diffusers config of the Packed config.json: the Packed class's arguments are Diffusers' own (Diffusers'
+    class adds image_condition_type, which the release leaves at None). The release folder can so be --base."""
     unknown = sorted(key for key in original if not key.startswith("_") and key not in _diffusers_parameters())
     if unknown:
         raise CogExportError(f"{path} sets {', '.join(unknown)}, which HunyuanVideoFramepackTransformer3DModel does "
                              "not take; is it a FramePack release's config.json?")
     return {key: value for key, value in original.items() if not key.startswith("_")}
 
+
+def config_beside(folders: Sequence[Path], facts: Mapping[str, Any]) -> dict | None:
+    """The Diffusers config from the Packed config.json beside the weights (the release folder's)."""
+    found = original_config_beside(folders, (ORIGINAL_CLASS,))
+    return None if found is None else base_config(*found)
