@@ -4,12 +4,13 @@
 FramePack's two additions (an image projection from a 12-wide image embedding, the history embedders), seeded noise
 in every tensor.
 
-``packed_shapes`` lists the tensor names and shapes of lllyasviel's diffusers_helper HunyuanVideoTransformer3DModelPacked
-(FramePack's demo_gradio.py model, the class its release folders' config.json names) for a config, written from that
-class's module tree (diffusers_helper/models/hunyuan_video_packed.py: the token refiner, the double and single blocks,
-ClipVisionProjection, HunyuanVideoPatchEmbedForCleanLatents) and independent of cogexport's key maps and of Diffusers'
-class: the tests check that the two name every tensor alike. ``release_config`` is the config.json the Packed class's
-save_pretrained writes (its arguments: Diffusers' but image_condition_type).
+``packed_shapes`` lists the tensor names and shapes of lllyasviel's diffusers_helper
+HunyuanVideoTransformer3DModelPacked (FramePack's demo_gradio.py model, the class its release folders' config.json
+names) for a config, written from that class's module tree (diffusers_helper/models/hunyuan_video_packed.py: the token
+refiner, the double and single blocks, ClipVisionProjection, HunyuanVideoPatchEmbedForCleanLatents) and independent
+of cogexport's key maps and of Diffusers' class: the tests check that the two name every tensor alike.
+``release_config`` is the config.json the Packed class's save_pretrained writes (its arguments: Diffusers' but
+image_condition_type).
 """
 
 from __future__ import annotations
