@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 from cogvideox_fixtures import config_folder  # noqa: F401
-from fixtures import SCRIPTS
+from fixtures import SCRIPTS, cached_fixture
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(SCRIPTS))
@@ -18,6 +18,13 @@ from framepack_tiny import (PACKED_CLASS, build_tiny_transformer, packed_shapes,
                             tiny_config)
 
 SINGLE_FILE = "FramePackI2V_HY_bf16.safetensors"  # the name of the repack ComfyUI's FramePack wrappers load
+
+
+def tiny_pipeline() -> Path:
+    """A complete tiny HunyuanVideoFramepackPipeline folder (seed 0), made once."""
+    scripts = ("make_tiny_framepack.py", "framepack_tiny.py", "make_tiny_hunyuanvideo.py", "hunyuanvideo_tiny.py",
+               "tiny_models.py")
+    return cached_fixture("framepack-pipeline", scripts, [str(SCRIPTS / "make_tiny_framepack.py")])
 
 
 def release_folder(folder: Path, model, max_shard_size: str = "40kB") -> Path:

@@ -12,7 +12,7 @@ import torch
 from conftest import assert_refused, assert_same_tensors
 from diffusers import HunyuanVideoFramepackTransformer3DModel
 from framepack_fixtures import (PACKED_CLASS, build_tiny_transformer, config_folder, forward_inputs, packed_shapes,
-                                release_folder, single_file)
+                                release_folder, single_file, tiny_pipeline)
 from safetensors.torch import load_file
 
 from cogexport.exporter import ExportOptions
@@ -76,6 +76,30 @@ def test_single_file_exports_exactly_and_runs_the_same_forward(tiny, cli, tmp_pa
     inputs = forward_inputs(model)
     with torch.no_grad():
         assert torch.equal(exported(**inputs).sample, model(**inputs).sample)
+
+
+def test_pipeline_folder_loads_and_renders(cli, tmp_path):
+    """The release folder with --base a tiny HunyuanVideoFramepackPipeline: the pipeline Diffusers loads (the text
+    encoders, SigLIP image encoder and its processor, VAE linked), which renders frames from an image."""
+    from diffusers import HunyuanVideoFramepackPipeline
+    from hunyuanvideo_fixtures import TINY_PROMPT_TEMPLATE
+    from render_pipeline import gradient_image
+
+    base = tiny_pipeline()
+    model = HunyuanVideoFramepackTransformer3DModel.from_pretrained(base / "transformer")
+    result = cli(release_folder(tmp_path / "release", model), tmp_path / "out", "--base", base, "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "out" / "model_index.json").read_text()) == \
+        json.loads((base / "model_index.json").read_text())
+    scheduler = json.loads((tmp_path / "out" / "scheduler" / "scheduler_config.json").read_text())
+    assert scheduler["_class_name"] == "FlowMatchEulerDiscreteScheduler" and scheduler["shift"] == 7.0
+    pipe = HunyuanVideoFramepackPipeline.from_pretrained(tmp_path / "out")
+    assert_same_tensors(pipe.transformer.state_dict(), model.state_dict())
+    frames = pipe(image=gradient_image(32, 32), prompt="a cat", height=32, width=32, num_frames=9,
+                  latent_window_size=2, num_inference_steps=2, output_type="np", max_sequence_length=8,
+                  prompt_template=TINY_PROMPT_TEMPLATE, generator=torch.Generator().manual_seed(0)).frames
+    assert frames.shape[2:] == (32, 32, 3) and bool(torch.isfinite(torch.from_numpy(frames)).all())
+    assert frames.std() > 0
 
 
 # -- variants at full size (meta tensors: nothing is allocated) ------------------------------------------------------
