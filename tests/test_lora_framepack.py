@@ -18,7 +18,7 @@ import pytest
 import torch
 from diffusers import HunyuanVideoFramepackPipeline, HunyuanVideoFramepackTransformer3DModel
 from framepack_fixtures import build_tiny_transformer
-from lora_helpers import (assert_all_equal, diffusers_fused, merged, peft_fused, peft_wrapped, random_modules,
+from lora_helpers import (assert_all_equal, diffusers_fused, header, merged, peft_fused, peft_wrapped, random_modules,
                           write_diffusers_lora, write_musubi_lora, write_peft_adapter, write_peft_checkpoint_file)
 from safetensors.torch import load_file, save_file
 
@@ -106,6 +106,7 @@ def test_every_layout_fuses_exactly_and_writes_what_the_loaders_read(source, syn
         assert_all_equal(judged(tmp_path / target, target, config, weights, folder), truth)
     expected = load_file(write_musubi_lora(tmp_path / "expected.safetensors", modules, NETWORK))
     assert_all_equal(load_file(tmp_path / "musubi" / OUTPUT_FILE["musubi"]), expected)
+    assert header(tmp_path / "musubi" / OUTPUT_FILE["musubi"])["ss_network_module"] == NETWORK
 
 
 def test_diffusers_named_adapters_need_the_base_to_say_which_model(synthetic, tmp_path):
