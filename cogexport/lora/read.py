@@ -201,7 +201,10 @@ def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | 
         else:
             fitting.append(layout)
     if family is not None and len({f.table.family.key for f in fitting}) > 1:
-        fitting = [f for f in fitting if f.table.family.key == family.key]
+        # the base's own layouts, else those of the families its model extends (a HunyuanVideo LoRA, whose names
+        # HunyuanVideo 1.5's share, on a FramePack base)
+        fitting = [f for f in fitting if f.table.family.key == family.key] or \
+            [f for f in fitting if f.table.family.key in family.extends]
     if len({f.table.family.key for f in fitting}) > 1:
         # names several families share (CogVideoX's and LTX-Video's transformer_blocks.0.attn1.to_q): the layer
         # sizes of the published models tell them apart

@@ -102,10 +102,21 @@ def _open_model(path: Path) -> BaseFolder:
     config = read_json(path / "config.json")
     found = family_of_class(config.get("_class_name"))
     if found is None:
-        raise CogExportError(f"--base {path}/config.json describes {config.get('_class_name')!r}, not a model "
-                             f"cogexport exports into ({_known_classes()})")
+        return _open_original_model(path, config)
     family, component = found
     return BaseFolder(path, family, configs={component: config})
+
+
+def _open_original_model(path: Path, config: dict) -> BaseFolder:
+    """A release folder in its original layout whose config.json a family claims and translates without the
+    weights (FramePack's): the transformer of that family, with the translated config."""
+    for family in families():
+        translated = family.shapes.base_config(config, path / "config.json") if family.shapes.claims_config(config) \
+            else None
+        if translated is not None:
+            return BaseFolder(path, family, configs={"transformer": translated})
+    raise CogExportError(f"--base {path}/config.json describes {config.get('_class_name')!r}, not a model "
+                         f"cogexport exports into ({_known_classes()})")
 
 
 def open_base(path: Path) -> BaseFolder:

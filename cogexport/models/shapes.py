@@ -29,17 +29,21 @@ It may define (the defaults in brackets):
 - ``claims_config(config)``: whether an original-layout config.json kept beside the weights is this family's
   model, when its weights' names are another family's too (SkyReels-V2 writes Wan's WanModel config, with
   inject_sample_info) [False].
+- ``base_config(config, path)``: the Diffusers config of an original-layout config.json this family claims, when it
+  translates without the weights, so that the original release folder can be --base (FramePack's Packed config)
+  [None: such a folder is no --base].
 """
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 REQUIRED_HOOKS = ("read_facts", "task_of", "describe", "layout_variant", "check_target")
 OPTIONAL_HOOKS = ("tasks_of", "variant_of_components", "release_facts", "config_beside", "original_config",
-                  "original_metadata", "claims_config")
+                  "original_metadata", "claims_config", "base_config")
 
 
 class FamilyShapes:
@@ -105,3 +109,7 @@ class FamilyShapes:
     def claims_config(self, config: Mapping[str, Any]) -> bool:
         hook = self._optional("claims_config")
         return bool(hook(config)) if hook else False
+
+    def base_config(self, config: Mapping[str, Any], path: Path) -> dict | None:
+        hook = self._optional("base_config")
+        return hook(config, path) if hook else None
