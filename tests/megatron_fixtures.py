@@ -40,3 +40,26 @@ class MegatronFixture(GroundTruth):
 def megatron_run(tp: int = 2, pp: int = 2) -> MegatronFixture:
     command = [str(SCRIPTS / "make_megatron_checkpoint.py"), "--tp", str(tp), "--pp", str(pp)]
     return MegatronFixture(cached_fixture(f"megatron-tp{tp}-pp{pp}", SCRIPTS_USED, command))
+
+
+class BridgeWanFixture(GroundTruth):
+    """OUT/run: a Wan in Megatron-Bridge's layout (iter_0000004/ at TP=2, the bridge's training state beside it);
+    the truth: the Diffusers model's own weights and config."""
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    def base(self, folder: Path) -> Path:
+        """A --base folder with the Diffusers config of the model."""
+        from diffusers import WanTransformer3DModel
+
+        if not (folder / "config.json").is_file():
+            WanTransformer3DModel.from_config(self.truth["config"]).save_config(folder)
+        return folder
+
+
+def megatron_bridge_wan(tp: int = 2) -> BridgeWanFixture:
+    scripts = ("make_megatron_bridge_wan.py", *SCRIPTS_USED, "wan_tiny_configs.py", "tiny_models.py")
+    command = [str(SCRIPTS / "make_megatron_bridge_wan.py"), "--tp", str(tp)]
+    return BridgeWanFixture(cached_fixture(f"megatron-bridge-wan-tp{tp}", scripts, command))

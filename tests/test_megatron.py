@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from conftest import assert_refused, assert_same_tensors
-from megatron_fixtures import megatron_run
+from megatron_fixtures import megatron_bridge_wan, megatron_run
 from safetensors.torch import load_file
 
 from cogexport import open_checkpoint
@@ -87,3 +87,23 @@ def test_a_tracker_naming_no_iteration_and_the_zarr_backend_are_refused(cli, tmp
     (run / "iter_0000005" / "metadata.json").write_text('{"sharded_backend": "zarr", "sharded_backend_version": 1}')
     assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out", "--tag", "iter_0000005"], "zarr backend",
                    inputs=[run])
+
+
+# -- a Wan trained through Megatron-Bridge: its names and per-head fused projections to Diffusers' ----------------------
+def test_a_megatron_bridge_wan_exports_to_exactly_the_diffusers_weights_and_diffusers_loads_them(cli, tmp_path):
+    from diffusers import WanTransformer3DModel
+
+    run = megatron_bridge_wan()
+    result = cli(run.run, tmp_path / "out", "--base", run.base(tmp_path / "base"), "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    # q, k, v and k, v come apart per head: a split into thirds or halves would have these shapes and other values
+    assert_same_tensors(load_file(tmp_path / "out" / "diffusion_pytorch_model.safetensors"), run.tensors)
+    assert_same_tensors(WanTransformer3DModel.from_pretrained(tmp_path / "out").state_dict(), run.tensors)
+
+
+def test_a_megatron_bridge_run_consolidates_its_model_alone(cli, tmp_path):
+    """The bridge's train_state.pt files are training state beside the weights, not a second set of them; the
+    optimizer's states and each layer's _extra_state are never written."""
+    written = consolidated(cli, tmp_path / "out", megatron_bridge_wan().run)
+    assert "decoder.layers.1.full_self_attention.linear_qkv.weight" in written and "head.modulation" in written
+    assert not any(name.startswith(("module.", "optimizer")) or "_extra_state" in name for name in written)
