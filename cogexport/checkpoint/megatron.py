@@ -270,6 +270,11 @@ class MegatronCheckpoint(LazyCheckpoint):
         dtypes = sorted({dtype_name(t.dtype) for t in self._tensors.values() if t.dtype.is_floating_point})
         info.weights_source = f"model weights as saved ({', '.join(dtypes) or 'no floating tensors'}, " \
                               f"{self.facts.sharded_backend} shards)"
+        low = [dtype for dtype in dtypes if dtype != "fp32"]
+        if low:
+            info.notes.append(f"the saved model weights are {'/'.join(low)}, the training dtype; the fp32 masters of "
+                              "a mixed-precision run (optimizer.state.fp32_param.*) are not read: the export is exact "
+                              f"to the {'/'.join(low)} values, no finer")
         held = [f"model ({len(sets.model)} keys, {len(stacked)} stacked on a layer axis; {len(self._tensors)} tensors "
                 "by layer)"]
         held += [f"{what}: {count} key{'s' if count > 1 else ''}" for what, count in sets.held.items()]
