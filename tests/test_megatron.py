@@ -107,3 +107,20 @@ def test_a_megatron_bridge_run_consolidates_its_model_alone(cli, tmp_path):
     written = consolidated(cli, tmp_path / "out", megatron_bridge_wan().run)
     assert "decoder.layers.1.full_self_attention.linear_qkv.weight" in written and "head.modulation" in written
     assert not any(name.startswith(("module.", "optimizer")) or "_extra_state" in name for name in written)
+
+
+def test_a_save_plan_that_would_run_code_is_refused_and_never_runs(cli, tmp_path):
+    """The allowlist takes Megatron-Core's saved plans as inert records, and nothing else hidden among them."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+    from test_dcp_bad_input import RunsCode
+
+    run, marker = copied_run(tmp_path), tmp_path / "payload-ran"
+    folder = run / "iter_0000010"
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    metadata.all_local_plans[0].items.append(RunsCode(marker))
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out"], ".metadata", "posix.system",
+                   "would run code", inputs=[run])
+    assert not marker.exists()
