@@ -124,3 +124,18 @@ def test_a_save_plan_that_would_run_code_is_refused_and_never_runs(cli, tmp_path
     assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out"], ".metadata", "posix.system",
                    "would run code", inputs=[run])
     assert not marker.exists()
+
+
+def test_the_bridge_table_run_backwards_gives_the_bridges_layout_again(cli, tmp_path):
+    """Diffusers' weights through the table inverted are the tensors the bridge's layout saved (its per-head fusing
+    included), layer by layer as the reader hands them out."""
+    from cogexport.keymap.plan import plan_translation
+    from cogexport.keymap.table import load_table
+    from cogexport.lazy import LazyTensor
+
+    run = megatron_bridge_wan()
+    source = {name: LazyTensor(t.shape, t.dtype, lambda t=t: t, name) for name, t in run.tensors.items()}
+    counts = {"num_attention_heads": run.truth["config"]["num_attention_heads"]}
+    plan = plan_translation(load_table("wan/megatron_bridge_transformer").inverted(), source, None, counts)
+    assert_same_tensors({name: tensor.load() for name, tensor in plan.tensors.items()},
+                        consolidated(cli, tmp_path / "out", run.run))
