@@ -15,7 +15,7 @@ states (``optimizer.state.exp_avg.module...``), RNG ShardedObjects, each linear'
 folder also gets ``train_state.pt`` and ``run_config.yaml``, the run folder ``latest_train_state.pt`` and the tracker.
 
 OUT/run/iter_0000004/ and OUT/run/latest_checkpointed_iteration.txt; OUT/truth.safetensors (Diffusers names, fp32)
-and OUT/truth.json (the Diffusers config). The same two CUDA calls as make_megatron_checkpoint.py are stood in for.
+and OUT/truth.json (the Diffusers config), written before the ranks start, which save exactly those tensors. The same two CUDA calls as make_megatron_checkpoint.py are stood in for.
 """
 
 from __future__ import annotations
@@ -97,8 +97,10 @@ def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    config = tiny_transformer_config("t2v")
-    weights = build_tiny_transformer("t2v", seed=7).state_dict()
+    from safetensors.torch import load_file
+
+    config = json.loads((Path(spec["out"]) / "truth.json").read_text())["config"]
+    weights = load_file(Path(spec["out"]) / "truth.safetensors")
     with gloo_group(rendezvous, rank, world_size):
         layout = bridge_layout(weights, config["num_layers"], config["num_attention_heads"])
         model = {key: sharded(key, full, axis, world_size, rank) for key, (full, axis) in layout.items()}
@@ -119,21 +121,24 @@ def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
         dist_checkpointing.save({"model": model, "optimizer": {"state": optimizer}, "extra": extra, "rng_state": rng,
                                  "checkpoint_version": 3.0, "iteration": ITERATION}, str(folder))
         if rank == 0:
-            from safetensors.torch import save_file
-
             torch.save({"step": ITERATION, "consumed_train_samples": 8}, folder / "train_state.pt")
             torch.save({"step": ITERATION, "consumed_train_samples": 8}, run / "latest_train_state.pt")
             (folder / "run_config.yaml").write_text("model:\n  num_layers: 2\n")
             (run / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
-            save_file({k: v.contiguous() for k, v in weights.items()}, str(Path(spec["out"]) / "truth.safetensors"))
-            (Path(spec["out"]) / "truth.json").write_text(json.dumps({"config": {
-                k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}}, indent=1))
 
 
 @click.command()
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--tp", default=2, show_default=True)
 def main(out: Path, tp: int) -> None:
+    """The truth is made here, once (the ranks read it instead of each importing Diffusers to build the model)."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    weights = build_tiny_transformer("t2v", seed=7).state_dict()
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "truth.safetensors"))
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in tiny_transformer_config("t2v").items()}
+    (out / "truth.json").write_text(json.dumps({"config": config}, indent=1))
     launch(rank_main, out, world_size=tp)
 
 
