@@ -139,3 +139,16 @@ def test_the_bridge_table_run_backwards_gives_the_bridges_layout_again(cli, tmp_
     plan = plan_translation(load_table("wan/megatron_bridge_transformer").inverted(), source, None, counts)
     assert_same_tensors({name: tensor.load() for name, tensor in plan.tensors.items()},
                         consolidated(cli, tmp_path / "out", run.run))
+
+
+def test_an_older_iteration_with_common_pt_beside_it_reads_the_same_weights(cli, tmp_path):
+    """Megatron-Core before the common state moved into the DCP save wrote it to common.pt: training state beside the
+    weights, never read (nor taken for a second set of weights)."""
+    import torch
+
+    run = megatron_run()
+    folder = Path(shutil.copytree(run.iteration(5), tmp_path / "iter_0000005"))
+    torch.save({"iteration": 5, "checkpoint_version": 3.0}, folder / "common.pt")
+    assert_same_tensors(consolidated(cli, tmp_path / "out", folder), run.per_layer(5))
+    report = json.loads(cli("inspect", folder, "--json").stdout)
+    assert any("common.pt" in held for held in report["contents"]), report["contents"]
