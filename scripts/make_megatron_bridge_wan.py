@@ -15,7 +15,8 @@ states (``optimizer.state.exp_avg.module...``), RNG ShardedObjects, each linear'
 folder also gets ``train_state.pt`` and ``run_config.yaml``, the run folder ``latest_train_state.pt`` and the tracker.
 
 OUT/run/iter_0000004/ and OUT/run/latest_checkpointed_iteration.txt; OUT/truth.safetensors (Diffusers names, fp32)
-and OUT/truth.json (the Diffusers config), written before the ranks start, which save exactly those tensors. The same two CUDA calls as make_megatron_checkpoint.py are stood in for.
+and OUT/truth.json (the Diffusers config), written before the ranks start, which save exactly those tensors. The
+same two CUDA calls as make_megatron_checkpoint.py are stood in for.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ BLOCK = {"scale_shift_table": ("adaLN.modulation", None),
          "attn2.to_out.0.bias": ("cross_attention.linear_proj.bias", None),
          "ffn.net.0.proj.weight": ("mlp.linear_fc1.weight", 0), "ffn.net.0.proj.bias": ("mlp.linear_fc1.bias", 0),
          "ffn.net.2.weight": ("mlp.linear_fc2.weight", 1), "ffn.net.2.bias": ("mlp.linear_fc2.bias", None)}
-FUSED = {"full_self_attention.linear_qkv": ("attn1", ("q", "k", "v")), "cross_attention.linear_kv": ("attn2", ("k", "v"))}
+FUSED = {"full_self_attention.linear_qkv": ("attn1", ("q", "k", "v")),
+         "cross_attention.linear_kv": ("attn2", ("k", "v"))}
 
 
 def per_head(parts: list[torch.Tensor], heads: int) -> torch.Tensor:
@@ -108,8 +110,8 @@ def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
                                                                full * scale, axis, world_size, rank)
                      for key, (full, axis) in layout.items() for state, scale in (("exp_avg", 0.1),
                                                                                    ("exp_avg_sq", 0.01))}
-        extra = {f"{key}._extra_state": ShardedObject(f"{PREFIX}decoder.layers.{key}._extra_state", io.BytesIO(), (1,), (0,),
-                                                      replica_id=rank)
+        extra = {f"{key}._extra_state": ShardedObject(f"{PREFIX}decoder.layers.{key}._extra_state", io.BytesIO(),
+                                                      (1,), (0,), replica_id=rank)
                  for key in ("full_self_attention.linear_qkv", "cross_attention.linear_kv")}
         rng = ShardedObject("rng_state", [{"torch_rng_state": torch.get_rng_state()}], (1, world_size), (0, rank),
                             replica_id=0)

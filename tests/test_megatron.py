@@ -89,7 +89,7 @@ def test_a_tracker_naming_no_iteration_and_the_zarr_backend_are_refused(cli, tmp
                    inputs=[run])
 
 
-# -- a Wan trained through Megatron-Bridge: its names and per-head fused projections to Diffusers' ----------------------
+# -- a Wan trained through Megatron-Bridge: its names and per-head fused projections to Diffusers' ------------------
 def test_a_megatron_bridge_wan_exports_to_exactly_the_diffusers_weights_and_diffusers_loads_them(cli, tmp_path):
     from diffusers import WanTransformer3DModel
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from ..errors import CogExportError, quoted
 from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
-from .dcp_metadata import METADATA_FILE, BytesEntry, TensorEntry
+from .dcp_metadata import METADATA_FILE, TensorEntry
 from .locate import natural_sorted
 from .training_state import is_training_state_group
 
