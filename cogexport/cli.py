@@ -98,7 +98,8 @@ def consolidate(checkpoint, output, dtype, tag, role, max_shard_size, overwrite,
 
     CHECKPOINT is the save dir (with 'latest'), a tag dir or a checkpoint-N folder; give several folders
     when the rank files of a multi-node run sit on different disks. A DCP save, or a run folder of them (the
-    newest step is read). OUTPUT is the folder to create.
+    newest step is read); a Megatron-Core run folder (the iteration its tracker names) or one iteration.
+    OUTPUT is the folder to create.
     """
     from .consolidation import consolidate as run_consolidate
 

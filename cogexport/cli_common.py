@@ -88,8 +88,10 @@ def quiet_unless(speaking: bool):
 
 checkpoint_paths = click.argument("checkpoint", nargs=-1, required=True, type=click.Path(path_type=Path))
 output_path = click.argument("output", type=click.Path(path_type=Path))
-tag_option = click.option("--tag", help="Tag to read instead of the one named by 'latest' (e.g. global_step500), or "
-                                         "the step of a DCP run folder instead of the newest (e.g. checkpoint-500).")
+tag_option = click.option("--tag", help="Tag to read instead of the one named by 'latest' (e.g. global_step500), "
+                                         "the step of a DCP run folder instead of the newest (e.g. checkpoint-500), "
+                                         "or the iteration of a Megatron-Core run instead of the one its "
+                                         "latest_checkpointed_iteration.txt names (e.g. iter_0000500).")
 role_option = click.option(
     "--role", metavar="NAME",
     help="The set of weights to read from a checkpoint that keeps several: a FastVideo run's role (student, critic, "

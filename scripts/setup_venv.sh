@@ -13,3 +13,7 @@ fi
 # DiffSynth-Studio's Wan VAE module (torch, einops, tqdm only) is the tests' independent reader of the Wan 2.2 VAE's
 # original layout, which no Diffusers converter reads; the rest of the package (and its heavy dependencies) is unused.
 .venv/bin/python -m pip install --quiet --no-deps "diffsynth==2.1.12"
+# megatron-core's own dist_checkpointing.save writes the tests' Megatron-Core checkpoints (cogexport never imports it).
+# It declares Python >= 3.12 but saves on 3.11, and is installed without its dependencies so that torch stays as
+# pinned above; `import megatron.core` also needs triton (its MoE ops import it unconditionally), likewise alone.
+.venv/bin/python -m pip install --quiet --no-deps --ignore-requires-python "megatron-core==0.19.2" "triton==3.9.0"

@@ -280,6 +280,34 @@ class DcpFiles:
         return out
 
 
+    def lazy_row(self, key: str, entry: TensorEntry, row: int, origin: str) -> LazyTensor:
+        """Row ``row`` of the tensor's leading axis alone (a stacked tensor's one layer), read from the chunks that
+        hold it: the rest of the tensor is never loaded."""
+        chunks = self.check_chunks(key, entry)
+        return LazyTensor(entry.size[1:], entry.dtype, lambda: self.assemble_row(key, entry, chunks, row), origin)
+
+    def assemble_row(self, key: str, entry: TensorEntry, chunks: tuple[Chunk, ...], row: int) -> torch.Tensor:
+        out = torch.empty(entry.size[1:], dtype=entry.dtype)
+        for chunk in chunks:
+            first, count = chunk.offsets[0], chunk.sizes[0]
+            if not first <= row < first + count:
+                continue
+            where = self.metadata.storage[(key, chunk.offsets)]
+            archive, stored = self._open_chunk(key, entry, chunk)
+            try:
+                box = out[tuple(slice(o, o + s) for o, s in zip(chunk.offsets[1:], chunk.sizes[1:]))]
+                per_row = stored.numel // count
+                if box.is_contiguous() and stored.is_contiguous:  # the row's elements are one run of the chunk's
+                    start = (row - first) * per_row
+                    stored.read_flat(start, start + per_row, out=box.reshape(-1))
+                else:
+                    box.copy_(stored.read()[row - first])
+                self.bytes_read[where.file] = self.bytes_read.get(where.file, 0) + per_row * entry.dtype.itemsize
+            finally:
+                archive.close()
+        return out
+
+
 class DcpCheckpoint(LazyCheckpoint):
     """A DCP save opened lazily: ``checkpoint[name]`` is the model weight under the module's own name;
     ``optimizer_tensors[name][state]`` the optimizer's state of that parameter (exp_avg, step, ...)."""

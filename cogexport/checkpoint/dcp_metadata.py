@@ -29,6 +29,10 @@ _STAND_INS = (
                                     "MetadataIndex", "StorageMeta", "TensorProperties", "_MEM_FORMAT_ENCODING")),
     f"{_OLD_PROPERTIES}.TensorProperties", f"{_OLD_PROPERTIES}.MEM_FORMAT_ENCODING",
     "torch.distributed.checkpoint.filesystem._StorageInfo",
+    # Megatron-Core keeps each rank's save plan in the metadata (``all_local_plans``, to reuse the plan at the next
+    # save): inert dataclasses and an enum, recorded and never read
+    *(f"torch.distributed.checkpoint.planner.{name}" for name in ("SavePlan", "WriteItem", "WriteItemType",
+                                                                  "TensorWriteData")),
     # StorageMeta.checkpoint_id: the folder the save was written to (pathlib moved its classes in Python 3.13)
     *(f"{module}.{name}" for module in ("pathlib", "pathlib._local")
       for name in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")),

@@ -1,0 +1,41 @@
+"""The Megatron-Core reader: a run folder (``latest_checkpointed_iteration.txt`` beside ``iter_NNNNNNN/``), claimed
+whole with its iterations as its own tags (``--tag iter_0000005``, or the tracker's iteration), or one iteration
+folder (a ``torch_dist`` DCP save with ``metadata.json``), where it supersedes the DCP reader. Reading is
+megatron.py's, through dcp.py's ``DcpFiles``."""
+
+from __future__ import annotations
+
+import re
+
+from ..dcp_metadata import METADATA_FILE
+from ..megatron import (BACKEND_FILE, BRIDGE_STATE, COMMON_FILE, TRACKER, MegatronFacts, is_iteration, is_run,
+                        iterations, open_iteration, open_run)
+from .dcp import DCP
+from .reader import Claim, FolderScan, Reader
+
+
+def megatron_claims(scan: FolderScan) -> list[Claim]:
+    folder = scan.folder
+    if is_run(folder):
+        tags = set(iterations(folder))
+        covers = {p for p in scan.entries if p.name in tags or p.name == TRACKER or BRIDGE_STATE.match(p.name)}
+        return [Claim(MEGATRON, folder, lambda options: open_run(folder, options.tag), whole_folder=True,
+                      covers=covers)]
+    if is_iteration(folder):
+        return [Claim(MEGATRON, folder, lambda options: open_iteration(folder, options.tag), whole_folder=True,
+                      covers=set(scan.entries))]
+    return []
+
+
+def describe(facts: MegatronFacts) -> str:
+    return f"Megatron-Core distributed checkpoint ({facts.sharded_backend or '?'}, a DCP save), world size " \
+           f"{facts.world_size or '?'}"
+
+
+MEGATRON = Reader(
+    name="Megatron-Core", format="megatron", what="the Megatron-Core checkpoint",
+    looks_for=f"a Megatron-Core run ({TRACKER} beside iter_NNNNNNN/) or one iteration ({METADATA_FILE} and "
+              f"{BACKEND_FILE})",
+    claims=megatron_claims, describe=describe, facts=MegatronFacts, whole_folders=True, supersedes=("DCP",),
+    not_weights=(BRIDGE_STATE, re.compile(rf"^{re.escape(COMMON_FILE)}$")), own_tags=True,
+    data_check=DCP.data_check)  # its iterations are DCP saves, read by the DCP reader's code
