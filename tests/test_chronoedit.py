@@ -205,3 +205,32 @@ def test_a_wan_lora_named_a_chronoedit_adapter_by_model_name(tmp_path):
     assert "base_model: nvidia/ChronoEdit-14B-Diffusers" in card
     assert set(load_file(tmp_path / "out" / "lora.safetensors")) == {
         "diffusion_model.blocks.0.self_attn.q.lora_down.weight", "diffusion_model.blocks.0.self_attn.q.lora_up.weight"}
+
+
+# -- quantized files ------------------------------------------------------------------------------------------------
+def test_gguf_and_fp8_files_carry_the_original_names(pipeline, tmp_path):
+    """Wan's quantization facts hold (key_maps/chronoedit/quantized.toml): the GGUF file (architecture wan, as
+    ComfyUI-GGUF loads ChronoEdit) holds the original file's tensors, F16 exactly their fp16 cast where not kept in F32;
+    the fp8 file quantizes Wan's layers, the image branch's among them."""
+    import gguf
+    import numpy as np
+    from safetensors import safe_open
+
+    from cogexport.exporter import export_comfyui, export_gguf
+
+    export_original(pipeline, tmp_path / "original", dtype="fp32")
+    original = load_file(tmp_path / "original" / "diffusion_pytorch_model.safetensors")
+    export_gguf(pipeline, tmp_path / "gguf", quant="F16")
+    reader = gguf.GGUFReader(next((tmp_path / "gguf").glob("*.gguf")))
+    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == "wan"
+    read = {t.name: torch.from_numpy(np.array(t.data)).reshape(tuple(reversed(t.shape.tolist())))
+            for t in reader.tensors}
+    assert set(read) == set(original)
+    for name, tensor in read.items():
+        assert torch.equal(tensor, original[name].to(tensor.dtype)), name
+    assert read["blocks.0.ffn.0.weight"].dtype == torch.float16  # 1,536 values: more than convert.py keeps in F32
+    assert read["blocks.0.modulation"].dtype == torch.float32  # convert.py's keys_hiprec
+    export_comfyui(pipeline, tmp_path / "fp8", quant="fp8")
+    with safe_open(next((tmp_path / "fp8").glob("*.safetensors")), "pt") as file:
+        assert file.get_tensor("blocks.0.cross_attn.k_img.weight").dtype == torch.float8_e4m3fn
+        assert file.get_tensor("blocks.0.norm3.weight").dtype != torch.float8_e4m3fn
