@@ -85,6 +85,19 @@ def test_to_original_is_read_back_by_diffusers_single_file(pipeline, tmp_path):
     assert same_files(tmp_path / "back", pipeline / "transformer") == []
 
 
+def test_bf16_export_keeps_what_diffusers_keeps_in_fp32(pipeline, tmp_path):
+    """The fp32 allowlist is the class's own: our bf16 export is byte for byte what from_pretrained(torch_dtype=bf16)
+    then save_pretrained write."""
+    from diffusers import ChronoEditTransformer3DModel
+
+    ChronoEditTransformer3DModel.from_pretrained(pipeline / "transformer", torch_dtype=torch.bfloat16) \
+        .save_pretrained(tmp_path / "diffusers-bf16")
+    export(pipeline / "transformer", tmp_path / "ours", dtype="bf16")
+    # from_pretrained records where it read the model (_name_or_path) in the config it saves; the weights are equal
+    assert same_files(tmp_path / "ours", tmp_path / "diffusers-bf16") == ["config.json"]
+    assert (tmp_path / "ours" / "config.json").read_bytes() == (pipeline / "transformer" / "config.json").read_bytes()
+
+
 # -- weights that do not say which model they are ---------------------------------------------------------------
 def full_size_shapes(original: bool) -> dict[str, torch.Size]:
     """A published ChronoEdit-14B's tensor shapes (meta device: nothing allocated), in Diffusers' or Wan's names."""
@@ -142,6 +155,9 @@ def test_cli_refuses_a_full_size_release_that_does_not_say_which(cli, tmp_path):
     assert_refusal(cli(file, tmp_path / "out"), *REFUSAL)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
     assert (file.stat().st_size, file.stat().st_mtime_ns) == before
+    inspected = cli("inspect", "--quick", "--json", file)
+    assert inspected.exit_code == 0, inspected.stderr
+    assert json.loads(inspected.stdout)["models"]["transformer"]["model"] == "Wan2.1-I2V-14B-480P or ChronoEdit-14B"
 
 
 # -- a DiffSynth-Studio LoRA --------------------------------------------------------------------------------------
