@@ -132,6 +132,24 @@ def test_full_size_weights_need_the_users_word(original, tmp_path):
         assert beside.family.name == "Wan" and "rope_temporal_skip_len" not in beside.target.config
 
 
+def test_the_base_says_which_model_weights_alone_are(pipeline, tmp_path):
+    """The tiny ChronoEdit's weights alone (no config beside them): a Wan I2V --base makes them a Wan model (the
+    user's word, Wan's config: no RoPE skip), a ChronoEdit --base a ChronoEdit one."""
+    import shutil
+
+    from wan_fixtures import tiny_wan_pipeline
+
+    alone = tmp_path / "run" / "model.safetensors"
+    alone.parent.mkdir()
+    shutil.copyfile(pipeline / "transformer" / "diffusion_pytorch_model.safetensors", alone)
+    as_wan = export(alone, tmp_path / "wan", base=tiny_wan_pipeline("i2v") / "transformer", dtype="fp32")
+    as_chronoedit = export(alone, tmp_path / "chronoedit", base=pipeline / "transformer", dtype="fp32")
+    assert (as_wan.family, as_chronoedit.family) == ("Wan", "ChronoEdit")
+    wan_config = json.loads((tmp_path / "wan" / "config.json").read_text())
+    assert wan_config["_class_name"] == "WanTransformer3DModel" and "rope_temporal_skip_len" not in wan_config
+    assert same_files(tmp_path / "chronoedit", pipeline / "transformer") == []
+
+
 def sparse_safetensors(path: Path, shapes: dict[str, torch.Size]) -> Path:
     """A bf16 safetensors file of these shapes whose data is a hole (a sparse file: tens of GB that take no disk)."""
     offset, header = 0, {}
