@@ -16,6 +16,7 @@ from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
 from .lora import read_adapter
 from .models.family import ModelFamily, families
+from .models.lookalikes import lookalike_variants
 from .models.recognize import (component_tables, config_beside, expert_folders, family_beside, lora_key,
                                preferred_tables, read_facts)
 from .progress import byte_progress
@@ -172,14 +173,15 @@ def _transformer_facts(source: Mapping[str, LazyTensor], family: ModelFamily, ta
     except CogExportError as error:
         return {"problem": str(error)}
     model, layout = recognised.model, recognised.variant
-    if layout is None:  # a custom size: the published variant its own config is built like
-        try:
-            config = config_beside(family, folders, recognised.facts)
-        except CogExportError:
-            config = None
-        if config is not None:
-            layout = family.layout_variant(config)
-            model = f"custom-size {family.name} ({layout.name} layout)"
+    try:
+        config = config_beside(family, folders, recognised.facts)
+    except CogExportError:
+        config = None
+    if layout is None and config is not None:  # a custom size: the published variant its own config is built like
+        layout = family.layout_variant(config)
+        model = f"custom-size {family.name} ({layout.name} layout)"
+    if config is None and family_beside(folders) is None:  # weights another family's model has too: say both
+        model = " or ".join([model, *(variant.name for _, variant in lookalike_variants(recognised))])
     return dict(model=model, model_type=" or ".join(recognised.tasks),
                 variant=recognised.variant.name if recognised.variant else None,
                 layout_variant=layout.name if layout else None,

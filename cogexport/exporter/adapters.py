@@ -93,7 +93,7 @@ def _adapter_target(adapter: LoraAdapter, inputs: ExportInputs, options: ExportO
         return None, schema
     if (base is not None and base.config(component)) or recognised is not None or options.model_name:
         request = target_request(options, base, component, inputs.expert_names)
-        chosen = choose_transformer(recognised, model_family(adapter, base), request, where)
+        chosen = choose_transformer(recognised, model_family(adapter, base, options), request, where)
         check_fits(adapter, chosen.target.schema, where)
         return chosen, chosen.target.schema
     return None, adapter.names

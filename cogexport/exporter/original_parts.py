@@ -84,7 +84,7 @@ def plan_way_back(inputs: ExportInputs, component: str, options: ExportOptions,
 def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], options: ExportOptions,
                       adapter: LoraAdapter | None, refuse_original: bool, family_check: FamilyCheck) -> OriginalPart:
     if adapter is not None:
-        family_check(model_family(adapter, inputs.base), inputs.where_of(name))
+        family_check(model_family(adapter, inputs.base, options), inputs.where_of(name))
         part = plan_fused_transformer(adapter, inputs, name, options)
     else:
         source, where = inputs.sources[name], inputs.where_of(name)

@@ -87,11 +87,12 @@ def _transformer_part(component: str, chosen: TransformerChoice, plan: Plan, tab
                        chosen.label + label_suffix, chosen.published, notes=list(chosen.notes), variant=chosen.variant)
 
 
-def model_family(adapter: LoraAdapter, base: BaseFolder | None) -> ModelFamily:
-    """The family of the model an adapter goes on: --base's, when that family extends the adapter's (a Wan LoRA on a
-    Wan VACE model's Wan blocks), else the adapter's own."""
-    if base is not None and adapter.family.key in base.family.extends:
-        return base.family
+def model_family(adapter: LoraAdapter, base: BaseFolder | None, options: ExportOptions) -> ModelFamily:
+    """The family of the model an adapter goes on: the one --base or --model-name names, when that family extends the
+    adapter's (a Wan LoRA on a Wan VACE model's Wan blocks, or on a ChronoEdit model), else the adapter's own."""
+    named = family_hint(base, options)
+    if named is not None and adapter.family.key in named.extends:
+        return named
     return adapter.family
 
 
@@ -109,7 +110,7 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     them, else from --base."""
     where = inputs.where_of(component)
     request = target_request(options, inputs.base, component, inputs.expert_names)
-    family = model_family(adapter, inputs.base)
+    family = model_family(adapter, inputs.base, options)
     chosen = choose_transformer(adapter_recognised(adapter), family, request, where)
     check_fits(adapter, chosen.target.schema, where)
     if adapter.has_base_weights:

@@ -107,6 +107,9 @@ class ModelFamily:
     # the families whose model this one's extends with layers of its own (Wan VACE: Wan's blocks and a VACE branch):
     # the extended family's LoRA adapters, on layers this model has too, apply to it
     extends: tuple[str, ...] = ()
+    # the families whose weights this one's are exactly (names and shapes; only the config differs): weights of a
+    # published size both have are one family's or the other's only by the user's word or a config beside them
+    same_weights_as: tuple[str, ...] = ()
 
     @property
     def transformer(self) -> ModelSpec:
@@ -329,6 +332,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
         lora_names_from=lora.names_from,
         scheduler_class=pipeline.scheduler, scheduler_config=pipeline.scheduler_config,
         tasks=tasks, variants=variants, from_checkpoint=pipeline.from_checkpoint, extends=head.extends,
+        same_weights_as=head.same_weights_as,
     )
 
 
@@ -348,6 +352,8 @@ def _families(roots: tuple[str, ...]) -> tuple[ModelFamily, ...]:
         found[key] = parse_family(spec.read_text(encoding="utf-8"), key)
     for key, family in found.items():
         _require(set(family.extends) <= set(found) - {key}, key, "[family] extends names no other family")
+        _require(set(family.same_weights_as) <= set(found) - {key}, key,
+                 "[family] same_weights_as names no other family")
     return tuple(found.values())
 
 

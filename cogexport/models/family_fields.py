@@ -24,6 +24,10 @@ class FamilySection:
     extends: tuple[str, ...] = declared(
         "families whose model this one's extends with layers of its own (Wan VACE: Wan's blocks and a VACE branch): "
         "their LoRA adapters, on layers this model has too, apply to it", ())
+    same_weights_as: tuple[str, ...] = declared(
+        "families whose weights this one's are exactly, names and shapes alike (ChronoEdit: Wan 2.1 I2V's), the "
+        "difference being in the config alone: where neither `--model-name`, `--base` nor a config beside the "
+        "weights says which, an export of such weights is refused, never guessed", ())
 
 
 @dataclass(frozen=True)

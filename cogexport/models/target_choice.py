@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import CogExportError
 from .base_folder import BaseFolder
 from .family import ModelFamily, Variant
+from .lookalikes import refuse_unsaid_lookalike
 from .recognize import Recognised, config_beside
 from .target import TargetModel, build_target
 
@@ -58,6 +59,8 @@ def choose_transformer(recognised: Recognised | None, family: ModelFamily, reque
         variant = _variant_of_config(family, config, published, request)
         told = f"--base {base.path}" if base_config is not None else "the config beside the checkpoint"
     else:
+        if recognised is not None and not request.model_name:  # nothing said which model: the weights must
+            refuse_unsaid_lookalike(recognised, where)
         variant = _named_or_published(family, request, published, recognised, where)
         config = family.transformer_config(variant)
         told = f"--model-name {request.model_name}"
