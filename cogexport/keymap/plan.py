@@ -177,6 +177,13 @@ class _GroupBuilder:
             return
         names = [found[i] for i in range(len(rule.sources))]
         try:
+            rule = rule.laid_out(self.counts)
+        except RuleError as error:
+            if self.strict:
+                self.errors.append(f"{', '.join(names)}: {error}")
+                return
+            rule = rule.in_groups(1)  # shapes only: one group or many, every target has the same shape
+        try:
             target_values = rule.target_values(values, self.counts)
         except RuleError as error:
             if self.strict:

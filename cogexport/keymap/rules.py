@@ -4,7 +4,9 @@ One general operation covers every renaming: split each source tensor into equal
 build each target by concatenating chosen chunks. A rename is one source in one chunk to one target; a chunk
 (qkv into q, k, v) is one source in k chunks to k targets; its inverse concatenates; a regroup (the 12-chunk
 adaLN into norm1/norm2) is any arrangement in between. Every chunk is used exactly once, so the inverse is
-always defined. A re-index maps a placeholder value v to count-1-v (its own inverse); a reshape renames one
+always defined. A grouped regroup lays that arrangement out in every one of ``groups`` equal consecutive parts of each
+tensor (a fused qkv interleaved per head: [h0: q k v, h1: q k v, ...]), the count read from the target config, and its
+inverse is the grouped inverse. A re-index maps a placeholder value v to count-1-v (its own inverse); a reshape renames one
 tensor into another view of the same elements (Wan Animate's leaky-ReLU biases [1, C, 1, 1] <-> [C]); a drop
 discards a source key for a stated reason.
 """
@@ -15,7 +17,7 @@ import fnmatch
 import itertools
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 import torch
@@ -42,6 +44,9 @@ class Regroup:
     value_maps: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # (placeholder, (source, target) pairs)
     # a reshape: (the source's view, the target's view), -1 standing for the one size the element count decides
     views: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # the count name of the groups the arrangement repeats in (each tensor is that many equal consecutive parts along
+    # dim, and the chunks are laid out within each part), read from the target config; None: one group
+    groups: str | None = None
 
     def __post_init__(self) -> None:
         total = sum(self.source_chunks)
@@ -71,7 +76,32 @@ class Regroup:
         flipped = tuple((name, tuple((b, a) for a, b in pairs)) for name, pairs in self.value_maps)
         views = None if self.views is None else (self.views[1], self.views[0])
         return Regroup(self.kind, self.targets, tuple(len(c) for c in self.target_chunks), self.sources, back, self.dim,
-                       self.reverse_index, self.optional_reason, flipped, views)
+                       self.reverse_index, self.optional_reason, flipped, views, self.groups)
+
+    # -- groups ---------------------------------------------------------------------------------------------------
+    def laid_out(self, counts: Mapping[str, int]) -> "Regroup":
+        """The rule with its groups spelled out as plain chunks, the group count read from ``counts``."""
+        if self.groups is None:
+            return self
+        count = counts.get(self.groups)
+        if not isinstance(count, int) or count <= 0:
+            raise RuleError(f"{self.describe()} needs '{self.groups}', which the target model does not define")
+        return self.in_groups(count)
+
+    def in_groups(self, count: int) -> "Regroup":
+        """The arrangement repeated in ``count`` groups: source j's chunk m of group g is chunk g * chunks_j + m of
+        that source, and each target takes its chunks from group 0, then group 1, ..."""
+        offsets = [sum(self.source_chunks[:j]) for j in range(len(self.sources))]
+        owner = [(j, m) for j, chunks in enumerate(self.source_chunks) for m in range(chunks)]
+
+        def spread(index: int, group: int) -> int:
+            j, m = owner[index]
+            return offsets[j] * count + group * self.source_chunks[j] + m
+
+        targets = tuple(tuple(spread(index, group) for group in range(count) for index in chunk_list)
+                        for chunk_list in self.target_chunks)
+        return replace(self, source_chunks=tuple(chunks * count for chunks in self.source_chunks),
+                       target_chunks=targets, groups=None)
 
     # -- application ----------------------------------------------------------------------------------------
     def target_values(self, values: Mapping[str, str], counts: Mapping[str, int]) -> dict[str, str]:

@@ -25,7 +25,7 @@ from ..schema import SchemaError, header, read
 from .pattern import KeyPattern, PatternError
 from .roots import find_key_map_file
 from .rules import Drop, Regroup
-from .table_fields import RULES, DropRule, LoraSettings, RegroupRule, ReshapeRule, TableFile, TableHeader
+from .table_fields import RULES, DropRule, LoraSettings, RegroupRule, ReshapeRule, TableFile, TableHeader, ToldApart
 
 class TableError(ExtensionError):
     """A key-map table is malformed (a bug in the table, not in the user's input)."""
@@ -51,6 +51,8 @@ class KeyMapTable:
     # source keys and the shapes ("*" for any size) the judge's hard-coded constants assume: it is asked only then
     judge_when: dict = field(default_factory=dict, compare=False)
     no_judge: str = ""  # when there is no judge: why, and what checks the table instead
+    # what beside the tensors says the input is this layout, when another has the same names and shapes
+    told_apart: ToldApart | None = field(default=None, compare=False)
     rules: tuple[Regroup, ...] = ()
     drops: tuple[Drop, ...] = ()
     placeholders: dict = field(default_factory=dict, compare=False)
@@ -171,7 +173,8 @@ def _rule(kind: str, spec: Any, all_kinds: dict, table: str, where: str) -> Regr
     views = _views(spec, table) if isinstance(spec, ReshapeRule) else None
     try:
         return Regroup(kind, tuple(source), chunks, tuple(targets), groups, getattr(spec, "dim", 0),
-                       tuple(reverse.items()), getattr(spec, "optional", None), _value_maps(all_kinds, source), views)
+                       tuple(reverse.items()), getattr(spec, "optional", None), _value_maps(all_kinds, source), views,
+                       getattr(spec, "groups", None))
     except ValueError as error:
         raise TableError(f"key map {table}: {error}") from None
 
@@ -215,7 +218,8 @@ def _inherited(head: TableHeader, included: KeyMapTable) -> dict:
     return dict(description=own("description"), source=own("source"), target=own("target"),
                 select_keys=own("select_keys"), select_prefix=own("select_prefix"),
                 strip_prefixes=own("strip_prefixes"), signature=own("signature"), requires=own("requires"),
-                excludes=own("excludes"), judge=judge, judge_when=dict(own("judge_when")), no_judge=own("no_judge"))
+                excludes=own("excludes"), judge=judge, judge_when=dict(own("judge_when")), no_judge=own("no_judge"),
+                told_apart=own("told_apart"))
 
 
 def parse_table(text: str, name: str) -> KeyMapTable:

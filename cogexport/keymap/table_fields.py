@@ -16,6 +16,20 @@ _OPTIONAL = "apply only when the target model has the target; otherwise drop the
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToldApart:
+    """``told_apart`` of ``[table]``: what beside the tensors says a checkpoint is in this layout, for layouts whose
+    names and shapes are alike and whose values are not (a fused qkv in two row orders). When several such layouts
+    fit, the one whose evidence the input shows is taken (a config first); none: the input is refused, and told what
+    to add."""
+
+    config_class: str | None = declared(
+        "a config.json beside the weights (or above a training checkpoint's folder) names this class "
+        "(`_class_name`, or one of `architectures`)", None)
+    single_file: bool = declared("the checkpoint is one safetensors file (and no config names another layout's "
+                                 "class)", False)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TableHeader:
     """``[table]``: which keys the table applies to, and what it is. A field left out is the included table's."""
 
@@ -45,6 +59,9 @@ class TableHeader:
         "assume: it is asked only then", None)
     no_judge: str | None = declared(
         "when there is no judge: why, and what checks the table instead (a table saying so inherits no judge)", None)
+    told_apart: ToldApart | None = declared(
+        "what beside the tensors says the input is this layout, when another layout has the same names and shapes",
+        None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +100,10 @@ class RegroupRule:
     chunks: int = declared("how many equal chunks the source is split into")
     to: tuple[RegroupTarget, ...] = declared("the targets: `{ key = ..., chunks = [...] }` tables")
     dim: int = declared("the dimension split", 0)
+    groups: str | None = declared(
+        "the target config value that counts the groups the arrangement repeats in: every tensor is that many equal "
+        "consecutive parts along `dim`, the chunks laid out within each part and each target made of its chunks of "
+        "every group in turn (a fused qkv interleaved per head: `[h0: q k v, h1: q k v, ...]`)", None)
     optional: str | None = declared(_OPTIONAL, None)
 
 

@@ -31,10 +31,12 @@ def build_target(class_name: str, config: Mapping[str, object]) -> TargetModel:
     """The model ``class_name`` builds from ``config`` (a CogExportError if it cannot)."""
     answer = remembered("target", {"class": class_name, "config": dict(config)}, lambda: _build(class_name, config),
                         fields=("config", "config_json", "schema", "dtypes", "counts"))
+    # every whole number of the config is a count a rule may read (num_attention_heads for a per-head regroup)
+    counts = {name: value for name, value in answer["config"].items() if type(value) is int}
     return TargetModel(class_name, answer["config"], answer["config_json"],
                        {name: torch.Size(shape) for name, shape in answer["schema"].items()},
                        {name: getattr(torch, dtype) for name, dtype in answer["dtypes"].items()},
-                       dict(answer["counts"]))
+                       {**counts, **answer["counts"]})
 
 
 def _build(class_name: str, config: Mapping[str, object]) -> dict:
