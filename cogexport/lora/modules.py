@@ -58,7 +58,8 @@ def translate_modules(modules: Mapping[str, LoraModule], table: KeyMapTable, whe
     for (rule_id, values), found in groups.items():
         rule = rules[rule_id]
         try:
-            rule = rule.laid_out(counts) if counts is not None else rule.in_groups(1)
+            if rule.groups is not None:  # None: names and shapes only, the groups' order aside
+                rule = rule.laid_out(counts) if counts is not None else rule.in_groups(1)
             target_values = rule.target_values(dict(values), counts or {})
         except RuleError as error:
             raise CogExportError(f"{where}: {error}") from None
