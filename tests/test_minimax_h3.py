@@ -102,6 +102,12 @@ def test_a_comfy_single_file_exports_what_diffusers_converter_makes_of_its_stack
     assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), converted(load_file(single), "stacked"))
 
 
+def test_inspect_names_the_layout_the_files_say(original, cli, tmp_path):
+    single = comfy_file(tmp_path / "minimax_h3.safetensors", original["state"])
+    assert "minimax_h3/comfy_transformer" in cli("inspect", single, "--json").stdout
+    assert "minimax_h3/release_transformer" in cli("inspect", original["release"], "--json").stdout
+
+
 def test_the_two_qkv_orders_are_never_guessed(original, cli, tmp_path):
     """The release's shards without their config.json say neither order: refused in one line, nothing written; a
     single file with the release's config.json beside it (merged from the shards) is the release's order."""
