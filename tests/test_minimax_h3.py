@@ -151,6 +151,28 @@ def test_diffsynths_forward_equals_the_exported_models(original, cli, tmp_path):
         diffsynth_forward(original["model"], given)
     assert torch.allclose(video, their_video, atol=1e-5, rtol=0) and torch.allclose(audio, their_audio, atol=1e-5, rtol=0)
     assert video.abs().max() > 0.1  # a model that outputs something
+    # a Diffusers folder is read as it is: exported again, the same weights, byte for byte
+    assert cli(tmp_path / "out", tmp_path / "again", "--dtype", "fp32").exit_code == 0
+    assert (tmp_path / "again" / WEIGHTS).read_bytes() == (tmp_path / "out" / WEIGHTS).read_bytes()
+
+
+def test_the_published_size_is_recognised_and_its_release_names_run_both_ways():
+    """FL2VA's config at full size, on the meta device: its Diffusers names are the published variant's, and the
+    release table makes them from the release's names (56 heads of [q k v] per qkv_proj) and back."""
+    from cogexport.keymap.plan import translate_shapes
+    from cogexport.keymap.table import load_table
+    from cogexport.models.family import family_named
+    from cogexport.models.recognize import read_facts
+    from cogexport.models.target import build_target
+
+    family = family_named("MiniMax-H3")
+    target = build_target(family.transformer.class_name, family.transformer_config(family.variants[0]))
+    table = load_table("minimax_h3/release_transformer")
+    original = translate_shapes(table.inverted(), target.schema, target.counts)
+    assert original["blocks.49.attn.qkv_proj.weight"] == (3 * 56 * 128, 5376) and "token_refiner.blocks.1.mlp.fc1.weight" in original
+    assert translate_shapes(table, original, target.counts) == dict(target.schema)
+    recognised = read_facts(family, table, original)
+    assert recognised.variant.name == "MiniMax-H3-FL2VA" and recognised.tasks == ("fl2va", "ref2va")
 
 
 # -- the way back --------------------------------------------------------------------------------------------------
