@@ -88,6 +88,10 @@ def test_a_release_partition_exports_what_diffusers_converter_makes_of_its_inter
     assert list(kept) == ["rope.inv_freq"] and torch.equal(kept["rope.inv_freq"], original["state"]["rope.inv_freq"])
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert {key: config[key] for key in diffusers_config()} == {**diffusers_config(), "patch_size": [1, 2, 2]}
+    # verify asks the same converter, with the target's config and the release's order
+    checked = cli("verify", tmp_path / "out", "--against", original["release"])
+    assert checked.exit_code == 0 and "second opinion:" in checked.stdout and "makes the same" in checked.stdout, \
+        checked.stdout + checked.stderr
 
 
 def test_a_comfy_single_file_exports_what_diffusers_converter_makes_of_its_stacked_rows(original, cli, tmp_path):
@@ -188,6 +192,8 @@ def test_the_way_back_is_the_release_partition_byte_for_byte(original, cli, tmp_
     assert sorted(p.name for p in (tmp_path / "back").glob("model-*.safetensors")) == shards
     for name in shards:
         assert (tmp_path / "back" / name).read_bytes() == (release / name).read_bytes(), name
+    checked = cli("verify", tmp_path / "back", "--against", tmp_path / "diffusers")
+    assert checked.exit_code == 0 and "makes the same" in checked.stdout, checked.stdout + checked.stderr
     index = "model.safetensors.index.json"
     assert json.loads((tmp_path / "back" / index).read_text())["weight_map"] == \
         json.loads((release / index).read_text())["weight_map"]

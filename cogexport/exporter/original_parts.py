@@ -100,7 +100,7 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
     written.fused = adapter is not None
     if adapter is None and _keeps_beside(written.layout):  # a release's tensors its Diffusers class has no place for
         kept, written.notes = kept_beside(written.layout, _own_folder(inputs, name), inputs)
-        written.tensors = {**written.tensors, **kept}
+        written.tensors, written.read_as = {**written.tensors, **kept}, {**written.read_as, **kept}  # as they were
     return written
 
 
