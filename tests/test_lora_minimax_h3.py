@@ -57,6 +57,8 @@ def test_a_diffsynth_lora_becomes_what_diffusers_lora_converter_makes_of_it(run,
     theirs = diffusers_conversion(load_file(run["lora"]))
     assert set(ours) == set(theirs)
     assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
+    checked = cli("verify", tmp_path / "out", "--against", run["lora"], "--base", run["base"])
+    assert checked.exit_code == 0, checked.stdout + checked.stderr
 
 
 def test_fused_is_the_base_plus_b_a_and_the_adapter_loads_with_the_fused_models_output(run, cli, tmp_path):
@@ -72,6 +74,8 @@ def test_fused_is_the_base_plus_b_a_and_the_adapter_loads_with_the_fused_models_
         up, down = converted.get(f"{module}.lora_B.weight"), converted.get(f"{module}.lora_A.weight")
         expected = weight + (up @ down) * 1.0 if up is not None else weight
         assert torch.equal(fused[name], expected), name
+    checked = cli("verify", tmp_path / "fused", "--against", run["lora"], "--base", run["base"])
+    assert checked.exit_code == 0, checked.stdout + checked.stderr
     assert cli(run["lora"], tmp_path / "adapter", "--base", run["base"]).exit_code == 0
     with_adapter = MiniMaxH3Transformer3DModel.from_pretrained(run["base"]).eval()
     with_adapter.load_lora_adapter(str(tmp_path / "adapter" / "pytorch_lora_weights.safetensors"), prefix="transformer")

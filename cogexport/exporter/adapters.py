@@ -11,8 +11,6 @@ from ..checkpoint.readers import info_dict
 from ..errors import CogExportError
 from ..lora import AdapterOutput, LoraAdapter, check_fits, plan_output, read_adapter
 from ..lora.formats import writable_format
-from ..models.base_folder import BaseFolder
-from ..models.target import build_target
 from ..models.target_choice import TransformerChoice, choose_transformer
 from ..precision import AsRead, PrecisionPolicy, adapter_part, describe_written
 from ..write.folder_plan import FolderPlan, TensorFile, TextFile
@@ -34,7 +32,7 @@ def read_adapters(inputs: ExportInputs, options: ExportOptions) -> dict[str, Lor
     for component, source in inputs.sources.items():
         adapters[component] = read_adapter(source, inputs.where_of(component), options.lora_alpha,
                                            inputs.search_folders(component), source.info.header_metadata, hint,
-                                           base_counts(inputs.base, component))
+                                           inputs.base.counts(component) if inputs.base else None)
     families = {adapter.family.name for adapter in adapters.values()}
     if len(families) > 1:
         raise CogExportError(f"{inputs.where}: the experts' adapters are of different families "
@@ -45,14 +43,6 @@ def read_adapters(inputs: ExportInputs, options: ExportOptions) -> dict[str, Lor
         raise CogExportError(f"{inputs.where} is a {family.name} LoRA, but {given} is a {hint.name} model; give the "
                              f"{family.name} model it was trained on")
     return adapters
-
-
-def base_counts(base: BaseFolder | None, component: str) -> dict[str, int] | None:
-    """The sizes of the model --base describes (a fused layer's split may count its heads), None without one."""
-    config = base.config(component) if base is not None else None
-    if config is None:
-        return None
-    return build_target(base.family.transformer.class_name, config).counts
 
 
 def adapters_to_fuse(inputs: ExportInputs, options: ExportOptions) -> dict[str, LoraAdapter]:
