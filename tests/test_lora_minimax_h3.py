@@ -97,3 +97,9 @@ def test_a_comfyui_adapter_is_stacked_and_has_the_same_deltas(run, cli, tmp_path
     ours, theirs = deltas(diffusers_conversion(written)), deltas(diffusers_conversion(load_file(run["lora"])))
     assert set(ours) == set(theirs)
     assert all(torch.allclose(ours[name], theirs[name], atol=1e-10, rtol=0) for name in theirs)
+    # read back as an ai-toolkit / ComfyUI file (stacked), it is the same adapter again
+    again = cli(next((tmp_path / "comfy").glob("*.safetensors")), tmp_path / "again", "--base", run["base"])
+    assert again.exit_code == 0, again.stderr
+    back = deltas(load_file(tmp_path / "again" / "pytorch_lora_weights.safetensors"))  # transformer.-prefixed too
+    assert set(back) == set(theirs)
+    assert all(torch.allclose(back[name], theirs[name], atol=1e-10, rtol=0) for name in theirs)
