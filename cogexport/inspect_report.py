@@ -19,6 +19,7 @@ from .models.family import ModelFamily, families
 from .models.lookalikes import lookalike_variants
 from .models.recognize import (component_tables, config_beside, expert_folders, family_beside, lora_key,
                                preferred_tables, read_facts)
+from .models.told_apart import told_apart
 from .progress import byte_progress
 
 
@@ -146,7 +147,7 @@ def recognise_models(source: Mapping[str, LazyTensor], metadata: Mapping[str, st
         # the layout export would take (the most specific one; a shared layout under its owner family)
         named = family_beside(folders) if component == "transformer" else None
         preferred = preferred_tables(keys, component_tables(component, named)) if named else []
-        for family, table in (preferred or preferred_tables(keys, component_tables(component)))[:1]:
+        for family, table in _told_apart(preferred or preferred_tables(keys, component_tables(component)), source)[:1]:
             selected, ignored = table.select(keys)
             entry = {"family": family.name, "layout": table.name, "description": table.source, "keys": len(selected),
                      "other_keys": len(ignored)}
@@ -154,6 +155,15 @@ def recognise_models(source: Mapping[str, LazyTensor], metadata: Mapping[str, st
                 entry.update(_transformer_facts(source, family, table, metadata, folders))
             found[component] = entry
     return found
+
+
+def _told_apart(fitting: list, source: Mapping[str, LazyTensor]) -> list:
+    """Look-alike layouts as export tells them apart by the input's files; as they are where nothing says which
+    (export refuses such an input; inspect still describes it)."""
+    try:
+        return told_apart(fitting, source, "the checkpoint")
+    except CogExportError:
+        return fitting
 
 
 def _adapter_entry(source: Mapping[str, LazyTensor], metadata: Mapping[str, str] | None, folders: Sequence) -> dict:

@@ -5,4 +5,5 @@ by name without loading a table, and a key map may keep tensors only in one of t
 
 KEPT_BESIDE_MODELS = frozenset({
     "per_channel_statistics.safetensors",  # LTX-2's VAEs' latent statistics
+    "rotary_frequencies.safetensors",  # a release's stored rotary frequencies its Diffusers class computes
 })

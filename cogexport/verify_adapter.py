@@ -24,12 +24,14 @@ def _verify_adapter(folder: Path, request: VerifyRequest) -> VerifyReport:
     where = ", ".join(map(str, sources))
     with request.choice.open(sources) as source, open_checkpoint(folder) as written_file:
         # names several families' models share say the family only with --base, as for the export
-        family = open_base(request.base).family if request.base is not None else None
-        trained = read_adapter(source, where, None, source_folders(sources), source.info.header_metadata, family)
+        base = open_base(request.base) if request.base is not None else None
+        family, counts = (base.family, base.counts()) if base is not None else (None, None)
+        trained = read_adapter(source, where, None, source_folders(sources), source.info.header_metadata, family,
+                               counts)
         # the folder's names may fit another family too (Diffusers names CogVideoX and LTX-Video share): it holds
         # the run's family's adapter
         written = read_adapter(written_file, str(folder), None, [folder], written_file.info.header_metadata,
-                               trained.family)
+                               trained.family, counts)
         report = VerifyReport(str(folder), f"{written.table.format.title} LoRA adapter", kind="LoRA adapter")
         for name in sorted(set(trained.modules) - set(written.modules)):
             report.mismatches.append(f"{name}: the run adapts it, the folder does not")

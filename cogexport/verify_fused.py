@@ -35,7 +35,8 @@ def fused_inputs(source: LazyCheckpoint, sources: list[Path], component: str, fa
                  stack: ExitStack) -> tuple[LoraAdapter, dict[str, LazyTensor]]:
     """The run's adapter and the base weights it was fused into (those of --base opened on ``stack``)."""
     where = ", ".join(map(str, sources))
-    adapter = read_adapter(source, where, None, source_folders(sources), source.info.header_metadata, family)
+    adapter = read_adapter(source, where, None, source_folders(sources), source.info.header_metadata, family,
+                           target.counts)
     check_fits(adapter, target.schema, where)
     if adapter.has_base_weights:
         return adapter, base_weights(adapter, target.schema, target.counts, where)

@@ -91,7 +91,7 @@ def _verify_folder(folder: Path, sources: list[Path], request: VerifyRequest) ->
         with SafetensorsCheckpoint(folder) as written:
             compare(written, expected, report)
             if table is not None:
-                _ask_judge(table, source, written, report, request.judge_limit)
+                _ask_judge(table, source, written, report, request.judge_limit, target.config)
             else:
                 judge_with_peft(adapter, base, written, report)
     if request.load:
@@ -114,20 +114,26 @@ def _release_components(output: Path, sources: list[Path], choice: SourceChoice)
             if (output / name / "config.json").is_file() and fitting_tables(keys, component_tables(name, family))]
 
 
+def judge_converts(table: KeyMapTable, state: dict, config: Mapping | None) -> dict:
+    """What Diffusers' converter named by the table makes of ``state``, given the table's ``judge_args`` (the
+    target model's config where they say ``config = "target"``)."""
+    from diffusers.loaders import single_file_utils
+
+    arguments = {name: dict(config or {}) if value == "target" else value for name, value in table.judge_args.items()}
+    return getattr(single_file_utils, table.judge)(state, **arguments)
+
+
 def _ask_judge(table: KeyMapTable, source: Mapping[str, LazyTensor], written: Mapping[str, LazyTensor],
-               report: VerifyReport, judge_limit: int) -> None:
+               report: VerifyReport, judge_limit: int, config: Mapping | None = None) -> None:
     """Convert the source with Diffusers' own converter for this layout and compare every written tensor with it."""
     reason = why_no_judge(table, source, judge_limit)
     if reason:
         report.judge_note = reason
         return
-    from diffusers.loaders import single_file_utils
-
-    converter = getattr(single_file_utils, table.judge)
     selected, _ = table.select(source)
     state = {name: source[original].load() for name, original in selected.items()}
     try:
-        converted = converter(state)
+        converted = judge_converts(table, state, config)
     except Exception as error:  # the judge's own failure is a finding, not a crash of ours
         report.judge_mismatches.append(f"Diffusers' {table.judge} fails on this checkpoint: {type(error).__name__}: "
                                        f"{error}")

@@ -100,24 +100,23 @@ def _verify_part(folder: Path, part, request: VerifyRequest) -> VerifyReport:
                           kind="original layout")
     with open_checkpoint(folder) as written:
         compare(written, expected, report)
-        _ask_converter(load_table(part.layout.table), written, part.diffusers, report, request.judge_limit)
+        _ask_converter(load_table(part.layout.table), written, part.diffusers, report, request.judge_limit,
+                       part.config)
     return report
 
 
 def _ask_converter(table: KeyMapTable, written: LazyCheckpoint, came_from: Mapping[str, LazyTensor],
-                   report: VerifyReport, judge_limit: int) -> None:
+                   report: VerifyReport, judge_limit: int, config: Mapping | None = None) -> None:
     """Diffusers' converter of this layout, given the written file: it must make the Diffusers model it came from."""
-    from .verify_models import why_no_judge
+    from .verify_models import judge_converts, why_no_judge
 
     reason = why_no_judge(table, written, judge_limit)
     if reason:
         report.judge_note = reason
         return
-    from diffusers.loaders import single_file_utils
-
     selected, _ = table.select(written)
     try:
-        converted = getattr(single_file_utils, table.judge)({n: written[o].load() for n, o in selected.items()})
+        converted = judge_converts(table, {n: written[o].load() for n, o in selected.items()}, config)
     except Exception as error:  # the judge's own failure is a finding, not a crash of ours
         report.judge_mismatches.append(f"Diffusers' {table.judge} fails on the written file: {type(error).__name__}: "
                                        f"{error}")

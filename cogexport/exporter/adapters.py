@@ -31,7 +31,8 @@ def read_adapters(inputs: ExportInputs, options: ExportOptions) -> dict[str, Lor
     adapters = {}
     for component, source in inputs.sources.items():
         adapters[component] = read_adapter(source, inputs.where_of(component), options.lora_alpha,
-                                           inputs.search_folders(component), source.info.header_metadata, hint)
+                                           inputs.search_folders(component), source.info.header_metadata, hint,
+                                           inputs.base.counts(component) if inputs.base else None)
     families = {adapter.family.name for adapter in adapters.values()}
     if len(families) > 1:
         raise CogExportError(f"{inputs.where}: the experts' adapters are of different families "

@@ -98,7 +98,14 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
         part = plan_transformer(source, options, where, inputs.base, name, experts, search)
     written = _written_back(part, inputs.where_of(name), refuse_original and adapter is None)
     written.fused = adapter is not None
+    if adapter is None and _keeps_beside(written.layout):  # a release's tensors its Diffusers class has no place for
+        kept, written.notes = kept_beside(written.layout, _own_folder(inputs, name), inputs)
+        written.tensors, written.read_as = {**written.tensors, **kept}, {**written.read_as, **kept}  # as they were
     return written
+
+
+def _keeps_beside(layout: OriginalLayout) -> bool:
+    return any(drop.keep for drop in load_table(layout.table).drops)
 
 
 def _written_back(part: ModelExport, where: str, refuse_original: bool) -> OriginalPart:

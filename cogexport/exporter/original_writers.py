@@ -55,7 +55,9 @@ def _safetensors(folder: str, part: OriginalPart, max_shard_size: str | int) -> 
     config = part.family.shapes.original_config(part.config, part.task)
     if config is not None:
         files.append(TextFile(_join(folder, "config.json"), json_text(config)))
-    return files + shard_files(folder, part.tensors, plan_shards(part.tensors, part.layout.file, max_shard_size))
+    # shards are cut greedily in order: the original code's order, so that they are cut where its save cuts them
+    tensors = {name: part.tensors[name] for name in part.family.shapes.original_order(list(part.tensors))}
+    return files + shard_files(folder, tensors, plan_shards(tensors, part.layout.file, max_shard_size))
 
 
 def _sat(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:

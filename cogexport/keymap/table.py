@@ -48,6 +48,7 @@ class KeyMapTable:
     requires: tuple[str, ...] = ()  # globs that must each match some key (what tells look-alike layouts apart)
     excludes: tuple[str, ...] = ()  # globs that no key may match (a look-alike layout's own keys)
     judge: str | None = None  # Diffusers' own converter for this layout (in diffusers.loaders.single_file_utils)
+    judge_args: dict = field(default_factory=dict, compare=False)  # its keyword arguments ("target": the config)
     # source keys and the shapes ("*" for any size) the judge's hard-coded constants assume: it is asked only then
     judge_when: dict = field(default_factory=dict, compare=False)
     no_judge: str = ""  # when there is no judge: why, and what checks the table instead
@@ -218,7 +219,8 @@ def _inherited(head: TableHeader, included: KeyMapTable) -> dict:
     return dict(description=own("description"), source=own("source"), target=own("target"),
                 select_keys=own("select_keys"), select_prefix=own("select_prefix"),
                 strip_prefixes=own("strip_prefixes"), signature=own("signature"), requires=own("requires"),
-                excludes=own("excludes"), judge=judge, judge_when=dict(own("judge_when")), no_judge=own("no_judge"),
+                excludes=own("excludes"), judge=judge, judge_args=dict(own("judge_args") or {}),
+                judge_when=dict(own("judge_when")), no_judge=own("no_judge"),
                 told_apart=own("told_apart"))
 
 

@@ -54,6 +54,9 @@ class TableHeader:
                                     None)
     judge: str | None = declared(
         "Diffusers' own converter for this layout (in diffusers.loaders.single_file_utils), which `verify` asks", None)
+    judge_args: dict | None = declared(
+        "keyword arguments the judge takes beside the checkpoint (`qkv_layout = \"interleaved\"`); `config = "
+        "\"target\"` gives it the target model's config", None)
     judge_when: dict | None = declared(
         "source keys and the shapes (`\"*\"` for any size, `false` for absent) the judge's hard-coded constants "
         "assume: it is asked only then", None)

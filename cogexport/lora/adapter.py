@@ -93,6 +93,7 @@ class LoraAdapter:
     base_table: KeyMapTable | None = None
     use_rslora: bool = False
     warnings: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # the model's sizes its layers were split by (head count)
 
     # -- the adapted modules ------------------------------------------------------------------------------------
     @property

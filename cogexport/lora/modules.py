@@ -42,7 +42,8 @@ def rule_of(table: KeyMapTable, module: str) -> tuple[Regroup, int, dict[str, st
 
 def translate_modules(modules: Mapping[str, LoraModule], table: KeyMapTable, where: str, rslora: bool = False,
                       counts: Mapping[str, int] | None = None) -> tuple[dict[str, LoraModule], dict[str, list[str]]]:
-    """The adapters renamed by ``table``, and for each new module the modules it came from."""
+    """The adapters renamed by ``table``, and for each new module the modules it came from. ``counts`` are the model's
+    (a rule repeated per head needs its head count); None: names and shapes only, every rule's groups taken as one."""
     groups: dict[tuple, dict[int, str]] = {}
     rules: dict[int, Regroup] = {}
     for name in modules:
@@ -57,6 +58,8 @@ def translate_modules(modules: Mapping[str, LoraModule], table: KeyMapTable, whe
     for (rule_id, values), found in groups.items():
         rule = rules[rule_id]
         try:
+            if rule.groups is not None:  # None: names and shapes only, the groups' order aside
+                rule = rule.laid_out(counts) if counts is not None else rule.in_groups(1)
             target_values = rule.target_values(dict(values), counts or {})
         except RuleError as error:
             raise CogExportError(f"{where}: {error}") from None

@@ -46,6 +46,14 @@ def _names_schema(key: str, blocks: int) -> dict[str, torch.Size]:
     return build_target(family.transformer.class_name, config).schema
 
 
+def names_counts(family: ModelFamily) -> dict[str, int]:
+    """The sizes of the family's published model (its [lora] names_from variant), which rules may count by."""
+    if not family.lora_names_from:
+        return {}
+    config = family.transformer_config(family.variant_named(family.lora_names_from))
+    return dict(build_target(family.transformer.class_name, config).counts)
+
+
 @cache
 def _kohya_names(table_name: str, blocks: int) -> dict[str, str]:
     """kohya name -> module name in the table's naming, for every module with a weight."""

@@ -22,7 +22,7 @@ from . import lycoris
 from .adapter import LoraAdapter, LoraModule
 from .fuse import misfits
 from .modules import rule_of, translate_modules
-from .names import blocks_needed, decode_kohya, names_schema
+from .names import blocks_needed, decode_kohya, names_counts, names_schema
 from .parts import ALPHA, BASE_BIAS, BASE_WEIGHT
 from .strength import Strength, recorded_config, set_strengths, whole_w2_rule
 from .tables import LoraTable, lora_tables
@@ -263,8 +263,10 @@ def _reading(layout: _Layout) -> tuple:
 
 def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: float | None = None,
                  folders: Iterable[Path] = (), metadata: Mapping[str, str] | None = None,
-                 family: ModelFamily | None = None) -> LoraAdapter:
-    """The adapter a LoRA file or run holds, named and sized from its keys and shapes, with its strength."""
+                 family: ModelFamily | None = None, counts: Mapping[str, int] | None = None) -> LoraAdapter:
+    """The adapter a LoRA file or run holds, named and sized from its keys and shapes, with its strength. ``counts``
+    are the sizes of the model it is for (--base's), which a fused layer's split may need (its head count); by default
+    those of the family's published model."""
     layout = _choose(source, where, family)
     table = layout.table
     recorded = recorded_config(metadata, folders)
@@ -282,8 +284,9 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
         alpha_source += (f"; the header's ss_network_alpha {stale} is not applied (musubi-tuner's convert_lora "
                          "folds it into lora_A and lora_B)")
     rslora = bool(recorded.config.get("use_rslora"))
+    counts = dict(counts) if counts is not None else names_counts(table.family)
     if table.modules is not None:
-        layout.modules_out, layout.origins = translate_modules(layout.source, table.modules, where, rslora)
+        layout.modules_out, layout.origins = translate_modules(layout.source, table.modules, where, rslora, counts)
     else:
         layout.modules_out = dict(layout.source)
     if table.keymap is not None:  # a whole run's key map names the model's weights and the adapters together
@@ -292,7 +295,8 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
         base_source, base_table = {name: layout.tensors[key] for name, key in layout.plain.items()}, table.modules
     adapter = LoraAdapter(table.family, table, layout.modules_out,
                           names_schema(table.family, blocks_needed(layout.modules_out)), alpha_source, alpha_recorded,
-                          base_source=base_source, base_table=base_table, use_rslora=rslora, warnings=notes)
+                          base_source=base_source, base_table=base_table, use_rslora=rslora, warnings=notes,
+                          counts=counts)
     if not adapter.adapted:
         raise CogExportError(f"{where} has LoRA names but no lora_A / lora_B pairs or LyCORIS factors")
     if not alpha_recorded:

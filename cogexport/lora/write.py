@@ -67,7 +67,7 @@ def plan_output(adapter: LoraAdapter, format_name: str, model_schema: Mapping[st
     held = replace(adapter, modules={name: _held(name, module, target, adapter, where)
                                      for name, module in adapter.modules.items()})
     modules = {name: _cast(name, module, policy) for name, module in held.modules.items()}
-    modules, _ = translate_modules(modules, table.modules.inverted(), where, adapter.use_rslora)
+    modules, _ = translate_modules(modules, table.modules.inverted(), where, adapter.use_rslora, adapter.counts)
     tensors: dict[str, LazyTensor] = {}
     for name in sorted(modules):
         tensors.update(_module_tensors(name, modules[name], target, adapter.use_rslora, where))

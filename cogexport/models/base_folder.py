@@ -41,6 +41,13 @@ class BaseFolder:
     def config(self, component: str) -> dict | None:
         return self.configs.get(component)
 
+    def counts(self, component: str = "transformer") -> dict[str, int] | None:
+        """The sizes of the model the folder describes (rules may count by them: a fused layer's heads), or None."""
+        from .target import build_target
+
+        config = self.config(component)
+        return None if config is None else build_target(self.family.transformer.class_name, config).counts
+
     def config_file(self, component: str) -> Path:
         """Where ``config(component)`` was read: a pipeline's component folder, or the model folder itself."""
         return self.path / component / "config.json" if self.is_pipeline else self.path / "config.json"

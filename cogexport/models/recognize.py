@@ -18,6 +18,7 @@ from ..lazy import LazyTensor
 from .base_folder import read_json
 from .family import ModelFamily, Variant, families, family_of_class
 from .target import build_target
+from .told_apart import told_apart
 
 # Name fragments only LoRA checkpoints have (SAT's LoRA mixin, PEFT, kohya / musubi-tuner, ComfyUI files).
 LORA_MARKERS = (".original.", ".matrix_A.", ".matrix_B.", ".lora_A.", ".lora_B.", ".base_layer.", ".lora_down.",
@@ -97,6 +98,7 @@ def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, wh
     fitting = preferred_tables(list(source), candidates)
     if len({table.name for _, table in fitting}) > 1:
         fitting = _names_fit(fitting, source, component) or fitting
+        fitting = told_apart(fitting, source, where)  # look-alike layouts: what beside the tensors says which
     layouts = {table.name for _, table in fitting}
     # the named family's layout fits, but the names carry more: another family's layout that extends it (a SkyReels-V2
     # fps embedding, a VACE branch beside Wan's names)

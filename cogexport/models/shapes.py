@@ -26,6 +26,8 @@ It may define (the defaults in brackets):
 - ``original_metadata(config, task[, components])``: header metadata of an original single-file release; a hook
   that takes a third argument gets the Diffusers configs of the other models written into the same file
   ({"vae": ..., ...}) [{}].
+- ``original_order(names)``: the names of a model written back in the order the original code's state_dict lists
+  them, where its shards are cut in that order [the way back's own order].
 - ``claims_config(config)``: whether an original-layout config.json kept beside the weights is this family's
   model, when its weights' names are another family's too (SkyReels-V2 writes Wan's WanModel config, with
   inject_sample_info) [False].
@@ -43,7 +45,7 @@ from typing import Any, Mapping, Sequence
 
 REQUIRED_HOOKS = ("read_facts", "task_of", "describe", "layout_variant", "check_target")
 OPTIONAL_HOOKS = ("tasks_of", "variant_of_components", "release_facts", "config_beside", "original_config",
-                  "original_metadata", "claims_config", "base_config")
+                  "original_metadata", "claims_config", "base_config", "original_order")
 
 
 class FamilyShapes:
@@ -105,6 +107,10 @@ class FamilyShapes:
         if len(inspect.signature(hook).parameters) >= 3:
             return hook(config, task, dict(components or {}))
         return hook(config, task)
+
+    def original_order(self, names: Sequence[str]) -> list[str]:
+        hook = self._optional("original_order")
+        return list(hook(names)) if hook else list(names)
 
     def claims_config(self, config: Mapping[str, Any]) -> bool:
         hook = self._optional("claims_config")
