@@ -1,0 +1,61 @@
+"""LTX-2.5 inputs for tests: tiny release files written by DiffSynth-Studio's port of the LTX-2 code (its LTXModel
+built with the flags its model registry gives the LTX-2.5 transformer file), with seeded random weights, saved as the
+release saves each component: one file, the transformer under model.diffusion_model., the config JSON in the header
+metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+# sizes of the shared LTX-2 fixture's transformer, with 2.5's flags (diffsynth/configs/model_configs.py, the entry for
+# diffusion_models/ltx-2.5-22b-dev-transformer-bf16.safetensors): the prompt is projected before the connectors
+# (caption_channels None), gated attention, the prompt modulation, no video feed-forward biases, the keyframe
+# embedding, the audio-video cross-attention's scale and shift per token
+SIZES = dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, num_layers=2,
+             cross_attention_dim=32, audio_num_attention_heads=2, audio_attention_head_dim=8, audio_in_channels=8,
+             audio_out_channels=8, audio_cross_attention_dim=16)
+FLAGS = dict(caption_channels=None, apply_gated_attention=True, cross_attention_adaln=True, ff_bias=False,
+             use_keyframes_abs_pos_embedding=True, use_tokenwise_av_ca_scale_shift=True)
+
+
+def diffsynth_transformer(seed: int = 0, **flags) -> torch.nn.Module:
+    """DiffSynth-Studio's LTXModel at the tiny sizes with 2.5's flags (or others given), every weight random."""
+    from diffsynth_ltx2 import diffsynth_module
+
+    model = diffsynth_module("ltx2_dit").LTXModel(**SIZES, **{**FLAGS, **flags})
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    return model.eval()
+
+
+def release_section(**flags) -> dict:
+    """The transformer section of the release's header config, in the LTX-2 code's own keys (those ltx_core's
+    configurator reads) for SIZES and the flags."""
+    flags = {**FLAGS, **flags}
+    section = {"_class_name": "AVTransformer3DModel", **SIZES, "caption_channels": 24, "norm_eps": 1e-06,
+               "positional_embedding_max_pos": [20, 2048, 2048], "audio_positional_embedding_max_pos": [20],
+               "positional_embedding_theta": 10000.0, "timestep_scale_multiplier": 1000,
+               "av_ca_timestep_scale_multiplier": 1000, "rope_type": "split", "frequencies_precision": "float64",
+               "attention_bias": True, "activation_fn": "gelu-approximate", "norm_elementwise_affine": False,
+               "apply_gated_attention": flags["apply_gated_attention"],
+               "cross_attention_adaln": flags["cross_attention_adaln"],
+               "caption_proj_before_connector": flags["caption_channels"] is None}
+    section.update({name: flags[name] for name in ("ff_bias", "use_keyframes_abs_pos_embedding") if name in flags})
+    return section
+
+
+def transformer_release(folder: Path, seed: int = 0, metadata: bool = True, **flags) -> Path:
+    """The tiny transformer as the release's transformer file holds it (model.diffusion_model.*), with its header
+    config unless metadata is False."""
+    model = diffsynth_transformer(seed, **flags)
+    tensors = {f"model.diffusion_model.{name}": t.contiguous() for name, t in model.state_dict().items()}
+    path = folder / "ltx-2.5-tiny-transformer.safetensors"
+    header = {"config": json.dumps({"transformer": release_section(**flags)})} if metadata else None
+    save_file(tensors, path, metadata=header)
+    return path

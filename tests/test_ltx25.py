@@ -1,0 +1,117 @@
+"""LTX-2.5 in the LTX-2 family: its transformer (2.3's layout without the video feed-forward biases, with the keyframe
+embedding) told apart from 2.3's by its layers and exported with 2.5's config; judged by DiffSynth-Studio's port of the
+LTX-2 code, which writes the tiny release file (tests/ltx25_fixtures.py) and runs the original forward."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import assert_same_tensors
+from ltx25_fixtures import FLAGS, SIZES, diffsynth_transformer, transformer_release
+from ltx2_fixtures import FIXTURE
+from safetensors.torch import load_file
+
+from cogexport.exporter import export
+from cogexport.keymap.table import load_table
+from cogexport.models.family import family_named
+from cogexport.models.recognize import read_facts
+
+FAMILY = family_named("ltx2")
+# the renames Diffusers' conversion script makes of a 2.3 / 2.5 transformer (scripts/convert_ltx2_to_diffusers.py:
+# LTX_2_3_TRANSFORMER_KEYS_RENAME_DICT, applied in its order, then adaln_single -> time_embed), written out here
+# independently of cogexport's table
+RENAMES = (("patchify_proj", "proj_in"), ("audio_patchify_proj", "audio_proj_in"),
+           ("av_ca_video_scale_shift_adaln_single", "av_cross_attn_video_scale_shift"),
+           ("av_ca_a2v_gate_adaln_single", "av_cross_attn_video_a2v_gate"),
+           ("av_ca_audio_scale_shift_adaln_single", "av_cross_attn_audio_scale_shift"),
+           ("av_ca_v2a_gate_adaln_single", "av_cross_attn_audio_v2a_gate"),
+           ("scale_shift_table_a2v_ca_video", "video_a2v_cross_attn_scale_shift_table"),
+           ("scale_shift_table_a2v_ca_audio", "audio_a2v_cross_attn_scale_shift_table"),
+           ("q_norm", "norm_q"), ("k_norm", "norm_k"), ("audio_prompt_adaln_single", "audio_prompt_adaln"),
+           ("prompt_adaln_single", "prompt_adaln"))
+
+
+def converted(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    renamed = {}
+    for name, tensor in state.items():
+        for old, new in RENAMES:
+            name = name.replace(old, new)
+        for old, new in (("adaln_single.", "time_embed."), ("audio_adaln_single.", "audio_time_embed.")):
+            name = new + name[len(old):] if name.startswith(old) else name
+        renamed[name] = tensor
+    return renamed
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The tiny 2.5 transformer release (header config included) exported alone in fp32, made once."""
+    folder = tmp_path_factory.mktemp("ltx25")
+    release = transformer_release(folder)
+    result = export(release, folder / "transformer", component="transformer", dtype="fp32", progress=False)
+    return result, folder / "transformer"
+
+
+def test_the_2_5_transformer_exports_exactly_with_2_5s_config(exported):
+    result, out = exported
+    assert "LTX-2.5-22B-dev layout" in result.model
+    config = json.loads((out / "config.json").read_text())
+    assert (config["ff_bias"], config["audio_ff_bias"], config["use_keyframes_abs_pos_embedding"]) == (False, True, True)
+    assert config["gated_attn"] and config["cross_attn_mod"] and not config["use_prompt_embeddings"]
+    assert_same_tensors(load_file(out / "diffusion_pytorch_model.safetensors"),
+                        converted(diffsynth_transformer().state_dict()))
+
+
+def test_the_exported_2_5_transformer_gives_the_original_forward(exported):
+    """DiffSynth's LTXModel and Diffusers' model on the exported folder, on the shared fixture's inputs (uniform and
+    per-token timesteps; the contexts at the streams' widths, since 2.5 projects the prompt before the connectors):
+    the same outputs to the bit (one thread). 2.5's scale and shift of the audio-video cross-attention per token
+    (use_tokenwise_av_ca_scale_shift) has no Diffusers 0.42.1 setting, so the original runs without it here; with
+    it, uniform timesteps give the same to float rounding (per-token ones differ: docs/families/ltx2.md)."""
+    from diffusers import LTX2VideoTransformer3DModel
+
+    io = load_file(FIXTURE / "reference_io.safetensors")
+    generator = torch.Generator().manual_seed(1)
+    contexts = (torch.randn(2, 6, 32, generator=generator), torch.randn(2, 6, 16, generator=generator))
+    ours = LTX2VideoTransformer3DModel.from_pretrained(exported[1]).eval()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for tokenwise, prefix in ((False, ""), (False, "per_token."), (True, "")):
+            theirs = diffsynth_transformer(use_tokenwise_av_ca_scale_shift=tokenwise)
+            timesteps = io.get(f"{prefix}video_timesteps", io["video_timesteps"])
+            with torch.no_grad():
+                expected = theirs(io["video_latent"], io["video_positions"], contexts[0], timesteps,
+                                  io["audio_latent"], io["audio_positions"], contexts[1], io["audio_timesteps"],
+                                  io["sigma"])
+                # as LTX2Pipeline calls it: timesteps and sigma x 1000, the other stream's sigma across streams
+                actual = ours(hidden_states=io["video_latent"], audio_hidden_states=io["audio_latent"],
+                              encoder_hidden_states=contexts[0], audio_encoder_hidden_states=contexts[1],
+                              timestep=timesteps * 1000, audio_timestep=io["audio_timesteps"] * 1000,
+                              sigma=io["sigma"] * 1000, video_coords=io["video_positions"],
+                              audio_coords=io["audio_positions"], fps=float(io["fps"]), use_cross_timestep=True,
+                              return_dict=False)
+            for mine, original in zip(actual, expected):
+                if tokenwise:
+                    assert torch.allclose(mine, original, atol=1e-6, rtol=0), prefix
+                else:
+                    assert torch.equal(mine, original), prefix
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("flags, version", [
+    ({}, "2.5"),
+    ({"use_keyframes_abs_pos_embedding": False}, "2.5"),  # the first 2.5 release: no keyframe embedding yet
+    ({"ff_bias": True, "use_keyframes_abs_pos_embedding": False, "caption_channels": 24}, "2.3"),
+])
+def test_the_version_is_read_off_the_layers(flags, version):
+    """2.5's keyframe embedding, or 2.3's layers without the video feed-forward biases, say 2.5; 2.3's say 2.3."""
+    from diffsynth_ltx2 import diffsynth_module
+
+    with torch.device("meta"):
+        model = diffsynth_module("ltx2_dit").LTXModel(**SIZES, **{**FLAGS, **flags})
+    names = {f"model.diffusion_model.{name}": t.shape for name, t in model.state_dict().items()}
+    assert read_facts(FAMILY, load_table("ltx2/original_transformer"), names).facts["version"] == version
+
