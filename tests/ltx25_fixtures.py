@@ -59,3 +59,57 @@ def transformer_release(folder: Path, seed: int = 0, metadata: bool = True, **fl
     header = {"config": json.dumps({"transformer": release_section(**flags)})} if metadata else None
     save_file(tensors, path, metadata=header)
     return path
+
+
+# a tiny diffusion decoder: five stages (the release's count) of one block each, widths a multiple of the head size
+DECODER = dict(in_channels=8, out_channels=3, patch_size=2, head_dim=16, stage_channels=(128, 64, 32, 32, 16),
+               stage_depths=(1, 1, 1, 1, 1), stage_kernels=((3, 3, 3),) * 5, stage5_kernel=(3, 3, 3), t_emb_dim=16,
+               upsamples=(((1, 2, 2), 2), ((2, 1, 1), 2), ((2, 2, 2), 1), ((2, 2, 2), 2)),
+               timestep_scale_multiplier=1000.0, default_num_inference_steps=1, model_output_type="x0")
+# the same decoder as LTX2VideoDiffusionDecoderModel's config (Diffusers' conversion script's names for each setting)
+DECODER_CONFIG = dict(latent_channels=8, out_channels=3, patch_size=2, decoder_head_dim=16,
+                      decoder_stage_channels=(128, 64, 32, 32, 16), decoder_stage_depths=(1, 1, 1, 1, 1),
+                      decoder_stage_kernels=((3, 3, 3),) * 4, decoder_stage5_kernel=(3, 3, 3),
+                      decoder_upsample_strides=((1, 2, 2), (2, 1, 1), (2, 2, 2), (2, 2, 2)),
+                      decoder_upsample_channel_reductions=(2, 2, 1, 2), decoder_t_emb_dim=16,
+                      decoder_timestep_scale_multiplier=1000.0, decoder_num_inference_steps=1)
+# DiffSynth's own converter (LTX25DiffusionVideoDecoderStateDictConverter) renames only the timestep MLP when it
+# loads the release file: its model's names are the release's but for these, which go back here
+DIFFSYNTH_NAMES = (("t_embedder.timestep_embedder.linear_1.", "t_embedder.mlp.0."),
+                   ("t_embedder.timestep_embedder.linear_2.", "t_embedder.mlp.2."))
+
+
+def diffusion_vae_release(folder: Path, seed: int = 0) -> Path:
+    """LTX-2.5's video VAE file with the diffusion decoder, as the release lays it out (unprefixed: encoder.,
+    decoder., per_channel_statistics.): the decoder DiffSynth-Studio's LTX25DiffusionVideoDecoder at the tiny size,
+    every weight random; two tensors of a conv encoder beside it (the file's encoder is 2.3's conv one, which the
+    Diffusers decoder drops); the release's five latent statistics."""
+    from diffsynth_ltx2 import diffsynth_module
+
+    decoder = diffsynth_module("ltx25_diffusion_video_vae").LTX25DiffusionVideoDecoder(**DECODER)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, tensor in decoder.state_dict().items():
+        if name.startswith("per_channel_statistics."):
+            continue
+        for ours, theirs in DIFFSYNTH_NAMES:
+            name = name.replace(ours, theirs)
+        tensors[f"decoder.{name}"] = torch.randn(tensor.shape, generator=generator) * 0.1
+    for statistic in ("channel", "mean-of-means", "std-of-means", "mean-of-stds", "mean-of-stds_over_std-of-means"):
+        tensors[f"per_channel_statistics.{statistic}"] = torch.randn(8, generator=generator)
+    tensors["encoder.conv_in.conv.weight"] = torch.randn(16, 48, 3, 3, 3, generator=generator)
+    tensors["encoder.conv_in.conv.bias"] = torch.randn(16, generator=generator)
+    path = folder / "ltx-2.5-video-vae-tiny.safetensors"
+    save_file(tensors, path)
+    return path
+
+
+def diffusion_decoder_base(folder: Path) -> Path:
+    """A folder holding the tiny decoder's Diffusers config (diffusion_decoder/config.json), for --base."""
+    from diffusers import LTX2VideoDiffusionDecoderModel
+
+    with torch.device("meta"):
+        model = LTX2VideoDiffusionDecoderModel(**DECODER_CONFIG)
+    (folder / "diffusion_decoder").mkdir(parents=True)
+    model.save_config(folder / "diffusion_decoder")
+    return folder

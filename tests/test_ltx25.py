@@ -1,6 +1,8 @@
 """LTX-2.5 in the LTX-2 family: its transformer (2.3's layout without the video feed-forward biases, with the keyframe
-embedding) told apart from 2.3's by its layers and exported with 2.5's config; judged by DiffSynth-Studio's port of the
-LTX-2 code, which writes the tiny release file (tests/ltx25_fixtures.py) and runs the original forward."""
+embedding) told apart from 2.3's by its layers and exported with 2.5's config; its video VAE with the diffusion decoder
+to LTX2VideoDiffusionDecoderModel and back. Judged by DiffSynth-Studio's port of the LTX-2 code, which writes the tiny
+release files (tests/ltx25_fixtures.py) and runs the original transformer's forward, and by the renames Diffusers'
+conversion script makes, written out here."""
 
 from __future__ import annotations
 
@@ -8,12 +10,13 @@ import json
 
 import pytest
 import torch
-from conftest import assert_same_tensors
-from ltx25_fixtures import FLAGS, SIZES, diffsynth_transformer, transformer_release
+from conftest import assert_refused, assert_same_tensors
+from ltx25_fixtures import (FLAGS, SIZES, diffsynth_transformer, diffusion_decoder_base, diffusion_vae_release,
+                            transformer_release)
 from ltx2_fixtures import FIXTURE
 from safetensors.torch import load_file
 
-from cogexport.exporter import export
+from cogexport.exporter import export, export_original
 from cogexport.keymap.table import load_table
 from cogexport.models.family import family_named
 from cogexport.models.recognize import read_facts
@@ -115,3 +118,63 @@ def test_the_version_is_read_off_the_layers(flags, version):
     names = {f"model.diffusion_model.{name}": t.shape for name, t in model.state_dict().items()}
     assert read_facts(FAMILY, load_table("ltx2/original_transformer"), names).facts["version"] == version
 
+
+
+# -- the video VAE with the diffusion decoder ---------------------------------------------------------------------------
+def decoder_converted(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What Diffusers' conversion script makes of the release's VAE file for LTX2VideoDiffusionDecoderModel
+    (convert_ltx2_diffusion_video_vae, --version 2.5), written out here: the encoder and the keyframe tag dropped,
+    the two statistics renamed, each fused qkv cut in three along dim 0, the attention output and norms and the
+    timestep MLP renamed."""
+    renames = (("t_embedder.mlp.0.", "t_embedder.timestep_embedder.linear_1."),
+               ("t_embedder.mlp.2.", "t_embedder.timestep_embedder.linear_2."), (".attn.proj.", ".attn.to_out.0."),
+               (".attn.q_norm.", ".attn.norm_q."), (".attn.k_norm.", ".attn.norm_k."))
+    out = {"latents_mean": tensors["per_channel_statistics.mean-of-means"],
+           "latents_std": tensors["per_channel_statistics.std-of-means"]}
+    for name, tensor in tensors.items():
+        if not name.startswith("decoder.") or name == "decoder.type_emb":
+            continue
+        for old, new in renames:
+            name = name.replace(old, new)
+        if ".qkv." in name:
+            for part, chunk in zip(("to_q", "to_k", "to_v"), tensor.chunk(3, dim=0)):
+                out[name.replace("qkv", part)] = chunk
+        else:
+            out[name] = tensor
+    return out
+
+
+@pytest.fixture(scope="module")
+def decoder_release(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ltx25-vae")
+    return diffusion_vae_release(folder), diffusion_decoder_base(folder / "base")
+
+
+def test_the_diffusion_decoder_exports_exactly_and_back(decoder_release, tmp_path):
+    release, base = decoder_release
+    result = export(release, tmp_path / "decoder", component="diffusion_decoder", base=base, dtype="fp32",
+                    progress=False)
+    tensors = load_file(release)
+    assert_same_tensors(load_file(tmp_path / "decoder" / "diffusion_pytorch_model.safetensors"),
+                        decoder_converted(tensors))
+    assert json.loads((tmp_path / "decoder" / "config.json").read_text())["_class_name"] == \
+        "LTX2VideoDiffusionDecoderModel"
+    kept = {f"per_channel_statistics.{s}" for s in ("channel", "mean-of-stds", "mean-of-stds_over_std-of-means")}
+    # the encoder and the keyframe tag dropped, each said why; the statistics the class has no place for kept beside
+    assert set(result.dropped) == {"encoder.conv_in.conv.weight", "encoder.conv_in.conv.bias", "decoder.type_emb",
+                                   *kept}
+    assert_same_tensors(load_file(tmp_path / "decoder" / "per_channel_statistics.safetensors"),
+                        {name: tensors[name] for name in kept})
+    export_original(tmp_path / "decoder", tmp_path / "back", component="diffusion_decoder", dtype="fp32",
+                    progress=False)
+    # the way back: the decoder and every statistic as the release had them (the encoder is the conv VAE's file's)
+    assert_same_tensors(load_file(tmp_path / "back" / "diffusion_decoder.safetensors"),
+                        {name: t for name, t in tensors.items()
+                         if not name.startswith("encoder.") and name != "decoder.type_emb"})
+
+
+def test_a_conv_vae_asked_of_the_diffusion_decoder_file_is_refused(decoder_release, tmp_path, cli):
+    release, _ = decoder_release
+    assert_refused(cli, tmp_path, [release, tmp_path / "out", "--component", "vae"],
+                   f"{release} holds a diffusion decoder (LTX-2), not a VAE; export it with --component "
+                   "diffusion_decoder", inputs=[release])
