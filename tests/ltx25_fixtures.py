@@ -113,3 +113,39 @@ def diffusion_decoder_base(folder: Path) -> Path:
     (folder / "diffusion_decoder").mkdir(parents=True)
     model.save_config(folder / "diffusion_decoder")
     return folder
+
+
+# a tiny duration head (the release's: the class defaults, 4096 / 2048 wide, 256 hidden, one query, four heads)
+DURATION_HEAD = dict(video_cross_attention_dim=32, audio_cross_attention_dim=16, pooler_hidden_dim=16, num_queries=2,
+                     num_pooler_heads=4)
+
+
+def diffsynth_duration_head(seed: int = 0) -> torch.nn.Module:
+    """DiffSynth-Studio's LTX25DurationHead at the tiny size, every weight random."""
+    from diffsynth_ltx2 import diffsynth_module
+
+    head = diffsynth_module("ltx25_duration_head").LTX25DurationHead(**DURATION_HEAD, mlp_hidden=24)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    return head.eval()
+
+
+def duration_head_release(folder: Path) -> Path:
+    """The tiny head as the release's file holds it: under duration_head., as DiffSynth's converter reads it."""
+    path = folder / "ltx-2.5-duration-head-tiny.safetensors"
+    save_file({f"duration_head.{name}": t.contiguous() for name, t in diffsynth_duration_head().state_dict().items()},
+              path)
+    return path
+
+
+def duration_head_base(folder: Path) -> Path:
+    """A folder holding the tiny head's Diffusers config (duration_head/config.json), for --base."""
+    from diffusers.pipelines.ltx2 import LTX2DurationHead
+
+    with torch.device("meta"):
+        model = LTX2DurationHead(**DURATION_HEAD, mlp_hidden_dim=24)
+    (folder / "duration_head").mkdir(parents=True)
+    model.save_config(folder / "duration_head")
+    return folder

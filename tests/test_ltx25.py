@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 from conftest import assert_refused, assert_same_tensors
-from ltx25_fixtures import (FLAGS, SIZES, diffsynth_transformer, diffusion_decoder_base, diffusion_vae_release,
-                            transformer_release)
+from ltx25_fixtures import (FLAGS, SIZES, diffsynth_duration_head, diffsynth_transformer, diffusion_decoder_base,
+                            diffusion_vae_release, duration_head_base, duration_head_release, transformer_release)
 from ltx2_fixtures import FIXTURE
 from safetensors.torch import load_file
 
@@ -178,3 +178,42 @@ def test_a_conv_vae_asked_of_the_diffusion_decoder_file_is_refused(decoder_relea
     assert_refused(cli, tmp_path, [release, tmp_path / "out", "--component", "vae"],
                    f"{release} holds a diffusion decoder (LTX-2), not a VAE; export it with --component "
                    "diffusion_decoder", inputs=[release])
+
+
+# -- the duration head ----------------------------------------------------------------------------------------------------
+def test_the_duration_head_exports_exactly_gives_the_originals_durations_and_goes_back(tmp_path):
+    """The release's fused attention input projection cut into to_q / to_k / to_v (as Diffusers' conversion script's
+    convert_ltx2_duration_head does: chunk(3) on dim 0): the exported head predicts the durations DiffSynth's does,
+    and --to original gives the release file's tensors back."""
+    from diffusers.pipelines.ltx2 import LTX2DurationHead
+
+    release = duration_head_release(tmp_path)
+    export(release, tmp_path / "head", component="duration_head", base=duration_head_base(tmp_path / "base"),
+           dtype="fp32", progress=False)
+    tensors = load_file(release)
+    exported = load_file(tmp_path / "head" / "diffusion_pytorch_model.safetensors")
+    fused = tensors["duration_head.attention_pooler.cross_attn.in_proj_weight"]
+    assert torch.equal(torch.cat([exported[f"attention_pooler.to_{x}.weight"] for x in "qkv"]), fused)
+    ours = LTX2DurationHead.from_pretrained(tmp_path / "head").eval()
+    generator = torch.Generator().manual_seed(2)
+    video, audio = torch.randn(2, 5, 32, generator=generator), torch.randn(2, 3, 16, generator=generator)
+    with torch.no_grad():
+        for inputs in ((video, audio), (video, None), (None, audio)):
+            assert torch.allclose(ours(*inputs), diffsynth_duration_head()(*inputs), rtol=1e-6, atol=0)
+    export_original(tmp_path / "head", tmp_path / "back", component="duration_head", dtype="fp32", progress=False)
+    assert_same_tensors(load_file(tmp_path / "back" / "duration_head.safetensors"), tensors)
+
+
+def test_a_full_size_duration_head_needs_no_base(tmp_path):
+    """The release's head is the class's defaults (4096 / 2048 wide, 256 hidden: 1.6M parameters, made here at full
+    size by DiffSynth's class with its own defaults): it exports with the published config, no --base."""
+    from diffsynth_ltx2 import diffsynth_module
+    from safetensors.torch import save_file
+
+    head = diffsynth_module("ltx25_duration_head").LTX25DurationHead()
+    save_file({f"duration_head.{name}": t.contiguous() for name, t in head.state_dict().items()},
+              tmp_path / "head.safetensors")
+    export(tmp_path / "head.safetensors", tmp_path / "out", component="duration_head", dtype="fp32", progress=False)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["video_cross_attention_dim"], config["audio_cross_attention_dim"], config["pooler_hidden_dim"]) == \
+        (4096, 2048, 256)

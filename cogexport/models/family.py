@@ -74,6 +74,8 @@ class ModelSpec:
     # the original layouts, in the order tried: the first whose inverted table takes every tensor is written (a family
     # may have several, e.g. Wan's 2.1 and 2.2 VAEs)
     originals: tuple[OriginalLayout, ...] = ()
+    # whether the tasks' pipelines hold it (LTX-2.5's diffusion decoder and duration head belong to other pipelines)
+    in_pipeline: bool = True
 
     @property
     def original(self) -> OriginalLayout | None:
@@ -120,6 +122,11 @@ class ModelFamily:
     def model_components(self) -> tuple[str, ...]:
         """The components other than the transformer (VAE, ...), in the family's order."""
         return tuple(name for name in self.components if name != "transformer")
+
+    @property
+    def pipeline_models(self) -> tuple[str, ...]:
+        """The model components the tasks' pipelines hold (a pipeline export writes or links each)."""
+        return tuple(name for name in self.model_components if self.components[name].in_pipeline)
 
     # -- variants ------------------------------------------------------------------------------------------
     def variant_named(self, name: str) -> Variant:
@@ -261,6 +268,7 @@ def _model_spec(data: ComponentSection, key: str, component: str) -> ModelSpec:
         module=data.module,
         keep_fp32=data.keep_fp32,
         originals=tuple(replace(o, table=table_name(key, o.table)) for o in originals),
+        in_pipeline=data.in_pipeline,
     )
 
 

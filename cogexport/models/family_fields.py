@@ -56,6 +56,9 @@ class ComponentSection:
         "where the class lives when Diffusers does not export it at the top level (a pipeline's own model: "
         "`pipelines.ltx2`)", "")
     keep_fp32: tuple[str, ...] = declared("globs on dotted name components kept in fp32; say why in a comment", ())
+    in_pipeline: bool = declared(
+        "whether the tasks' pipelines hold it (false: a model of another pipeline of the family, exported with "
+        "--component alone and never taken from --base: LTX-2.5's diffusion decoder)", True)
     original: OriginalLayout | tuple[OriginalLayout, ...] = declared(
         "the way back (`--to original`): a list is tried in order, the first whose inverted table takes every tensor "
         "written", ())
