@@ -217,3 +217,34 @@ def test_a_full_size_duration_head_needs_no_base(tmp_path):
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (config["video_cross_attention_dim"], config["audio_cross_attention_dim"], config["pooler_hidden_dim"]) == \
         (4096, 2048, 256)
+
+
+# -- LoRAs of a 2.5 transformer -------------------------------------------------------------------------------------------
+# layers the trainers adapt, 2.5's own among them (the gated attention's gate, the video feed-forward without biases)
+LORA_LAYERS = ("proj_in", "transformer_blocks.0.attn1.to_q", "transformer_blocks.0.attn1.to_gate_logits",
+               "transformer_blocks.0.ff.net.0.proj", "transformer_blocks.1.ff.net.2",
+               "transformer_blocks.1.audio_ff.net.2", "transformer_blocks.1.audio_to_video_attn.to_out.0")
+
+
+@pytest.mark.parametrize("trainer", ["simpletuner", "ai-toolkit"])
+def test_the_trainers_2_5_loras_fuse_exactly(exported, trainer, tmp_path):
+    """SimpleTuner saves LTX2Pipeline.save_lora_weights' Diffusers layout; ai-toolkit renames its adapter to the
+    release names behind diffusion_model. (ComfyUI's layout): for 2.5 both are LTX-2's layouts, so each fuses into the
+    2.5 transformer exactly, W + (alpha / r) B A, 2.5's own layers included."""
+    from diffusers import LTX2Pipeline
+    from lora_helpers import assert_all_equal, merged, random_modules, write_comfyui_lora, write_diffusers_lora
+
+    folder = exported[1]
+    weights = load_file(folder / "diffusion_pytorch_model.safetensors")
+    modules = random_modules({name: t.shape for name, t in weights.items()}, LORA_LAYERS, 3,
+                             ((4, 8.0), (2, 2.0), (4, 4.0)))
+    if trainer == "simpletuner":
+        lora = write_diffusers_lora(LTX2Pipeline, tmp_path / "lora", modules)
+    else:  # release names: only proj_in is named otherwise among these layers
+        lora = write_comfyui_lora(tmp_path / "lora" / "ltx25_lora.safetensors",
+                                  {m.replace("proj_in", "patchify_proj", 1) if m == "proj_in" else m: lora_
+                                   for m, lora_ in modules.items()}, ("A", "B"))
+    export(lora, tmp_path / "fused", base=folder, lora="fuse", dtype="fp32", progress=False)
+    truth = merged(weights, {m: (a, b, alpha / r) for m, (a, b, r, alpha) in modules.items()})
+    assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth)
+    assert json.loads((tmp_path / "fused" / "config.json").read_text())["ff_bias"] is False

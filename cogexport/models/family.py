@@ -98,7 +98,7 @@ class ModelFamily:
     tags: tuple[str, ...]
     components: Mapping[str, ModelSpec]  # every model the family exports, the transformer first
     lora_layouts: tuple[LoraLayout, ...]  # [[lora.layout]]: read into tables by cogexport/lora/tables.py
-    lora_names_from: str | None
+    lora_names_from: tuple[str, ...]  # the variants whose models together have every layer an adapter may name
     scheduler_class: str
     scheduler_config: Mapping[str, Any]
     tasks: Mapping[str, Task]
@@ -334,7 +334,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
     return ModelFamily(
         key=key, name=head.name, shapes=_shapes_module(head.shapes, key), tags=head.tags,
         components=components, lora_layouts=layouts,
-        lora_names_from=lora.names_from,
+        lora_names_from=(lora.names_from,) if isinstance(lora.names_from, str) else tuple(lora.names_from or ()),
         scheduler_class=pipeline.scheduler, scheduler_config=pipeline.scheduler_config,
         tasks=tasks, variants=variants, from_checkpoint=pipeline.from_checkpoint, extends=head.extends,
     )

@@ -68,8 +68,9 @@ class ComponentSection:
 class LoraSection:
     """``[lora]``: the family's LoRA adapters (see adding-a-lora-format.md)."""
 
-    names_from: str | None = declared(
-        "the variant whose model has every tensor name (adapters' names are checked against it)", None)
+    names_from: str | tuple[str, ...] | None = declared(
+        "the variant whose model has every tensor name (adapters' names are checked against it), or a list of "
+        "variants whose models together have every one (LTX-2: 2.0's caption projections, 2.3's gates)", None)
     layout: tuple[LoraLayout, ...] = declared("the layouts its adapters come in, in the order they are tried", ())
 
 
