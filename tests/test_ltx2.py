@@ -222,7 +222,7 @@ def _meta_release(variant_name: str) -> dict[str, torch.Tensor]:
     return names
 
 
-@pytest.mark.parametrize("variant", ["LTX-2-19B-dev", "LTX-2.3-22B-dev"])
+@pytest.mark.parametrize("variant", ["LTX-2-19B-dev", "LTX-2.3-22B-dev", "LTX-2.5-22B-dev"])
 def test_full_size_releases_are_told_apart(variant):
     from diffusers.loaders.single_file_utils import infer_diffusers_model_type
 

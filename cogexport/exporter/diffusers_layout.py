@@ -41,7 +41,7 @@ def linked_from_base(parts: list[ModelExport], variant: Variant) -> tuple[str, .
     """The pipeline components --base supplies: the task's (text encoders, tokenizers, ...) and every model of the
     family that was not exported (the VAE, unless it came from the checkpoint or --vae)."""
     family, exported = parts[0].family, {part.component for part in parts}
-    return (*family.from_base(variant), *(name for name in family.model_components if name not in exported))
+    return (*family.from_base(variant), *(name for name in family.pipeline_models if name not in exported))
 
 
 def pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant, inputs: ExportInputs,

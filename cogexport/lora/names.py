@@ -39,11 +39,14 @@ def _names_schema(key: str, blocks: int) -> dict[str, torch.Size]:
     family = family_named(key)
     if not family.lora_names_from:
         raise CogExportError(f"{family.name} has no names_from variant in its family.toml [lora]")
-    config = family.transformer_config(family.variant_named(family.lora_names_from))
-    # every stack of blocks (num_layers; HunyuanVideo's num_single_layers and num_refiner_layers too) as deep as the
-    # adapter needs: the names, not the release's depth
-    config = {key: max(blocks, 1) if _LAYER_COUNT.fullmatch(key) else value for key, value in config.items()}
-    return build_target(family.transformer.class_name, config).schema
+    schema: dict[str, torch.Size] = {}
+    for name in family.lora_names_from:  # several variants: the union of their names (the first's shape for each)
+        config = family.transformer_config(family.variant_named(name))
+        # every stack of blocks (num_layers; HunyuanVideo's num_single_layers and num_refiner_layers too) as deep as
+        # the adapter needs: the names, not the release's depth
+        config = {key: max(blocks, 1) if _LAYER_COUNT.fullmatch(key) else value for key, value in config.items()}
+        schema = {**build_target(family.transformer.class_name, config).schema, **schema}
+    return schema
 
 
 def names_counts(family: ModelFamily) -> dict[str, int]:

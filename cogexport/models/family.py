@@ -74,6 +74,8 @@ class ModelSpec:
     # the original layouts, in the order tried: the first whose inverted table takes every tensor is written (a family
     # may have several, e.g. Wan's 2.1 and 2.2 VAEs)
     originals: tuple[OriginalLayout, ...] = ()
+    # whether the tasks' pipelines hold it (LTX-2.5's diffusion decoder and duration head belong to other pipelines)
+    in_pipeline: bool = True
 
     @property
     def original(self) -> OriginalLayout | None:
@@ -96,7 +98,7 @@ class ModelFamily:
     tags: tuple[str, ...]
     components: Mapping[str, ModelSpec]  # every model the family exports, the transformer first
     lora_layouts: tuple[LoraLayout, ...]  # [[lora.layout]]: read into tables by cogexport/lora/tables.py
-    lora_names_from: str | None
+    lora_names_from: tuple[str, ...]  # the variants whose models together have every layer an adapter may name
     scheduler_class: str
     scheduler_config: Mapping[str, Any]
     tasks: Mapping[str, Task]
@@ -123,6 +125,11 @@ class ModelFamily:
     def model_components(self) -> tuple[str, ...]:
         """The components other than the transformer (VAE, ...), in the family's order."""
         return tuple(name for name in self.components if name != "transformer")
+
+    @property
+    def pipeline_models(self) -> tuple[str, ...]:
+        """The model components the tasks' pipelines hold (a pipeline export writes or links each)."""
+        return tuple(name for name in self.model_components if self.components[name].in_pipeline)
 
     # -- variants ------------------------------------------------------------------------------------------
     def variant_named(self, name: str) -> Variant:
@@ -264,6 +271,7 @@ def _model_spec(data: ComponentSection, key: str, component: str) -> ModelSpec:
         module=data.module,
         keep_fp32=data.keep_fp32,
         originals=tuple(replace(o, table=table_name(key, o.table)) for o in originals),
+        in_pipeline=data.in_pipeline,
     )
 
 
@@ -329,7 +337,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
     return ModelFamily(
         key=key, name=head.name, shapes=_shapes_module(head.shapes, key), tags=head.tags,
         components=components, lora_layouts=layouts,
-        lora_names_from=lora.names_from,
+        lora_names_from=(lora.names_from,) if isinstance(lora.names_from, str) else tuple(lora.names_from or ()),
         scheduler_class=pipeline.scheduler, scheduler_config=pipeline.scheduler_config,
         tasks=tasks, variants=variants, from_checkpoint=pipeline.from_checkpoint, extends=head.extends,
         same_weights_as=head.same_weights_as,

@@ -60,6 +60,9 @@ class ComponentSection:
         "where the class lives when Diffusers does not export it at the top level (a pipeline's own model: "
         "`pipelines.ltx2`)", "")
     keep_fp32: tuple[str, ...] = declared("globs on dotted name components kept in fp32; say why in a comment", ())
+    in_pipeline: bool = declared(
+        "whether the tasks' pipelines hold it (false: a model of another pipeline of the family, exported with "
+        "--component alone and never taken from --base: LTX-2.5's diffusion decoder)", True)
     original: OriginalLayout | tuple[OriginalLayout, ...] = declared(
         "the way back (`--to original`): a list is tried in order, the first whose inverted table takes every tensor "
         "written", ())
@@ -69,8 +72,9 @@ class ComponentSection:
 class LoraSection:
     """``[lora]``: the family's LoRA adapters (see adding-a-lora-format.md)."""
 
-    names_from: str | None = declared(
-        "the variant whose model has every tensor name (adapters' names are checked against it)", None)
+    names_from: str | tuple[str, ...] | None = declared(
+        "the variant whose model has every tensor name (adapters' names are checked against it), or a list of "
+        "variants whose models together have every one (LTX-2: 2.0's caption projections, 2.3's gates)", None)
     layout: tuple[LoraLayout, ...] = declared("the layouts its adapters come in, in the order they are tried", ())
 
 

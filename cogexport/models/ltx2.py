@@ -16,7 +16,7 @@ from .ltx2_release_config import release_config, transformer_config
 from .shape_facts import block_count, metadata_json, one_task, require
 
 _NEEDED = ("proj_in.weight", "audio_proj_in.weight", "proj_out.weight", "audio_proj_out.weight")
-LAYOUTS = {"2.0": "LTX-2-19B-dev", "2.3": "LTX-2.3-22B-dev"}  # the published variant each version's layout is
+LAYOUTS = {"2.0": "LTX-2-19B-dev", "2.3": "LTX-2.3-22B-dev", "2.5": "LTX-2.5-22B-dev"}  # each version's layout
 
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
@@ -35,13 +35,21 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
 
 
 def version_of_names(names: Sequence[str] | Mapping[str, Any]) -> str:
-    """Which release's layers a Diffusers-named transformer has: 2.5 (a keyframe embedding, no video feed-forward
-    biases), 2.3 (gated attention and the prompt modulation), else 2.0."""
+    """Which release's layers a Diffusers-named transformer has: 2.5 (a keyframe embedding, or 2.3's layers without
+    the video feed-forward biases: the first 2.5 release had no keyframe embedding yet), 2.3 (gated attention and the
+    prompt modulation), else 2.0."""
     if "keyframes_abs_pos_embedding" in names:
         return "2.5"
     if any(name.endswith(".to_gate_logits.weight") or name.startswith("prompt_adaln.") for name in names):
-        return "2.3"
+        return "2.5" if _video_feed_forward_unbiased(names) else "2.3"
     return "2.0"
+
+
+def _video_feed_forward_unbiased(names: Sequence[str] | Mapping[str, Any]) -> bool:
+    """Whether the video feed-forward layers have weights but no biases (2.5's; the audio ones keep theirs). The
+    leading dot leaves out audio_ff."""
+    weights = any(name.endswith(".ff.net.2.weight") for name in names)
+    return weights and not any(name.endswith(".ff.net.2.bias") for name in names)
 
 
 def release_facts(shapes: Mapping[str, torch.Size], metadata: Mapping[str, str]) -> dict[str, Any]:
@@ -64,10 +72,11 @@ def describe(facts: Mapping[str, Any]) -> str:
 
 def layout_variant(config: Mapping[str, Any], experts: Sequence[str] = (),
                    pipeline: Mapping[str, Any] | None = None) -> str:
-    """The published variant a custom config is built like: 2.3's (and 2.5's) gated, prompt-modulated layers, else
-    2.0's."""
-    later = config.get("gated_attn") or config.get("cross_attn_mod") or not config.get("ff_bias", True)
-    return LAYOUTS["2.3" if later else "2.0"]
+    """The published variant a custom config is built like: 2.5's (video feed-forward without biases, or the
+    keyframe embedding), 2.3's (gated, prompt-modulated layers), else 2.0's."""
+    if not config.get("ff_bias", True) or config.get("use_keyframes_abs_pos_embedding"):
+        return LAYOUTS["2.5"]
+    return LAYOUTS["2.3" if config.get("gated_attn") or config.get("cross_attn_mod") else "2.0"]
 
 
 def check_target(facts: Mapping[str, Any], config: Mapping[str, Any], where: str) -> None:

@@ -16,7 +16,7 @@ from ..keymap.plan import translate_shapes
 from ..keymap.table import KeyMapTable, load_table
 from ..lazy import LazyTensor
 from .base_folder import read_json
-from .family import ModelFamily, Variant, families, family_of_class
+from .family import ModelFamily, Variant, component_title, families, family_of_class
 from .target import build_target
 from .told_apart import told_apart
 
@@ -111,6 +111,10 @@ def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, wh
         if others:
             advice = (remedy or EXPORT_REMEDY).format(found=others[0][0].name)
             raise CogExportError(f"{where} holds a {others[0][0].name} {component}, not a {family.name} one; {advice}")
+        another = _another_component(list(source), component)
+        if another is not None:
+            raise CogExportError(f"{where} holds a {component_title(another[1])} ({another[0].name}), not a {what}; "
+                                 f"export it with --component {another[1]}")
         # a table several families read (Wan's, by its variants) is one layout tried once; its families named once
         tried = len({name for _, name in candidates})
         owners = ", ".join(dict.fromkeys(candidate_family.name for candidate_family, _ in candidates))
@@ -121,6 +125,16 @@ def choose_table(source: Mapping[str, LazyTensor], component: str, what: str, wh
         advice = (remedy or EXPORT_AMBIGUITY_REMEDY).format(found=" or ".join(owners))
         raise CogExportError(f"{where} has the tensor names of a {' and a '.join(owners)} {what} alike; {advice}")
     raise CogExportError(f"{where} matches several layouts ({', '.join(sorted(layouts))}); its keys are mixed")
+
+
+def _another_component(keys: Sequence[str], component: str) -> tuple[ModelFamily, str] | None:
+    """The (family, component) of another kind whose layout the names are, when none of ``component``'s is (a
+    release's VAE file given for the transformer, or a diffusion decoder's for the VAE): what to ask for instead."""
+    for family in families():
+        for name, spec in family.components.items():
+            if name != component and fitting_tables(keys, [(family, table) for table in spec.tables]):
+                return family, name
+    return None
 
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
