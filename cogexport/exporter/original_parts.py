@@ -98,6 +98,8 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
         part = plan_transformer(source, options, where, inputs.base, name, experts, search)
     written = _written_back(part, inputs.where_of(name), refuse_original and adapter is None)
     written.fused = adapter is not None
+    kept, notes = kept_beside(written.layout, _own_folder(inputs, name), inputs)
+    written.tensors, written.notes = {**written.tensors, **kept}, [*written.notes, *notes]
     return written
 
 
