@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 from conftest import assert_refused, assert_same_tensors
+from cosmos_fixtures import imaginaire_run, truth
 from fixtures import SCRIPTS
 from safetensors.torch import load_file
 
@@ -177,3 +178,63 @@ def test_tables_never_match_another_familys_keys():
             assert fitting_tables(keys, component_tables("transformer", other)) == [], (name, other.name)
     for name, keys in ours.items():
         assert {table.name for _, table in fitting_tables(keys, component_tables("transformer"))} == {name}
+
+
+# -- imaginaire's run: 2 ranks under FSDP2, two iterations of model/, optim/, scheduler/, trainer/ ----------------
+def _in_fp32(tensors: dict) -> dict:
+    return {name: t.float() if t.is_floating_point() else t for name, t in tensors.items()}
+
+
+@pytest.mark.parametrize("how, weight_set", [(["--ema"], "net_ema"), (["--role", "net"], "net")])
+def test_imaginaire_run_exports_the_newest_iteration(tmp_path, cli, how, weight_set):
+    """The run folder: the iteration latest_checkpoint.txt names, the set asked for, exactly Diffusers' conversion
+    of the weights gathered in training (net was trained in bf16: exact to its bf16 values)."""
+    run = imaginaire_run()
+    result = cli(run / "run", tmp_path / "out", "--base", run / "base", "--dtype", "fp32", *how)
+    assert result.exit_code == 0, result.stderr
+    assert "read iter_000000002, the iteration latest_checkpoint.txt names" in result.stderr
+    assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), _in_fp32(judge(truth(2, weight_set))))
+    # the training counters (net's counted two iterations, the EMA's never moved) and the rest, kept beside
+    kept = {f"net.{name}": t for name, t in load_file(tmp_path / "out" / BUFFERS).items()}
+    assert_same_tensors(kept, {name: t for name, t in truth(2, weight_set).items() if name in kept})
+    assert len(kept) == 9 and kept["net.accum_iteration"] - truth(2, "net_ema")["net.accum_iteration"] == \
+        (2 if weight_set == "net" else 0)
+
+
+def test_imaginaire_reference_path_agrees(tmp_path, cli):
+    """NVIDIA's own path (convert_distcp_to_pt.py: torch DCP's dcp_to_torch_save, net_ema renamed to net) then
+    Diffusers' converter gives what cogexport exports from the iteration's model/ folder."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    model = imaginaire_run() / "run" / "checkpoints" / "iter_000000002" / "model"
+    dcp_to_torch_save(model, tmp_path / "model.pt")
+    saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    ema = {"net." + name.removeprefix("net_ema."): t for name, t in saved.items() if name.startswith("net_ema.")}
+    assert_same_tensors(ema, truth(2, "net_ema"))  # DCP's own reader and the training process agree
+    result = cli(model, tmp_path / "out", "--base", imaginaire_run() / "base", "--dtype", "fp32", "--ema")
+    assert result.exit_code == 0, result.stderr
+    assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), judge(ema))
+
+
+def test_imaginaire_tag_names_an_older_iteration(tmp_path, cli):
+    run = imaginaire_run()
+    iteration = run / "run" / "checkpoints" / "iter_000000001"
+    for source, tag in ((run / "run", ["--tag", "iter_000000001"]), (iteration, [])):
+        out = tmp_path / f"out-{len(tag)}"
+        result = cli(source, out, "--base", run / "base", "--dtype", "fp32", "--ema", *tag)
+        assert result.exit_code == 0, result.stderr
+        assert_same_tensors(load_file(out / WEIGHTS), judge(truth(1, "net_ema")))
+    assert not torch.equal(truth(1, "net_ema")["net.x_embedder.proj.1.weight"],
+                           truth(2, "net_ema")["net.x_embedder.proj.1.weight"])
+
+
+def test_imaginaire_training_state_and_both_sets_are_refused(tmp_path, cli):
+    run = imaginaire_run()
+    iteration = run / "run" / "checkpoints" / "iter_000000002"
+    for state in ("optim", "scheduler", "trainer"):
+        assert_refused(cli, tmp_path, [iteration / state, tmp_path / "out", "--base", run / "base", "--ema"],
+                       f"is the {state} state of imaginaire's iter_000000002, never model weights",
+                       inputs=[iteration / state])
+    assert_refused(cli, tmp_path, [run / "run", tmp_path / "out", "--base", run / "base"],
+                   "holds two sets of weights, net.* (the trained weights) and net_ema.* (their EMA)",
+                   inputs=[run / "run"])
