@@ -88,12 +88,14 @@ def quiet_unless(speaking: bool):
 
 checkpoint_paths = click.argument("checkpoint", nargs=-1, required=True, type=click.Path(path_type=Path))
 output_path = click.argument("output", type=click.Path(path_type=Path))
-tag_option = click.option("--tag", help="Tag to read instead of the one named by 'latest' (e.g. global_step500), or "
-                                         "the step of a DCP run folder instead of the newest (e.g. checkpoint-500).")
+tag_option = click.option("--tag", help="Tag to read instead of the one named by 'latest' (e.g. global_step500), "
+                                         "the step of a DCP run folder instead of the newest (e.g. checkpoint-500), "
+                                         "or an imaginaire run's iteration (e.g. iter_000000500).")
 role_option = click.option(
     "--role", metavar="NAME",
     help="The set of weights to read from a checkpoint that keeps several: a FastVideo run's role (student, critic, "
-         "ema, ...), or a state dict saved beside the module in a DeepSpeed or torch.save file (module, ema) "
+         "ema, ...), a state dict saved beside the module in a DeepSpeed or torch.save file (module, ema), or one of "
+         "a model's two prefixed sets in one state dict (imaginaire's net and net_ema: asked for, never guessed) "
          "[default: the trained weights: FastVideo's student, DeepSpeed's module].")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON object on stdout instead of text, on failure too ({\"ok\": false, "
