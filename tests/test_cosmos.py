@@ -88,12 +88,20 @@ def test_bf16_release_round_trips_through_diffusers(run, tmp_path, cli):
     assert_same_tensors(judge(written), load_file(tmp_path / "diffusers" / WEIGHTS))
 
 
-def test_to_original_without_the_kept_buffers_says_what_it_cannot_write(run, tmp_path, cli):
+def test_to_original_without_the_kept_buffers_computes_the_rope_tables_and_says_what_it_cannot_write(run, tmp_path,
+                                                                                                    cli):
+    """From a plain Diffusers folder: the RoPE tables from the config, as NVIDIA's network makes them; the training
+    counters and Transformer Engine's state named as not written."""
     result = cli("--to", "original", run["base"], tmp_path / "back", "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
     assert "has no original_buffers.safetensors" in result.stderr and "accum_iteration" in result.stderr
+    assert "pos_embedder.seq, pos_embedder.dim_spatial_range, pos_embedder.dim_temporal_range are computed" \
+        in result.stderr
     written = load_release(tmp_path / "back" / "model.pt")
-    assert not [name for name in written if "accum_" in name or "pos_embedder" in name or "_extra_state" in name]
+    assert not [name for name in written if "accum_" in name or "_extra_state" in name]
+    release = load_release(run["model_ema_fp32.pt"])
+    assert_same_tensors({name: t for name, t in written.items() if "pos_embedder" in name},
+                        {name: t for name, t in release.items() if "pos_embedder" in name})
     assert_same_tensors(judge(written), run["ema"])
 
 

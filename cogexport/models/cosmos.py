@@ -69,3 +69,17 @@ def check_target(facts: Mapping[str, Any], config: Mapping[str, Any], where: str
         raise CogExportError(f"{where} {held} a text projection (crossattn_proj, Predict 2.5's), but the config "
                              f"says use_crossattn_projection={bool(config.get('use_crossattn_projection'))}; pass "
                              "--base with the matching Cosmos model")
+
+
+def original_buffers(config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """MiniTrainDIT's RoPE tables (VideoRopePosition3DEmb's buffers), which the config decides: positions up to the
+    longest patched axis, and the frequency exponents of a head's height/width share and of its time share."""
+    head = config.get("attention_head_dim", 128)
+    spatial = head // 6 * 2
+    temporal = head - 2 * spatial
+    sizes = zip(config.get("max_size", (128, 240, 240)), config.get("patch_size", (1, 2, 2)))
+    return {
+        "pos_embedder.seq": torch.arange(max(size // patch for size, patch in sizes), dtype=torch.float32),
+        "pos_embedder.dim_spatial_range": torch.arange(0, spatial, 2)[: spatial // 2].float() / spatial,
+        "pos_embedder.dim_temporal_range": torch.arange(0, temporal, 2)[: temporal // 2].float() / temporal,
+    }

@@ -26,6 +26,9 @@ It may define (the defaults in brackets):
 - ``original_metadata(config, task[, components])``: header metadata of an original single-file release; a hook
   that takes a third argument gets the Diffusers configs of the other models written into the same file
   ({"vae": ..., ...}) [{}].
+- ``original_buffers(config)``: the tensors of the original transformer layout its Diffusers class has no place
+  for that the config alone decides (a RoPE table): ``--to original`` writes them when no file kept beside the model
+  holds them [{}].
 - ``claims_config(config)``: whether an original-layout config.json kept beside the weights is this family's
   model, when its weights' names are another family's too (SkyReels-V2 writes Wan's WanModel config, with
   inject_sample_info) [False].
@@ -39,7 +42,7 @@ from typing import Any, Mapping, Sequence
 
 REQUIRED_HOOKS = ("read_facts", "task_of", "describe", "layout_variant", "check_target")
 OPTIONAL_HOOKS = ("tasks_of", "variant_of_components", "release_facts", "config_beside", "original_config",
-                  "original_metadata", "claims_config")
+                  "original_metadata", "claims_config", "original_buffers")
 
 
 class FamilyShapes:
@@ -101,6 +104,10 @@ class FamilyShapes:
         if len(inspect.signature(hook).parameters) >= 3:
             return hook(config, task, dict(components or {}))
         return hook(config, task)
+
+    def original_buffers(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        hook = self._optional("original_buffers")
+        return dict(hook(config)) if hook else {}
 
     def claims_config(self, config: Mapping[str, Any]) -> bool:
         hook = self._optional("claims_config")
