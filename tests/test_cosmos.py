@@ -86,6 +86,12 @@ def test_bf16_release_round_trips_through_diffusers(run, tmp_path, cli):
     written = load_release(tmp_path / "back" / "model.pt")
     assert_same_tensors(written, load_release(run["model_ema_bf16.pt"]))
     assert_same_tensors(judge(written), load_file(tmp_path / "diffusers" / WEIGHTS))
+    # verify both ways, Diffusers' converter as second opinion; the buffers written back count as read
+    pairs = ((tmp_path / "diffusers", run["model_ema_bf16.pt"]), (tmp_path / "back", tmp_path / "diffusers"))
+    for output, source in pairs:
+        verified = cli("verify", output, "--against", source)
+        assert verified.exit_code == 0 and "convert_cosmos_transformer_checkpoint_to_diffusers makes the same" in \
+            verified.stdout, verified.stdout + verified.stderr
 
 
 def test_to_original_without_the_kept_buffers_computes_the_rope_tables_and_says_what_it_cannot_write(run, tmp_path,

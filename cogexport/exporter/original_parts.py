@@ -104,6 +104,7 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
                 for key, tensor in written.family.shapes.original_buffers(written.config).items()}
     kept, notes = kept_beside(written.layout, _own_folder(inputs, name), inputs, computed)
     written.tensors, written.notes = {**written.tensors, **kept}, [*written.notes, *notes]
+    written.read_as = {**written.read_as, **kept}  # as read: verify expects them where they were written
     return written
 
 
