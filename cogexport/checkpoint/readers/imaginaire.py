@@ -39,7 +39,7 @@ def _open_run(folder, options) -> ImaginaireCheckpoint:
 
 def describe(facts: ImaginaireFacts) -> str:
     weights = f", read: {facts.weight_set}.*" if facts.weight_set else ""
-    return (f"imaginaire (NVIDIA Cosmos) training iteration (DCP saves {', '.join(facts.contents)}, world size "
+    return (f"imaginaire training iteration (NVIDIA's trainer; DCP saves {', '.join(facts.contents)}, world size "
             f"{facts.world_size or '?'}{weights})")
 
 
