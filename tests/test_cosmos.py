@@ -27,7 +27,7 @@ from cogexport.precision import PrecisionPolicy
 
 sys.path.insert(0, str(SCRIPTS))
 from make_tiny_cosmos import (build_transformer, original_name, release_buffers,  # noqa: E402
-                              write_release_files)
+                              release_state_dict, write_release_files)
 
 FAMILY = family_named("cosmos")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -252,3 +252,20 @@ def test_imaginaire_training_state_and_both_sets_are_refused(tmp_path, cli):
     assert_refused(cli, tmp_path, [run / "run", tmp_path / "out", "--base", run / "base"],
                    "holds two sets of weights, net.* (the trained weights) and net_ema.* (their EMA)",
                    inputs=[run / "run"])
+
+
+def test_imaginaire_run_without_ema_reads_its_net_and_refuses_ema(tmp_path, cli):
+    """EMA disabled: model/ keeps net.* alone (saved here by dcp.save in one process), read without asking."""
+    import torch.distributed.checkpoint as dcp
+
+    model = build_transformer("2", seed=3)
+    model.save_pretrained(tmp_path / "base")
+    weights = release_state_dict(model)
+    checkpoints = tmp_path / "job" / "checkpoints"
+    dcp.save(weights, checkpoint_id=str(checkpoints / "iter_000000005" / "model"))
+    (checkpoints / "latest_checkpoint.txt").write_text("iter_000000005\n")
+    result = cli(tmp_path / "job", tmp_path / "exported", "--base", tmp_path / "base", "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    assert_same_tensors(load_file(tmp_path / "exported" / WEIGHTS), model.state_dict())
+    assert_refused(cli, tmp_path, [tmp_path / "job", tmp_path / "out", "--base", tmp_path / "base", "--ema"],
+                   "holds no 'ema' weights (no net_ema.*: the run kept no EMA)", inputs=[tmp_path / "job"])

@@ -98,10 +98,12 @@ class ImaginaireCheckpoint(LazyCheckpoint):
         except CogExportError as error:
             self._dcp.close()
             raise RoleError(str(error)) from None
-        if self.facts.weight_set is None:
-            self._dcp.close()
-            raise CogExportError(f"{iteration / MODEL_FOLDER} holds no net.* and net_ema.* weights; it is not an "
-                                 "imaginaire model save")
+        if self.facts.weight_set is None:  # a run trained without an EMA keeps net.* alone
+            if entry not in (None, "net"):
+                self._dcp.close()
+                raise RoleError(f"{iteration / MODEL_FOLDER} holds no {entry!r} weights (no net_ema.*: the run kept "
+                                "no EMA); export its net without --ema / --role")
+            self.facts.weight_set = "net"
         self.facts.world_size = self._dcp.facts.world_size
         self.info = CheckpointInfo(format="imaginaire", paths=[str(iteration)], facts=self.facts,
                                    tag=iteration.name, tags=tags, step=number, files=self._dcp.info.files,
