@@ -90,13 +90,15 @@ checkpoint_paths = click.argument("checkpoint", nargs=-1, required=True, type=cl
 output_path = click.argument("output", type=click.Path(path_type=Path))
 tag_option = click.option("--tag", help="Tag to read instead of the one named by 'latest' (e.g. global_step500), "
                                          "the step of a DCP run folder instead of the newest (e.g. checkpoint-500), "
-                                         "or the iteration of a Megatron-Core run instead of the one its "
-                                         "latest_checkpointed_iteration.txt names (e.g. iter_0000500).")
+                                         "the iteration of a Megatron-Core run instead of the one its "
+                                         "latest_checkpointed_iteration.txt names (e.g. iter_0000500), or an "
+                                         "imaginaire run's iteration (e.g. iter_000000500).")
 role_option = click.option(
     "--role", metavar="NAME",
     help="The set of weights to read from a checkpoint that keeps several: a FastVideo run's role (student, critic, "
-         "ema, ...), or a state dict saved beside the module in a DeepSpeed or torch.save file (module, ema) "
-         "[default: the trained weights: FastVideo's student, DeepSpeed's module].")
+         "ema, ...), a state dict saved beside the module in a DeepSpeed or torch.save file (module, ema), or one of "
+         "a model's two prefixed sets in one state dict (imaginaire's net and net_ema) [default: the trained "
+         "weights: FastVideo's student, DeepSpeed's module, imaginaire's net, a note naming the set left unread].")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON object on stdout instead of text, on failure too ({\"ok\": false, "
                                 "\"error\": ..., \"exit_code\": ...}; the error line stays on stderr).")

@@ -56,8 +56,9 @@ def _model_name_examples() -> str:
 @click.option("--variant", help="File-name variant, as save_pretrained(variant=...) (e.g. bf16).")
 @tag_option
 @click.option("--ema", is_flag=True,
-              help="Export the EMA weights: SAT's TAG-ema folder, an 'ema' state dict beside 'module', or a FastVideo "
-                   "run's EMA (its ema role, else its EMA callback's when whole).")
+              help="Export the EMA weights: SAT's TAG-ema folder, an 'ema' state dict beside 'module', imaginaire's "
+                   "net_ema.* (a run's model/, NVIDIA's model.pt), or a FastVideo run's EMA (its ema role, else its "
+                   "EMA callback's when whole).")
 @role_option
 @click.option("--lora", type=click.Choice(["adapter", "fuse"]),
               help="A LoRA run: write the adapter (the default for LoRA runs) or fuse it into the model.")

@@ -6,4 +6,7 @@ by name without loading a table, and a key map may keep tensors only in one of t
 KEPT_BESIDE_MODELS = frozenset({
     "per_channel_statistics.safetensors",  # LTX-2's VAEs' latent statistics
     "rotary_frequencies.safetensors",  # a release's stored rotary frequencies its Diffusers class computes
+    # an original layout's buffers and serialised state (training counters, constant tables, Transformer Engine's
+    # extra state): no weights, but part of the release file --to original gives back
+    "original_buffers.safetensors",
 })

@@ -25,7 +25,7 @@ _GROUP = re.compile(
     r"|^(lr_)?schedulers?(_\d+)?$|^(grad_)?scaler$"
     r"|^callbacks?$|^(data_?loaders?|samplers?)(_\d+)?$"
     r"|^(rng|rngs|rng_states?|random_states?)(_\d+)?$"
-    r"|^(train|trainer|training)_state$|^(global_)?step$|^epoch$|^iteration$")
+    r"|^(train|trainer|training)_state$|^trainer$|^(global_)?step$|^epoch$|^iteration$")
 # The per-parameter entries of torch.optim's optimizers (and bitsandbytes' 8-bit ones) under ``state``.
 OPTIMIZER_STATE_LEAVES = frozenset({
     "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step", "momentum_buffer", "square_avg", "grad_avg", "acc_delta",

@@ -53,12 +53,13 @@ def pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant
         folder.add(*part_files(part, part.component))
     linked = linked_from_base(parts, variant)
     folder.add(*(LinkedFolder(name, base.component_dir(name)) for name in linked))
-    folder.add(scheduler_file("scheduler", scheduler_config(family.scheduler_class, family.scheduler_for(variant))))
+    scheduler_class = family.scheduler_class_for(variant)
+    folder.add(scheduler_file("scheduler", scheduler_config(scheduler_class, family.scheduler_for(variant))))
     components = {name: base.components[name] for name in family.from_base(variant) if name in base.components}
     # a model taken from --base keeps the base's own entry (its class may be a variant's other class)
     components.update({name: base.components.get(name) or model_index_entry(family.components[name].class_name)
                        for name in linked if name in family.components})
-    components.update(scheduler=["diffusers", family.scheduler_class])
+    components.update(scheduler=["diffusers", scheduler_class])
     components.update({part.component: model_index_entry(part.target.class_name) for part in parts})
     folder.add(model_index_file(pipeline_signature(task.pipeline), task.pipeline, components, variant.pipeline),
                TextFile("README.md", model_folder_card(parts, variant, options, inputs.source, adapter)))

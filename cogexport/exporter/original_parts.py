@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Mapping
 
+import torch
+
 from ..checkpoint import LazyCheckpoint, as_paths
 from ..errors import CogExportError
 from ..keymap.plan import plan_translation
@@ -99,13 +101,21 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
     written = _written_back(part, inputs.where_of(name), refuse_original and adapter is None)
     written.fused = adapter is not None
     if adapter is None and _keeps_beside(written.layout):  # a release's tensors its Diffusers class has no place for
-        kept, written.notes = kept_beside(written.layout, _own_folder(inputs, name), inputs)
-        written.tensors, written.read_as = {**written.tensors, **kept}, {**written.read_as, **kept}  # as they were
+        computed = {key: _computed(tensor, written.policy.target_dtype(key, tensor.dtype))
+                    for key, tensor in written.family.shapes.original_buffers(written.config).items()}
+        kept, notes = kept_beside(written.layout, _own_folder(inputs, name), inputs, computed)
+        written.tensors, written.notes = {**written.tensors, **kept}, [*written.notes, *notes]
+        written.read_as = {**written.read_as, **kept}  # as read: verify expects them where they were written
     return written
 
 
 def _keeps_beside(layout: OriginalLayout) -> bool:
     return any(drop.keep for drop in load_table(layout.table).drops)
+
+
+def _computed(tensor: torch.Tensor, dtype: torch.dtype) -> LazyTensor:
+    """A tensor the config decides, in the dtype the part's policy gives it."""
+    return LazyTensor(tensor.shape, dtype, lambda: tensor.to(dtype), "computed from the model's config")
 
 
 def _written_back(part: ModelExport, where: str, refuse_original: bool) -> OriginalPart:
@@ -163,10 +173,11 @@ def _component_part(source: LazyCheckpoint, component: str, inputs: ExportInputs
     return written
 
 
-def kept_beside(layout: OriginalLayout, folder: Path | None, inputs: ExportInputs
-                ) -> tuple[dict[str, LazyTensor], list[str]]:
+def kept_beside(layout: OriginalLayout, folder: Path | None, inputs: ExportInputs,
+                computed: Mapping[str, LazyTensor] | None = None) -> tuple[dict[str, LazyTensor], list[str]]:
     """The tensors an export kept beside the model folder (the table's drop rules with ``keep``), as they were: every
-    key must be one those rules name. Without the file, the original is written without them, and the user told."""
+    key must be one those rules name. Without the file, the original is written with those of them the config
+    decides (``computed``) and without the others, and the user told."""
     files: dict[str, list] = {}
     for drop in load_table(layout.table).drops:
         if drop.keep:
@@ -176,9 +187,12 @@ def kept_beside(layout: OriginalLayout, folder: Path | None, inputs: ExportInput
     for name, drops in files.items():
         path = folder / name if folder is not None else None
         if path is None or not path.is_file():
-            names = ", ".join(name for drop in drops for name in drop.names())
+            made = {key: t for key, t in (computed or {}).items() if any(drop.matches(key) for drop in drops)}
+            kept.update(made)
+            names = ", ".join(name for drop in drops for name in drop.names() if name not in made)
             notes.append(f"{folder or 'the input'} has no {name} (the tensors its Diffusers model has no place for, "
-                         f"which cogexport keeps there when it exports a release), so {names} are not written")
+                         f"which cogexport keeps there when it exports a release), so {names} are not written"
+                         + (f" ({', '.join(made)} are computed from the config)" if made else ""))
             continue
         for key, tensor in inputs.open_more([path]).items():
             if not any(drop.matches(key) for drop in drops):

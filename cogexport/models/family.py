@@ -88,6 +88,8 @@ class Task:
     pipeline: str
     pipeline_tag: str
     from_base: tuple[str, ...]
+    scheduler: str | None = None  # the task's own scheduler class, when not the family's
+    scheduler_config: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, eq=False)  # one object per family: compared and hashed by identity
@@ -185,8 +187,13 @@ class ModelFamily:
     def vae_config(self, variant: Variant) -> dict:
         return self.component_config("vae", variant)
 
+    def scheduler_class_for(self, variant: Variant) -> str:
+        return self.tasks[variant.task].scheduler or self.scheduler_class
+
     def scheduler_for(self, variant: Variant) -> dict:
-        return {**self.scheduler_config, **variant.scheduler}
+        task = self.tasks[variant.task]
+        config = task.scheduler_config if task.scheduler else self.scheduler_config
+        return {**(config or {}), **variant.scheduler}
 
     def task(self, name: str) -> Task:
         return self.tasks[name]
@@ -283,6 +290,11 @@ def _variant(data: VariantEntry, index: int, key: str, components: Mapping[str, 
         if unknown:
             raise unknown_field(place, unknown[0])
         configs = {name: convert(data.configs[name], dict, place, name) for name in components if name in data.configs}
+        unknown = [name for name in data.null if name not in components]
+        if unknown:
+            raise unknown_field((*place, "null"), unknown[0])
+        for name, keys in data.null.items():  # a published config's nulls, which TOML cannot write
+            configs[name] = {**configs.get(name, {}), **dict.fromkeys(keys)}
     except SchemaError as error:
         raise FamilyError(f"family {key}: {error}") from None
     variant = Variant(data.name, data.hub_id, data.task, data.shapes, configs, data.scheduler, data.pipeline,
@@ -326,7 +338,8 @@ def parse_family(text: str, key: str) -> ModelFamily:
     _require("transformer" in components, key, "[transformer] is missing")
     components = {"transformer": components.pop("transformer"), **components}
     tasks = {name: Task(name, spec.pipeline, spec.pipeline_tag,
-                        spec.from_base if spec.from_base is not None else pipeline.from_base)
+                        spec.from_base if spec.from_base is not None else pipeline.from_base,
+                        spec.scheduler, spec.scheduler_config)
              for name, spec in data.tasks.items()}
     variants = tuple(_variant(v, index, key, components, tasks) for index, v in enumerate(data.variant))
     names = [v.name.lower() for v in variants]

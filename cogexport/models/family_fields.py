@@ -98,6 +98,10 @@ class TaskSection:
     pipeline_tag: str = declared("the model card's pipeline_tag")
     from_base: tuple[str, ...] | None = declared(
         "the components `--base` supplies for this task (default: `[pipeline] from_base`)", None)
+    scheduler: str | None = declared(
+        "the scheduler class of this task's pipeline, when not `[pipeline] scheduler`", None)
+    scheduler_config: dict[str, Any] | None = declared(
+        "that scheduler's config values (with `scheduler`; default: `[pipeline] scheduler_config`)", None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +119,8 @@ class VariantEntry:
         "pipeline component -> the release's subfolder, for a release of several experts", {})
     from_base: tuple[str, ...] | None = declared(
         "the components `--base` supplies for this variant, when not its task's", None)
+    null: dict[str, tuple[str, ...]] = declared(
+        "component -> its config keys whose published value is null (TOML has no null)", {})
     # any value here, so that a key naming no component is refused as unknown (family.py) before its type is checked
     configs: dict[str, Any] = declared("component -> its config values off the class's defaults (a table)", rest=True)
 

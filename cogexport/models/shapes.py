@@ -28,6 +28,9 @@ It may define (the defaults in brackets):
   ({"vae": ..., ...}) [{}].
 - ``original_order(names)``: the names of a model written back in the order the original code's state_dict lists
   them, where its shards are cut in that order [the way back's own order].
+- ``original_buffers(config)``: the tensors of the original transformer layout its Diffusers class has no place
+  for that the config alone decides (a RoPE table): ``--to original`` writes them when no file kept beside the model
+  holds them [{}].
 - ``claims_config(config)``: whether an original-layout config.json kept beside the weights is this family's
   model, when its weights' names are another family's too (SkyReels-V2 writes Wan's WanModel config, with
   inject_sample_info) [False].
@@ -45,7 +48,7 @@ from typing import Any, Mapping, Sequence
 
 REQUIRED_HOOKS = ("read_facts", "task_of", "describe", "layout_variant", "check_target")
 OPTIONAL_HOOKS = ("tasks_of", "variant_of_components", "release_facts", "config_beside", "original_config",
-                  "original_metadata", "claims_config", "base_config", "original_order")
+                  "original_metadata", "claims_config", "base_config", "original_order", "original_buffers")
 
 
 class FamilyShapes:
@@ -111,6 +114,10 @@ class FamilyShapes:
     def original_order(self, names: Sequence[str]) -> list[str]:
         hook = self._optional("original_order")
         return list(hook(names)) if hook else list(names)
+
+    def original_buffers(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        hook = self._optional("original_buffers")
+        return dict(hook(config)) if hook else {}
 
     def claims_config(self, config: Mapping[str, Any]) -> bool:
         hook = self._optional("claims_config")

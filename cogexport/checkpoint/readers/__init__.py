@@ -25,6 +25,7 @@ from .fastvideo import FASTVIDEO
 from .gguf import GGUF
 from .hf_trainer import HF_TRAINER
 from .hf_writer import HF_WRITER
+from .imaginaire import IMAGINAIRE
 from .megatron import MEGATRON
 from .reader import Claim, FolderScan, OpenOptions, Reader
 from .registry_checks import problem_with
@@ -33,8 +34,8 @@ from .torch_file import TORCH_FILE
 from .universal import UNIVERSAL
 
 # cogexport's own, in the order the line saying what a folder lacks lists them.
-BUILT_IN: tuple[Reader, ...] = (DEEPSPEED, UNIVERSAL, HF_TRAINER, DCP, FASTVIDEO, MEGATRON, HF_WRITER, SAFETENSORS,
-                              TORCH_FILE, GGUF)
+BUILT_IN: tuple[Reader, ...] = (DEEPSPEED, UNIVERSAL, HF_TRAINER, DCP, FASTVIDEO, MEGATRON, IMAGINAIRE, HF_WRITER,
+                              SAFETENSORS, TORCH_FILE, GGUF)
 ENTRY_POINT_GROUP = "cogexport.readers"
 
 _added: list[Reader] = []
