@@ -126,6 +126,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         self._group_of: dict[str, PartitionedGroup] = {}
         self.optimizer_state: dict = {}  # ZeRO-1/2/3: rank 0's optimizer file, tensors as references
         self.model_parallel: list[DeepSpeedCheckpoint] = []  # AutoTP: the other model-parallel ranks' checkpoints
+        self._shard_maps: dict = {}  # AutoTP: how each tensor's shares make the whole (tensor_parallel.ShardMap)
         self.files: RankFiles = files or locate(paths, tag)
         self.facts = DeepSpeedFacts()
         self.info = CheckpointInfo(format="deepspeed", paths=[str(p) for p in paths], facts=self.facts,
@@ -280,8 +281,8 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             if name in info.tied:
                 continue
             pieces = [share._tensors[name] for share in shares]
-            shard_map = layout.map_of(name, [piece.shape for piece in pieces], parameter=name not in buffers)
-            whole[name] = joined(name, shard_map, pieces, lambda rank: self._model_states_name(rank))
+            self._shard_maps[name] = layout.map_of(name, [piece.shape for piece in pieces], parameter=name not in buffers)
+            whole[name] = joined(name, self._shard_maps[name], pieces, self._model_states_name)
         self._tensors = {name: whole[info.tied.get(name, name)] for name in self._tensors}
         self.facts.tensor_parallel = tp
         info.weights_source += f", joined over {tp} tensor-parallel ranks (AutoTP)"
@@ -401,7 +402,15 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                           f"fp32 master of {name} ({group.where(name)})", group.master_ranges(name))
 
     def optimizer_states(self, name: str) -> dict[str, LazyTensor]:
-        """The optimizer's per-element states of trainable parameter ``name`` (exp_avg, ...), full shape, lazily."""
+        """The optimizer's per-element states of trainable parameter ``name`` (exp_avg, ...), full shape, lazily
+        (under AutoTP joined from every tensor-parallel rank's share as the parameter is)."""
+        if not self.model_parallel:
+            return self._partitioned_states(name)
+        shares = [self._partitioned_states(name), *(part._partitioned_states(name) for part in self.model_parallel)]
+        return {key: joined(f"{key} of {name}", self._shard_maps[name], [states[key] for states in shares],
+                            self._model_states_name, scaled=False) for key in shares[0]}
+
+    def _partitioned_states(self, name: str) -> dict[str, LazyTensor]:
         group = self._group_of[name]
         shape = group.layout.slots[name].shape
         return {key: LazyTensor(shape, group.states[0][key].dtype, lambda key=key: group.state(name, key),

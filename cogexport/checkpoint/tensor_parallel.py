@@ -182,10 +182,16 @@ class TensorParallelLayout:
             raise damaged(f"covers {sum(torch.Size(s).numel() for s, _ in unique)} elements of {whole}")
 
 
-def joined(name: str, shard_map: ShardMap, shares: Sequence[LazyTensor], files: Callable[[int], str]) -> LazyTensor:
-    """The whole tensor ``name``, read from its shares (one at a time) when loaded."""
+def joined(name: str, shard_map: ShardMap, shares: Sequence[LazyTensor], files: Callable[[int], str],
+           scaled: bool = True) -> LazyTensor:
+    """The whole tensor ``name``, read from its shares (one at a time) when loaded. ``scaled=False`` (an optimizer
+    state) refuses a map whose shares hold a block scaled: the state would need the optimizer's own rescaling."""
     dtype = shares[0].dtype
     tp = len(shares)
+    if not scaled and any(piece.scale != 1.0 for pieces in shard_map.pieces.values() for piece in pieces):
+        raise CogExportError(f"{name}: its shares hold a block scaled (a pre-divided replicated bias); an optimizer "
+                             "state through that scale is not the state of the whole parameter, so cogexport does "
+                             "not write one (DeepSpeed's converter refuses it too)")
 
     def load() -> torch.Tensor:
         whole = torch.empty(shard_map.logical_shape.numel(), dtype=dtype)
