@@ -43,7 +43,7 @@ def test_export_to_diffusers_is_the_trained_model(tmp_path, cli):
     assert_same_tensors(model.state_dict(), run.tensors)
 
 
-def test_universal_equals_deepspeeds_own_converter(tmp_path):
+def test_universal_equals_deepspeeds_own_converter(tmp_path, cli):
     run = autotp_run(3, "fp32")
     done = run_ds_to_universal(run.checkpoint / TAG, tmp_path / "theirs", inject=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -59,6 +59,10 @@ def test_universal_equals_deepspeeds_own_converter(tmp_path):
         source = (run.checkpoint / TAG / f"zero_pp_rank_0_mp_rank_{tp:02d}_model_states.pt").read_bytes()
         for name in (f"mp_rank_{tp:02d}_model_states.pt", f"zero_pp_rank_0_mp_rank_{tp:02d}_model_states.pt"):
             assert (tmp_path / "ours" / name).read_bytes() == source, name
+    verified = cli("verify", tmp_path / "ours", "--against", run.checkpoint)
+    assert verified.exit_code == 0 and "256 exact" in verified.stdout, verified.stdout + verified.stderr
+    consolidate(tmp_path / "ours", tmp_path / "back", dtype="fp32")  # and read back as a checkpoint: the whole model
+    assert_same_tensors(load_file(tmp_path / "back" / "model.safetensors"), run.tensors)
 
 
 @pytest.mark.parametrize("removed, named", [
