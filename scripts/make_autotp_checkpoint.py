@@ -110,12 +110,13 @@ def collect_truth(deepspeed, engine, spec: dict) -> dict:
         if tensors[name] is None:
             del tensors[name]
             drifted.append(name)
-    buffers = [name for name in engine.module.state_dict() if name not in tensors]
+    parameters = dict(engine.module.named_parameters())
+    buffers = [name for name in engine.module.state_dict() if name not in parameters]
     persistent = dict(engine.module.named_buffers())
     tensors.update({name: persistent[name].detach().clone().cpu() for name in buffers})
-    return {"tensors": tensors, "order": list(engine.module.state_dict()), "trainable": list(tensors.keys() - set(buffers)),
-            "frozen": [], "tied": {}, "buffers": buffers, "replicated": replicated, "drifted": drifted,
-            "global_steps": engine.global_steps}
+    return {"tensors": tensors, "order": list(engine.module.state_dict()),
+            "trainable": [name for name in parameters if name in tensors], "frozen": [], "tied": {},
+            "buffers": buffers, "replicated": replicated, "drifted": drifted, "global_steps": engine.global_steps}
 
 
 def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
