@@ -122,8 +122,8 @@ class TensorParallelLayout:
                                  "cannot tell how the tensor-parallel shares join") from None
 
     def _patterns(self, key: str) -> list[str]:
-        value = self.info.get(key) or []
-        return list(value) if isinstance(value, (list, tuple)) else list(value) if isinstance(value, dict) else []
+        value = self.info.get(key) or []  # a list of patterns, or a dict keyed by them (the unsupported ones)
+        return list(value) if isinstance(value, (list, tuple, dict)) else []
 
     def _matches(self, key: str, name: str) -> bool:
         patterns = self._patterns(key)
