@@ -8,8 +8,9 @@ FSDP2 runs on gloo ranks, per-rank saves of PyTorch's Hugging Face writer (``Hug
 ``save_distributed``, FSDP2 on gloo ranks, with and without a mapping), a FastVideo run (FSDP2 on 2 gloo ranks,
 saved as FastVideo's CheckpointManager saves: roles, optimizers, the EMA callback's per-rank shards), and Hugging Face
 Trainer run folders (``transformers.Trainer`` under DeepSpeed on CPU ranks: ZeRO-2 with the Trainer's 16-bit
-``model.safetensors``, ZeRO-3 with a Diffusers ``save_pretrained`` copy of empty placeholders beside the save). Each
-case copies one source and damages it one way:
+``model.safetensors``, ZeRO-3 with a Diffusers ``save_pretrained`` copy of empty placeholders beside the save); with
+``--only autotp``, a DeepSpeed AutoTP run (TP 2 x DP 2 under ZeRO-3: rank files of both parallel dimensions deleted,
+swapped and copied over each other). Each case copies one source and damages it one way:
 
   truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
   flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of
