@@ -19,7 +19,7 @@ from diffusers import CogVideoXTransformer3DModel
 from safetensors.torch import load_file
 from test_universal import param_value, run_ds_to_universal
 
-from cogexport import consolidate
+from cogexport import consolidate, open_checkpoint
 from cogexport.universal import universal
 
 TAG = "global_step2"
@@ -85,3 +85,6 @@ def test_replicated_copies_trained_apart_are_refused(tmp_path, cli):
     line = assert_refused(cli, tmp_path, ["consolidate", run.checkpoint, tmp_path / "out"],
                           "is held whole by every tensor-parallel rank", "grad_allreduce")
     assert any(name in line for name in run.truth["drifted"]), line
+    with open_checkpoint(run.checkpoint) as checkpoint:  # what did not drift reads as the masters (ZeRO-1 + AutoTP)
+        assert list(checkpoint) == run.truth["order"]
+        assert_same_tensors({name: checkpoint[name].load() for name in run.tensors}, run.tensors)
