@@ -88,11 +88,11 @@ def test_every_reader_of_cogexports_passes_the_checks_a_reader_from_outside_must
 
 def test_every_report_keeps_the_keys_inspect_json_has_always_had_in_their_order():
     """A safetensors report has "stage": null as it always had: every reader's facts are keys of every report (the
-    facts of readers added since, FastVideo's roles, follow in registry order)."""
+    facts added since, DeepSpeed's tensor_parallel and FastVideo's roles, follow in registry order)."""
     for reader in BUILT_IN:
         flat = info_dict(CheckpointInfo(format=reader.format, paths=[], facts=reader.facts()))
         assert tuple(flat)[:len(KEY_ORDER)] == KEY_ORDER, reader.name
-        assert tuple(flat)[len(KEY_ORDER):] == ("roles", "role", "method"), reader.name
+        assert tuple(flat)[len(KEY_ORDER):] == ("tensor_parallel", "roles", "role", "method"), reader.name
         assert flat["format"] == reader.format and flat["stage"] is None and flat["metadata"] == {}
 
 
