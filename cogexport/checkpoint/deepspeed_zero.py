@@ -268,8 +268,9 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                                  f"{tp} tensor-parallel ranks (mp_world_size in its model states); move them away")
         if not self._tensors:
             return  # the rank-0 share could not be assembled: its problems are recorded
-        self.model_parallel = [DeepSpeedCheckpoint([], strict=True, entry=self.entry, files=files.model_parallel[r])
-                               for r in range(1, tp)]
+        for rank in range(1, tp):  # one at a time, so that close() closes those opened before one that fails
+            self.model_parallel.append(DeepSpeedCheckpoint([], strict=True, entry=self.entry,
+                                                           files=files.model_parallel[rank]))
         shares = [self, *self.model_parallel]
         for rank, part in enumerate(shares[1:], start=1):
             self._check_same_run(part, rank)
