@@ -222,8 +222,8 @@ def _place(name: str, piece: Piece, rank: int, share: torch.Tensor, whole: torch
         if not torch.equal(target, values):
             first = min(piece.locations)
             raise CogExportError(
-                f"{name} is held whole by every tensor-parallel rank, but {files(rank)} and {files(first)} hold "
-                "different values: the copies were trained apart (a parameter applied to each rank's share of "
+                f"{name} is held whole by every tensor-parallel rank, but ranks {first} and {rank} ({files(first)}, "
+                f"{files(rank)} and their optimizer files) hold different values: the copies were trained apart (a parameter applied to each rank's share of "
                 "the activations, such as a per-head norm, needs its gradient summed over the TP group: AutoTP's "
                 "grad_allreduce) or the files are from different saves; cogexport will not pick one copy")
         return
