@@ -282,7 +282,8 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             if name in info.tied:
                 continue
             pieces = [share._tensors[name] for share in shares]
-            self._shard_maps[name] = layout.map_of(name, [piece.shape for piece in pieces], parameter=name not in buffers)
+            self._shard_maps[name] = layout.map_of(name, [piece.shape for piece in pieces],
+                                                   parameter=name not in buffers)
             whole[name] = joined(name, self._shard_maps[name], pieces, self._model_states_name)
         self._tensors = {name: whole[info.tied.get(name, name)] for name in self._tensors}
         self.facts.tensor_parallel = tp

@@ -111,8 +111,8 @@ class TensorParallelLayout:
         self.tp, self.where = tp, where
         if not isinstance(info, dict):
             raise CogExportError(f"{where} is from a tensor-parallel run ({tp} model-parallel ranks) but records no "
-                                 f"{INFO_KEY} saying how each rank's share makes the whole tensor (saved by a DeepSpeed "
-                                 "before 0.16?); cogexport cannot join the shares")
+                                 f"{INFO_KEY} saying how each rank's share makes the whole tensor (saved by an "
+                                 "older DeepSpeed?); cogexport cannot join the shares")
         self.info = info
         maps = (info.get("affine_map") or {}).get("params") or {}
         try:
@@ -223,9 +223,10 @@ def _place(name: str, piece: Piece, rank: int, share: torch.Tensor, whole: torch
             first = min(piece.locations)
             raise CogExportError(
                 f"{name} is held whole by every tensor-parallel rank, but ranks {first} and {rank} ({files(first)}, "
-                f"{files(rank)} and their optimizer files) hold different values: the copies were trained apart (a parameter applied to each rank's share of "
-                "the activations, such as a per-head norm, needs its gradient summed over the TP group: AutoTP's "
-                "grad_allreduce) or the files are from different saves; cogexport will not pick one copy")
+                f"{files(rank)} and their optimizer files) hold different values: the copies were trained apart (a "
+                "parameter applied to each rank's share of the activations, such as a per-head norm, needs its "
+                "gradient summed over the TP group: AutoTP's grad_allreduce) or the files are from different saves; "
+                "cogexport will not pick one copy")
         return
     if bool(seen.any()):
         raise CogExportError(f"{name}: two pieces of its affine map write the same elements; the map in "
