@@ -88,3 +88,18 @@ def test_replicated_copies_trained_apart_are_refused(tmp_path, cli):
     with open_checkpoint(run.checkpoint) as checkpoint:  # what did not drift reads as the masters (ZeRO-1 + AutoTP)
         assert list(checkpoint) == run.truth["order"]
         assert_same_tensors({name: checkpoint[name].load() for name in run.tensors}, run.tensors)
+
+
+def test_a_save_without_affine_maps_joins_by_the_pattern_lists(tmp_path):
+    # The model states as a DeepSpeed that recorded only the categories saved them: the run's own files, each
+    # rewritten under its own name without universal_checkpoint_info's affine_map (its pattern lists kept)
+    run = autotp_run(3, "fp32")
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(run.checkpoint, checkpoint)
+    for path in (checkpoint / TAG).glob("*_model_states.pt"):
+        states = torch.load(path, weights_only=True)
+        del states["universal_checkpoint_info"]["affine_map"]
+        torch.save(states, path)
+    assert run.truth["replicated"] and "affine_map" not in states["universal_checkpoint_info"]
+    consolidate(checkpoint, tmp_path / "out", dtype="fp32")
+    assert_same_tensors(load_file(tmp_path / "out" / "model.safetensors"), run.tensors)
