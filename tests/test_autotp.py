@@ -103,3 +103,26 @@ def test_a_save_without_affine_maps_joins_by_the_pattern_lists(tmp_path):
     assert run.truth["replicated"] and "affine_map" not in states["universal_checkpoint_info"]
     consolidate(checkpoint, tmp_path / "out", dtype="fp32")
     assert_same_tensors(load_file(tmp_path / "out" / "model.safetensors"), run.tensors)
+
+
+def _to_q_map(ranks: dict) -> None:
+    """Rank 1's share of block 0's to_q written over rank 0's (its source offset 0)."""
+    ranks[1]["pieces"][0]["source"][0] = 0
+
+
+def _to_q_shape(ranks: dict) -> None:
+    ranks[1]["shard_shape"] = [16, 8]
+
+
+@pytest.mark.parametrize("damage, named", [(_to_q_map, "covers 128 elements of 256"),
+                                           (_to_q_shape, "gives rank 1 a share of (16, 8)")])
+def test_a_damaged_affine_map_is_refused_before_anything_is_read(damage, named, tmp_path, cli):
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(autotp_run(3, "fp32").checkpoint, checkpoint)
+    path = checkpoint / TAG / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    states = torch.load(path, weights_only=True)
+    maps = states["universal_checkpoint_info"]["affine_map"]["params"]
+    damage(maps[r"^transformer_blocks\.0\.attn1\.to_q\.weight$"]["ranks"])
+    torch.save(states, path)
+    assert_refused(cli, tmp_path, ["consolidate", checkpoint, tmp_path / "out"],
+                   "transformer_blocks.0.attn1.to_q.weight", named, "cannot join")
