@@ -3,7 +3,8 @@
 A tiny CogVideoX transformer trained under real DeepSpeed on CPU ranks (scripts/make_autotp_checkpoint.py): AutoTP 2
 x data parallel 2 under ZeRO-3 (fp32) and ZeRO-2 (bf16). Ground truth is every parameter's full fp32 master, each TP
 rank's share gathered and joined inside training by the kind of layer AutoTP made; DeepSpeed's own ds_to_universal
-judges `universal`.
+judges `universal`. A TP 2 run under ZeRO-1 whose per-head norms were left to drift apart is refused; the run's model
+states rewritten without the affine map (as only the pattern lists) or with it damaged test the other paths.
 """
 
 from __future__ import annotations
