@@ -260,7 +260,8 @@ def universal(arguments, tag, overwrite, allow_nonfinite, workers, as_json, verb
     click.echo(f"wrote {result.output}: {result.parameters} trainable parameters with their fp32 masters and "
                f"{', '.join(result.optimizer_states) or 'no'} optimizer states, {result.frozen} frozen, "
                f"{result.buffers} buffers ({human_bytes(result.total_bytes)}), from ZeRO-{source['stage']} "
-               f"tag {source['tag']} at world size {source['world_size']}")
+               f"tag {source['tag']} at world size {source['world_size']}"
+               + (f" x {source['tensor_parallel']} tensor-parallel ranks" if source.get("tensor_parallel") else ""))
     click.echo(f"  {result.latest_universal} -> {Path(result.output).name}")
     click.echo(f"  DeepSpeed restores: {result.restored}")
     click.echo(f"  DeepSpeed does not restore: {result.not_restored}")

@@ -69,9 +69,11 @@ def _fp32(tensor: LazyTensor) -> LazyTensor:
     return tensor.to(torch.float32) if tensor.dtype.is_floating_point else tensor
 
 
-def _param_file(path: str, tensor: LazyTensor) -> TensorFile:
-    """{"param": the tensor, "cat_dim": 0}, as DeepSpeed's ds_to_universal saves each parameter's state."""
-    return TensorFile(path, {"param": tensor}, container="torch", extra={"cat_dim": 0})
+def _param_file(path: str, tensor: LazyTensor, tensor_parallel: bool = False) -> TensorFile:
+    """{"param": the tensor, "cat_dim": 0}, as DeepSpeed's ds_to_universal saves each parameter's state. A
+    tensor-parallel (AutoTP) run's whole tensors go without cat_dim, as ds_to_universal writes them: the parameters'
+    own AutoTP metadata says how a resumed run cuts them, and cat_dim 0 would misstate a row-parallel weight."""
+    return TensorFile(path, {"param": tensor}, container="torch", extra={} if tensor_parallel else {"cat_dim": 0})
 
 
 def _step_tensor(value: object) -> torch.Tensor | None:
@@ -89,19 +91,20 @@ def planned_files(source: DeepSpeedCheckpoint) -> tuple[list[TensorFile], list[s
     files: list[TensorFile] = []
     state_names: list[str] = []
     step = None
+    tensor_parallel = bool(source.model_parallel)
     for group in source.groups:
         group_step = _step_tensor(group.scalars().get("step"))
         step = step if step is not None else group_step
         for name in group.layout.slots:
-            files.append(_param_file(f"zero/{name}/fp32.pt", source[name]))
+            files.append(_param_file(f"zero/{name}/fp32.pt", source[name], tensor_parallel))
             for state, tensor in source.optimizer_states(name).items():
-                files.append(_param_file(f"zero/{name}/{state}.pt", _fp32(tensor)))
+                files.append(_param_file(f"zero/{name}/{state}.pt", _fp32(tensor), tensor_parallel))
                 state_names += [state] if state not in state_names else []
             if group_step is not None:
                 files.append(TensorFile(f"zero/{name}/step.pt", {"step": LazyTensor(
                     torch.Size([]), group_step.dtype, lambda value=group_step: value)}, container="torch", single=True))
     for name in [*source.info.frozen, *source.info.buffers]:
-        files.append(_param_file(f"zero/{name}/fp32.pt", _fp32(source[name])))
+        files.append(_param_file(f"zero/{name}/fp32.pt", _fp32(source[name]), tensor_parallel))
     return files, state_names, step
 
 
@@ -122,6 +125,16 @@ def optimizer_state(source: DeepSpeedCheckpoint, step: torch.Tensor | None) -> d
 def rank0_model_states(source: DeepSpeedCheckpoint) -> Path:
     """The model-states file the universal folder copies (ZeRO-3's rank 0 file when there is no shared one)."""
     return source.files.model_states or source.files.zero3_model_states[0]
+
+
+def model_states_copies(source: DeepSpeedCheckpoint) -> list[CopiedFile]:
+    """The model-states file of each model-parallel rank (one but under AutoTP) under both names DeepSpeed's loader
+    reads, the second a hard link (a ZeRO-1/2 file holds the whole module)."""
+    copies = []
+    for mp_rank, part in enumerate([source, *source.model_parallel]):
+        first, *others = [name.replace("mp_rank_00", f"mp_rank_{mp_rank:02d}") for name in MODEL_STATES_NAMES]
+        copies.append(CopiedFile(first, rank0_model_states(part), tuple(others)))
+    return copies
 
 
 def _point_latest(folder: Path) -> Path:
@@ -153,10 +166,8 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
         model_states = rank0_model_states(source)
         destination = Path(output) if output else model_states.parent.parent / f"{info.tag}{UNIVERSAL_SUFFIX}"
         files, state_names, step = planned_files(source)
-        # The model states under both names; the second a hard link (a ZeRO-1/2 file holds the whole module).
-        first, *others = MODEL_STATES_NAMES
-        folder = FolderPlan([CopiedFile(first, model_states, tuple(others)),
-                             ObjectFile("zero/optimizer_state.pt", optimizer_state(source, step)), *files])
+        copies = model_states_copies(source)
+        folder = FolderPlan([*copies, ObjectFile("zero/optimizer_state.pt", optimizer_state(source, step)), *files])
         total = sum(_fp32_bytes(tensor) for planned in files for tensor in planned.tensors.values())
         # Only the rank files count as inputs here: the default output lies inside the save dir the user gave.
         passed_on = write_plan(folder, destination, IOSettings(workers=workers), "universal", progress,
@@ -165,7 +176,7 @@ def universal(checkpoint: str | Path | Sequence[str | Path], output: str | Path 
                                                                overwrite))
         latest = current_ranks().from_leader(lambda: _point_latest(destination))
         return UniversalResult(str(destination), str(latest), len(info.trainable), state_names, len(info.frozen),
-                               len(info.buffers), len(files) + 3, total, source=info_dict(info),
+                               len(info.buffers), len(files) + 1 + 2 * len(copies), total, source=info_dict(info),
                                notes=list(filter(None, [passed_on_note(passed_on)])))
 
 

@@ -4,7 +4,8 @@ made from.
 The universal folder is planned again from the ZeRO checkpoint (universal.py's plan: each parameter's fp32 master and
 optimizer states gathered from the rank partitions, each group's step, frozen parameters and buffers) and every file
 of the folder is read back with cogexport's own torch.save reader and compared, tensor by tensor: the same dtype and
-bit for bit. The model-states files must be the source's rank-0 file byte for byte, and zero/optimizer_state.pt must
+bit for bit. The model-states files must be the source's rank-0 file byte for byte (each model-parallel rank's, under
+AutoTP), and zero/optimizer_state.pt must
 carry the source's param_groups. A parameter folder the plan does not make, or a planned file the folder lacks, is a
 mismatch.
 
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint.deepspeed_universal import MODEL_STATES_NAMES
 from .checkpoint.deepspeed_zero import DeepSpeedCheckpoint
 from .checkpoint.torch_archive import StoredTensor, load_torch_file
 from .lazy import LazyTensor
@@ -41,7 +41,7 @@ def verify_universal(output: Path, request: VerifyRequest) -> list[VerifyReport]
     if not is_universal_folder(output):
         return None
     request.refuse_vae_against(output, "is a DeepSpeed universal checkpoint")
-    from .universal import optimizer_state, planned_files, rank0_model_states
+    from .universal import model_states_copies, optimizer_state, planned_files
 
     with DeepSpeedCheckpoint(request.against, request.choice.tag) as source:
         facts = source.facts
@@ -49,10 +49,10 @@ def verify_universal(output: Path, request: VerifyRequest) -> list[VerifyReport]
                                            f"{source.info.tag}", kind="universal checkpoint", judge_note=NO_JUDGE)
         files, _, step = planned_files(source)
         _compare_files(output, files, report)
-        model_states = rank0_model_states(source)
-        for name in MODEL_STATES_NAMES:
-            if not (output / name).is_file() or not filecmp.cmp(output / name, model_states, shallow=False):
-                report.mismatches.append(f"{name} is not {model_states} byte for byte")
+        for copy in model_states_copies(source):  # one per model-parallel rank (several under AutoTP)
+            for name in (copy.path, *copy.links):
+                if not (output / name).is_file() or not filecmp.cmp(output / name, copy.source, shallow=False):
+                    report.mismatches.append(f"{name} is not {copy.source} byte for byte")
         archive, saved = load_torch_file(output / "zero" / "optimizer_state.pt")
         archive.close()
         if not isinstance(saved, dict) or saved.get("param_groups") != optimizer_state(source, step)["param_groups"]:

@@ -8,8 +8,9 @@ FSDP2 runs on gloo ranks, per-rank saves of PyTorch's Hugging Face writer (``Hug
 ``save_distributed``, FSDP2 on gloo ranks, with and without a mapping), a FastVideo run (FSDP2 on 2 gloo ranks,
 saved as FastVideo's CheckpointManager saves: roles, optimizers, the EMA callback's per-rank shards), and Hugging Face
 Trainer run folders (``transformers.Trainer`` under DeepSpeed on CPU ranks: ZeRO-2 with the Trainer's 16-bit
-``model.safetensors``, ZeRO-3 with a Diffusers ``save_pretrained`` copy of empty placeholders beside the save). Each
-case copies one source and damages it one way:
+``model.safetensors``, ZeRO-3 with a Diffusers ``save_pretrained`` copy of empty placeholders beside the save); with
+``--only autotp``, a DeepSpeed AutoTP run (TP 2 x DP 2 under ZeRO-3: rank files of both parallel dimensions deleted,
+swapped and copied over each other). Each case copies one source and damages it one way:
 
   truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
   flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of
@@ -248,10 +249,23 @@ def trainer_source(run_id: str) -> Source:
                   damage=step, reference="zero_to_fp32", reference_input=step)
 
 
-def sources() -> list[Source]:
+def autotp_source() -> Source:
+    """A DeepSpeed AutoTP run (tests/autotp_fixtures.py: a tiny CogVideoX transformer, TP 2 x DP 2 under ZeRO-3, fp32):
+    consolidate must write the full masters joined inside training, export them as the Diffusers transformer."""
+    from autotp_fixtures import autotp_run
+
+    fixture = autotp_run(3, "fp32")
+    export = ("--base", str(fixture.base), "--component", "transformer", "--dtype", "fp32")
+    return Source("autotp-zero3-tp2-ws4", "autotp", fixture.root, "checkpoint", fixture.tensors, export,
+                  fixture.tensors)
+
+
+def sources(only: tuple[str, ...] = ()) -> list[Source]:
+    # AutoTP's source joins the campaign when asked for by name (--only autotp), so the default campaign, whose
+    # fixed-seed slice the test suite asserts class by class, deals its cases as before
     return [zero_source(v) for v in ZERO_VARIANTS] + cogvideox_sources() + [dcp_source(*save) for save in DCP_SAVES] \
         + [hf_source(*save) for save in HF_SAVES] + [fastvideo_source()] \
-        + [trainer_source(run) for run in TRAINER_RUNS]
+        + [trainer_source(run) for run in TRAINER_RUNS] + ([autotp_source()] if "autotp" in only else [])
 
 
 # -- where the bytes are ------------------------------------------------------------------------------------
@@ -1033,7 +1047,7 @@ def campaign(seed: int, count: int, references: bool, verbose: bool = False,
     import cogexport.cli  # noqa: F401
     import cogexport.exporter  # noqa: F401
     torch.set_num_threads(1)
-    all_sources = [s for s in sources() if (not only or s.family in only) and damage_classes(s, damage)]
+    all_sources = [s for s in sources(only) if (not only or s.family in only) and damage_classes(s, damage)]
     cases = []
     with tempfile.TemporaryDirectory(prefix="cogexport-fuzz-") as temporary:
         work = Path(temporary)
@@ -1104,7 +1118,7 @@ def table(title: str, rows: dict[str, dict], columns: tuple[str, ...]) -> list[s
 @click.option("--count", type=click.IntRange(1), default=100, show_default=True, help="Damaged copies to make.")
 @click.option("--cogexport-only", is_flag=True, help="Do not run zero_to_fp32 and dcp_to_torch_save side by side.")
 @click.option("--only", "families", multiple=True,
-              type=click.Choice(["deepspeed", "cogvideox", "dcp", "hf-storage", "fastvideo", "hf-trainer"]),
+              type=click.Choice(["deepspeed", "cogvideox", "dcp", "hf-storage", "fastvideo", "hf-trainer", "autotp"]),
               help="Only these sources (repeatable).")
 @click.option("--damage", multiple=True, metavar="CLASS",
               help="Only these damage classes (repeatable), on the sources they apply to: 'flip safetensors data'.")

@@ -88,13 +88,13 @@ def test_every_reader_of_cogexports_passes_the_checks_a_reader_from_outside_must
 
 def test_every_report_keeps_the_keys_inspect_json_has_always_had_in_their_order():
     """A safetensors report has "stage": null as it always had: every reader's facts are keys of every report (the
-    facts of readers added since, FastVideo's roles, Megatron-Core's backend and imaginaire's iteration and weight
-    set, follow in registry order)."""
+    facts added since, DeepSpeed's tensor_parallel, FastVideo's roles, Megatron-Core's backend and imaginaire's
+    iteration and weight set, follow in registry order)."""
     for reader in BUILT_IN:
         flat = info_dict(CheckpointInfo(format=reader.format, paths=[], facts=reader.facts()))
         assert tuple(flat)[:len(KEY_ORDER)] == KEY_ORDER, reader.name
-        assert tuple(flat)[len(KEY_ORDER):] == ("roles", "role", "method", "sharded_backend", "stacked", "latest",
-                                                "weight_set"), reader.name
+        assert tuple(flat)[len(KEY_ORDER):] == ("tensor_parallel", "roles", "role", "method", "sharded_backend",
+                                                "stacked", "latest", "weight_set"), reader.name
         assert flat["format"] == reader.format and flat["stage"] is None and flat["metadata"] == {}
 
 

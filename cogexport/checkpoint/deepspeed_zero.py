@@ -20,7 +20,9 @@ from ..errors import CogExportError, quoted
 from ..lazy import ByteRanges, LazyTensor, joined_ranges
 from ..pickled import PickledObject
 from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
-from .locate import RankFiles, locate, optim_file_name, rank_file_identity, zero3_model_file_name
+from .locate import (RankFiles, locate, model_file_name, optim_file_name, rank_file_identity,
+                     zero3_model_file_name)
+from .tensor_parallel import INFO_KEY, TensorParallelLayout, joined
 from .torch_archive import StoredTensor, TorchArchive, load_torch_file
 from .training_state import refuse_training_state_role
 from .zero_layout import FlatGroupLayout, Zero3SubGroupLayout, gather_zero3_pieces
@@ -30,7 +32,7 @@ ENGINE_KEYS = frozenset({
     "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
     "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
     "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size",
-    "checkpoint_parallel_dimensions", "ds_config", "ds_version",
+    "checkpoint_parallel_dimensions", "ds_config", "ds_version", INFO_KEY,
 })
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -59,6 +61,7 @@ class DeepSpeedFacts(ReaderFacts):
     stage: int | None = None
     training_dtype: str | None = None
     world_size: int | None = None
+    tensor_parallel: int | None = None  # AutoTP's model-parallel ranks (None: not a tensor-parallel save)
     ds_version: str | None = None
     client_state: dict[str, str] = field(default_factory=dict)
 
@@ -112,7 +115,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
     """
 
     def __init__(self, paths: list[Path] | Path, tag: str | None = None, *, strict: bool = True,
-                 entry: str = "module") -> None:
+                 entry: str = "module", files: RankFiles | None = None) -> None:
         super().__init__()
         self.entry = entry  # the model-states entry holding the weights: module, or a copy beside it (ema)
         paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
@@ -122,7 +125,9 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         self.groups: list[PartitionedGroup] = []  # ZeRO-1/2/3: the optimizer's partitioned parameter groups
         self._group_of: dict[str, PartitionedGroup] = {}
         self.optimizer_state: dict = {}  # ZeRO-1/2/3: rank 0's optimizer file, tensors as references
-        self.files: RankFiles = locate(paths, tag)
+        self.model_parallel: list[DeepSpeedCheckpoint] = []  # AutoTP: the other model-parallel ranks' checkpoints
+        self._shard_maps: dict = {}  # AutoTP: how each tensor's shares make the whole (tensor_parallel.ShardMap)
+        self.files: RankFiles = files or locate(paths, tag)
         self.facts = DeepSpeedFacts()
         self.info = CheckpointInfo(format="deepspeed", paths=[str(p) for p in paths], facts=self.facts,
                                    tag=self.files.tag, tags=self.files.tags_available)
@@ -137,10 +142,14 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                                    f"{', '.join(self._unchecked[:3])}{' ...' if len(self._unchecked) > 3 else ''}")
 
     def bytes_read(self) -> dict[str, int]:
-        return {str(archive.path): archive.bytes_read for archive in self._archives}
+        read = {str(archive.path): archive.bytes_read for archive in self._archives}
+        for part in self.model_parallel:
+            read.update(part.bytes_read())
+        return read
 
     def check_stored_data(self) -> list[str]:
-        return [problem for archive in self._archives for problem in archive.records.check_all()]
+        return [problem for archive in self._archives for problem in archive.records.check_all()] + \
+            [problem for part in self.model_parallel for problem in part.check_stored_data()]
 
     def own_folders(self) -> list[Path]:
         return list(self.files.tag_dirs)
@@ -148,6 +157,8 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
     def close(self) -> None:
         for archive in self._archives:
             archive.close()
+        for part in self.model_parallel:
+            part.close()
 
     # -- opening -------------------------------------------------------------------------------------------
     def _load(self, path: Path) -> Any:
@@ -194,7 +205,8 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         main_path = files.model_states or files.zero3_model_states.get(0)
         if main_path is None:
             ranks = sorted(files.zero3_model_states)
-            self._problem(True, f"rank 0 of a ZeRO-3 checkpoint missing: expected {zero3_model_file_name(0)} in "
+            self._problem(True, f"rank 0 of a ZeRO-3 checkpoint missing: expected "
+                                f"{zero3_model_file_name(0, files.mp_rank)} in "
                                 f"{files.where} (found ranks {ranks})")
         states = self._load(main_path)
         module = self._weights(states, main_path)
@@ -222,7 +234,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             # DeepSpeed records param_shapes only when it saves a ZeRO optimizer. SAT saves the same model states
             # through DeepSpeed but never the optimizer (its client state carries "iteration"): its weights are
             # the module's copy by design. Anyone else's missing files would silently cost the fp32 masters.
-            expected = optim_file_name(0, facts.training_dtype == "bf16")
+            expected = optim_file_name(0, facts.training_dtype == "bf16", files.mp_rank)
             self._problem(strict, f"{main_path.name} records a ZeRO-{facts.stage} optimizer but {files.where} holds "
                                   f"none of its files (expected {expected} and the other ranks'): without them only "
                                   f"the module's {facts.training_dtype} copy is left, not the fp32 masters; copy the "
@@ -231,6 +243,67 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
             self._open_stage0(states, module, strict)
         else:
             self._open_module_only(states, module, "no optimizer files")
+        if files.mp_rank == 0 and (files.model_parallel or int(states.get("mp_world_size") or 1) > 1):
+            try:
+                self._open_tensor_parallel(states, strict)
+            except CogExportError as error:  # inspect reports it; nothing half-joined is handed out
+                self._problem(strict, str(error))
+                self._tensors = {}
+
+    # AutoTP: one ZeRO checkpoint per model-parallel rank ----------------------------------------------------
+    def _model_states_name(self, mp_rank: int) -> str:
+        return zero3_model_file_name(0, mp_rank) if self.facts.stage == 3 else model_file_name(mp_rank)
+
+    def _open_tensor_parallel(self, states: dict, strict: bool) -> None:
+        """Each other model-parallel rank's files opened as a ZeRO checkpoint of their own, then every tensor joined
+        from the ranks' shares by what rank 0's model states record (tensor_parallel.py)."""
+        files, info, tp = self.files, self.info, int(states.get("mp_world_size") or 1)
+        for rank in range(1, tp):
+            if rank not in files.model_parallel:
+                raise CogExportError(f"tensor-parallel rank {rank} of {tp} missing: expected "
+                                     f"{self._model_states_name(rank)} and its optimizer files in {files.where} (on a "
+                                     "multi-node run, give every node's folder)")
+        for rank in sorted(r for r in files.model_parallel if r >= tp):
+            raise CogExportError(f"stale files of model-parallel rank {rank} in {files.where}: this checkpoint has "
+                                 f"{tp} tensor-parallel ranks (mp_world_size in its model states); move them away")
+        if not self._tensors:
+            return  # the rank-0 share could not be assembled: its problems are recorded
+        for rank in range(1, tp):  # one at a time, so that close() closes those opened before one that fails
+            self.model_parallel.append(DeepSpeedCheckpoint([], strict=True, entry=self.entry,
+                                                           files=files.model_parallel[rank]))
+        shares = [self, *self.model_parallel]
+        for rank, part in enumerate(shares[1:], start=1):
+            self._check_same_run(part, rank)
+        self.info.files += [name for part in self.model_parallel for name in part.info.files]
+        layout = TensorParallelLayout(states.get(INFO_KEY), tp, str(files.model_states or files.zero3_model_states[0]))
+        buffers = set(info.buffers)
+        whole = {}
+        for name in self._tensors:
+            if name in info.tied:
+                continue
+            pieces = [share._tensors[name] for share in shares]
+            self._shard_maps[name] = layout.map_of(name, [piece.shape for piece in pieces],
+                                                   parameter=name not in buffers)
+            whole[name] = joined(name, self._shard_maps[name], pieces, self._model_states_name)
+        self._tensors = {name: whole[info.tied.get(name, name)] for name in self._tensors}
+        self.facts.tensor_parallel = tp
+        info.weights_source += f", joined over {tp} tensor-parallel ranks (AutoTP)"
+
+    def _check_same_run(self, part: "DeepSpeedCheckpoint", rank: int) -> None:
+        """A model-parallel rank's checkpoint must be the same save as rank 0's: stage, step, world size, names."""
+        mine, theirs = self.facts, part.facts
+        where = self._model_states_name(rank)
+        for what, ours, other in (("ZeRO stage", mine.stage, theirs.stage), ("step", self.info.step, part.info.step),
+                                  ("data-parallel world size", mine.world_size, theirs.world_size),
+                                  ("training dtype", mine.training_dtype, theirs.training_dtype)):
+            if ours != other:
+                raise CogExportError(f"mixed saves: {where} records {what} {other}, rank 0's files {ours}; give one "
+                                     "save's files of every tensor-parallel rank")
+        if list(part._tensors) != list(self._tensors):
+            missing = [name for name in self._tensors if name not in part._tensors]
+            extra = [name for name in part._tensors if name not in self._tensors]
+            raise CogExportError(f"{where} holds other tensors than rank 0's files (missing: {missing[:3]}, extra: "
+                                 f"{extra[:3]}); tensor-parallel ranks of one save hold the same names")
 
     def _weights(self, states: Any, path: Path) -> dict:
         """The state dict in the model-states file: its ``entry``, or the file itself when it is a bare state dict
@@ -275,7 +348,7 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         every file is this run's: its ZeRO stage, its DeepSpeed config, its world size."""
         files, world_size = self.files, self.facts.world_size
         bf16_prefix = True in files.bf16_prefixed
-        if not (self._expect_ranks(strict, files.optim_states, lambda r: optim_file_name(r, bf16_prefix))
+        if not (self._expect_ranks(strict, files.optim_states, lambda r: optim_file_name(r, bf16_prefix, files.mp_rank))
                 and self._check_prefix(strict)):
             return None
         if self.facts.training_dtype is not None and bf16_prefix != (self.facts.training_dtype == "bf16"):
@@ -331,7 +404,15 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
                           f"fp32 master of {name} ({group.where(name)})", group.master_ranges(name))
 
     def optimizer_states(self, name: str) -> dict[str, LazyTensor]:
-        """The optimizer's per-element states of trainable parameter ``name`` (exp_avg, ...), full shape, lazily."""
+        """The optimizer's per-element states of trainable parameter ``name`` (exp_avg, ...), full shape, lazily
+        (under AutoTP joined from every tensor-parallel rank's share as the parameter is)."""
+        if not self.model_parallel:
+            return self._partitioned_states(name)
+        shares = [self._partitioned_states(name), *(part._partitioned_states(name) for part in self.model_parallel)]
+        return {key: joined(f"{key} of {name}", self._shard_maps[name], [states[key] for states in shares],
+                            self._model_states_name, scaled=False) for key in shares[0]}
+
+    def _partitioned_states(self, name: str) -> dict[str, LazyTensor]:
         group = self._group_of[name]
         shape = group.layout.slots[name].shape
         return {key: LazyTensor(shape, group.states[0][key].dtype, lambda key=key: group.state(name, key),
@@ -427,7 +508,8 @@ class DeepSpeedCheckpoint(LazyCheckpoint):
         info.tied = dict(states.get("shared_params") or {})
         frozen_shapes = dict(states.get("frozen_param_shapes") or {})
         info.frozen = list(frozen_shapes)
-        models_ok = self._expect_ranks(strict, files.zero3_model_states, zero3_model_file_name)
+        models_ok = self._expect_ranks(strict, files.zero3_model_states,
+                                       lambda r: zero3_model_file_name(r, files.mp_rank))
         optim = self._read_optimizer_files(strict, config, "fp32_flat_groups")
         if not models_ok or optim is None:
             return

@@ -20,25 +20,31 @@ PIPELINE_LAYER = re.compile(r"^layer_\d+-model_states\.pt$")
 UNIVERSAL_OPTIMIZER_STATE = Path("zero") / "optimizer_state.pt"
 
 
-def rank_file_identity(file_name: str) -> tuple[str, int] | None:
-    """What a DeepSpeed file name says a file is: ("model states" | "optimizer states", data-parallel rank)."""
-    if MODEL_STATES.match(file_name):
-        return "model states", 0
+def rank_file_identity(file_name: str) -> tuple[str, int, int] | None:
+    """What a DeepSpeed file name says a file is: ("model states" | "optimizer states", data-parallel rank,
+    model-parallel rank)."""
+    found = MODEL_STATES.match(file_name)
+    if found:
+        return "model states", 0, int(found.group(1))
     found = ZERO3_MODEL_STATES.match(file_name)
     if found:
-        return "model states", int(found.group(1))
+        return "model states", int(found.group(1)), int(found.group(2))
     found = OPTIM_STATES.match(file_name)
     if found:
-        return "optimizer states", int(found.group(2))
+        return "optimizer states", int(found.group(2)), int(found.group(3))
     return None
 
 
-def optim_file_name(rank: int, bf16: bool) -> str:
-    return f"{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+def optim_file_name(rank: int, bf16: bool, mp_rank: int = 0) -> str:
+    return f"{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 
 
-def zero3_model_file_name(rank: int) -> str:
-    return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
+def zero3_model_file_name(rank: int, mp_rank: int = 0) -> str:
+    return f"zero_pp_rank_{rank}_mp_rank_{mp_rank:02d}_model_states.pt"
+
+
+def model_file_name(mp_rank: int = 0) -> str:
+    return f"mp_rank_{mp_rank:02d}_model_states.pt"
 
 
 @dataclass
@@ -53,10 +59,23 @@ class RankFiles:
     bf16_prefixed: set[bool] = field(default_factory=set)
     tags_available: list[str] = field(default_factory=list)
     save_dirs: list[Path] = field(default_factory=list)
+    # Tensor (model) parallelism, as DeepSpeed AutoTP saves it: the fields above are model-parallel rank mp_rank's
+    # files; each other model-parallel rank's are in model_parallel (on mp rank 0's RankFiles only).
+    mp_rank: int = 0
+    model_parallel: dict[int, "RankFiles"] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
         return " or ".join(str(d) for d in self.tag_dirs)
+
+    def of_mp_rank(self, mp_rank: int) -> "RankFiles":
+        """The files of model-parallel rank ``mp_rank`` (made empty on first use)."""
+        if mp_rank == self.mp_rank:
+            return self
+        if mp_rank not in self.model_parallel:
+            self.model_parallel[mp_rank] = RankFiles(self.tag, self.tag_dirs, tags_available=self.tags_available,
+                                                     save_dirs=self.save_dirs, mp_rank=mp_rank)
+        return self.model_parallel[mp_rank]
 
 
 def is_universal_folder(folder: Path) -> bool:
@@ -222,7 +241,8 @@ def locate(paths: list[Path], tag: str | None = None) -> RankFiles:
     for tag_dir in tag_dirs:
         _collect(tag_dir, files)
     if files.model_states is None and not files.zero3_model_states:
-        raise CogExportError(f"no model-states file for tag {quoted(chosen)} in {files.where}: expected mp_rank_00_model_states.pt "
+        expected = zero3_model_file_name(0) if files.model_parallel else model_file_name(0)
+        raise CogExportError(f"no model-states file for tag {quoted(chosen)} in {files.where}: expected {expected} "
                              "(add the folder of the node that ran rank 0)")
     return files
 
@@ -235,15 +255,15 @@ def _collect(tag_dir: Path, files: RankFiles) -> None:
         found = MODEL_STATES.match(name) or ZERO3_MODEL_STATES.match(name) or OPTIM_STATES.match(name)
         if not found:
             continue
-        if int(found.groups()[-1]) != 0:
-            raise CogExportError(f"{path} is from a model-parallel run (mp rank {int(found.groups()[-1])}); only mp size 1 is supported")
+        # a tensor-parallel run (DeepSpeed AutoTP) saves one set of ZeRO files per model-parallel rank
+        of_rank = files.of_mp_rank(int(found.groups()[-1]))
         if MODEL_STATES.match(name):
-            _add(files, "model_states", None, path)
+            _add(of_rank, "model_states", None, path)
         elif ZERO3_MODEL_STATES.match(name):
-            _add(files, "zero3_model_states", int(found.group(1)), path)
+            _add(of_rank, "zero3_model_states", int(found.group(1)), path)
         else:
-            files.bf16_prefixed.add(found.group(1) is not None)
-            _add(files, "optim_states", int(found.group(2)), path)
+            of_rank.bf16_prefixed.add(found.group(1) is not None)
+            _add(of_rank, "optim_states", int(found.group(2)), path)
 
 
 def _add(files: RankFiles, kind: str, rank: int | None, path: Path) -> None:

@@ -65,8 +65,10 @@ def deepspeed_claims(scan: FolderScan) -> list[Claim]:
 def describe(facts: DeepSpeedFacts) -> str:
     kind = {None: "model states only (as SAT saves them)", 0: "ZeRO stage 0 (no partitioning)"}.get(
         facts.stage, f"ZeRO-{facts.stage}")
-    return (f"DeepSpeed {kind}, {facts.training_dtype or '?'} training, world size {facts.world_size}"
-            + (f", saved by DeepSpeed {facts.ds_version}" if facts.ds_version else ""))
+    ranks = f"world size {facts.world_size}" if not facts.tensor_parallel else \
+        f"{facts.tensor_parallel} tensor-parallel x {facts.world_size} data-parallel ranks"
+    return (f"DeepSpeed {kind}{' + AutoTP' if facts.tensor_parallel else ''}, {facts.training_dtype or '?'} training, "
+            f"{ranks}" + (f", saved by DeepSpeed {facts.ds_version}" if facts.ds_version else ""))
 
 
 DEEPSPEED = Reader(
