@@ -172,6 +172,35 @@ def test_to_original_round_trips_byte_for_byte(release, tmp_path, cli):
         assert (tmp_path / "again" / name).read_bytes() == (ours / name).read_bytes(), name
 
 
+def test_a_dcp_save_of_a_diffusers_fine_tune_exports_its_weights(release, tmp_path, cli):
+    """A Diffusers-based fine-tune: the model loaded from the export, one AdamW step on the reference pass's output,
+    saved as a plain training loop saves (dcp.save of model, optimizer and step; one process here, whose file is
+    what each rank writes of its shard). The export is the trained weights exactly, the optimizer's state left out."""
+    import torch.distributed.checkpoint as dcp
+    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    _, _, base, ours = release
+    model = WanAnimate2Transformer3DModel.from_pretrained(ours).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    inputs = forward_inputs(seed=7)
+    sample = model(hidden_states=[inputs["latents"]], timestep=inputs["t"], encoder_hidden_states=[inputs["text"]],
+                   condition_latents=[inputs["condition"]], kv_cache=WanAnimate2KVCache(SIZES["num_layers"]),
+                   kv_cache_mode="extract", seq_len=12, encoder_hidden_states_image=inputs["clip"],
+                   offset_grid_sizes=torch.tensor([[2, 2, 3]])).sample[0]
+    sample.square().mean().backward()
+    optimizer.step()
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"model": model.state_dict(), "optimizer": get_optimizer_state_dict(model, optimizer), "step": 1},
+                 checkpoint_id=str(tmp_path / "run" / "step-1"))
+    result = cli(tmp_path / "run" / "step-1", tmp_path / "out", "--base", base, "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    trained = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    assert not torch.equal(trained["blocks.0.self_attn.to_q.weight"], load_file(ours / WEIGHTS)[
+        "blocks.0.self_attn.to_q.weight"])
+    assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), trained)
+
+
 def meta_release_shapes() -> dict[str, torch.Size]:
     """The published model's tensors, by DiffSynth's class at its defaults (what its model_configs.py loads the
     release file with), on the meta device."""
