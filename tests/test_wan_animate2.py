@@ -257,6 +257,20 @@ def test_a_wan_animate_base_names_what_the_input_is(release, tmp_path, cli):
                        inputs=[path])
 
 
+def test_a_pipeline_base_is_refused_with_the_folder_to_give(release, tmp_path, cli):
+    """Diffusers runs Wan-Animate-2 through a modular pipeline only: no pipeline folder is written. A --base pipeline
+    folder is one line naming its transformer folder, which exports."""
+    _, path, base, _ = release
+    pipeline = tmp_path / "pipeline"
+    (pipeline / "transformer").mkdir(parents=True)
+    (pipeline / "transformer" / "config.json").write_bytes((base / "config.json").read_bytes())
+    (pipeline / "model_index.json").write_text(json.dumps({"_class_name": "WanAnimate2ModularPipeline",
+                                                           "transformer": ["diffusers", "WanAnimate2Transformer3DModel"]}))
+    assert_refused(cli, tmp_path, [path, tmp_path / "out", "--base", pipeline], "writes no Wan-Animate-2 pipeline",
+                   str(pipeline / "transformer"), inputs=[path])
+    assert cli(path, tmp_path / "model", "--base", pipeline / "transformer").exit_code == 0
+
+
 # -- LoRA ----------------------------------------------------------------------------------------------------------
 def diffsynth_lora(seed: int = 4):
     """DiffSynth-Studio's trainer: PEFT's inject_adapter_in_model on its DiT (lora_alpha = rank, its default), the
