@@ -90,6 +90,9 @@ def test_release_exports_to_what_diffusers_converter_makes(release, tmp_path, cl
     result = cli(prefixed, tmp_path / "out", "--base", base, "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "out" / WEIGHTS).read_bytes() == (ours / WEIGHTS).read_bytes()
+    result = cli("verify", ours, "--against", path)  # verify asks the table's judge, the same converter
+    assert result.exit_code == 0 and "convert_wan_animate_2_transformer_to_diffusers makes the same 87" in \
+        result.stdout, result.stdout + result.stderr
 
 
 def test_bf16_export_keeps_what_diffusers_keeps_in_fp32(release, tmp_path):
