@@ -274,6 +274,15 @@ def test_a_pipeline_base_is_refused_with_the_folder_to_give(release, tmp_path, c
     assert cli(path, tmp_path / "model", "--base", pipeline / "transformer").exit_code == 0
 
 
+def test_quantized_files_are_refused_until_their_facts_are_known(release, tmp_path, cli):
+    """No quantized.toml (which names ComfyUI-GGUF and ComfyUI fp8 keep in high precision is not established): one
+    line each, nothing written."""
+    _, _, _, ours = release
+    for to, quant in (("gguf", "Q8_0"), ("comfyui", "fp8")):
+        assert_refused(cli, tmp_path, [ours, tmp_path / "out", "--to", to, "--quant", quant],
+                       "is a Wan-Animate-2 model", "writes no", inputs=[ours])
+
+
 # -- LoRA ----------------------------------------------------------------------------------------------------------
 def diffsynth_lora(seed: int = 4):
     """DiffSynth-Studio's trainer: PEFT's inject_adapter_in_model on its DiT (lora_alpha = rank, its default), the
