@@ -335,3 +335,27 @@ def test_diffsynth_lora_fuses_exactly_and_is_written_for_comfyui(release, tmp_pa
     assert len([n for n in written if n.endswith(".lora_down.weight")]) == 2 * 12  # per block: self_attn q k v o, cross_attn q k v o k_img v_img, ffn.0 ffn.2
     for name, tensor in merged.items():
         assert torch.equal(fused[name], tensor), name
+
+
+def test_diffsynth_lora_written_for_diffusers_and_peft_is_what_their_loaders_fuse(release, tmp_path, cli):
+    """The same adapter as Diffusers' LoRA file (read by the modular pipeline's WanLoraLoaderMixin and the model's
+    load_lora_adapter, fused at scale 1) and as a PEFT adapter folder (PEFT's own merge): both give PEFT's merge of
+    the DiffSynth-wrapped model."""
+    from diffusers import WanAnimate2ModularPipeline
+    from lora_helpers import diffusers_fused, peft_fused
+
+    _, _, _, ours = release
+    lora, merged = diffsynth_lora()
+    save_file(lora, tmp_path / "epoch-0.safetensors")
+    base = load_file(ours / WEIGHTS)
+    truth = converted(merged)
+    for target in ("diffusers", "peft"):
+        result = cli(tmp_path / "epoch-0.safetensors", tmp_path / target, "--base", ours, "--lora-format", target)
+        assert result.exit_code == 0, result.stderr
+        if target == "diffusers":
+            fused = diffusers_fused(WanAnimate2ModularPipeline, WanAnimate2Transformer3DModel, SIZES, base,
+                                    tmp_path / target / "pytorch_lora_weights.safetensors")
+        else:
+            fused = peft_fused(WanAnimate2Transformer3DModel, SIZES, base, tmp_path / target)
+        for name, tensor in truth.items():
+            assert torch.equal(fused[name], tensor), (target, name)
