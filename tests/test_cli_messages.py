@@ -52,7 +52,9 @@ def test_the_layouts_tried_are_counted_once_each_by_family(cli, tmp_path, compon
                           f"holds no {title} weights cogexport recognises (it tried the "
                           f"{len({name for _, name in candidates})} {title} layouts of {', '.join(owners)});",
                           inputs=[tmp_path / "odd.safetensors"])
-    assert len(line) < 400 and "/" not in line.split("recognises")[1].split(";")[0], "no table names, none twice"
+    # short beside the families it names (their list grows with every family): no table names, none twice
+    assert len(line) < 250 + len(", ".join(owners)) and "/" not in line.split("recognises")[1].split(";")[0], \
+        "no table names, none twice"
 
 
 @pytest.mark.parametrize("to", [["--to", "gguf", "--quant", "Q4_K_M"], ["--to", "comfyui", "--quant", "fp8"]])

@@ -296,9 +296,11 @@ def test_published_variants_are_read_off_the_shapes(config, model_type, name, or
 def _keys_of_every_layout(family) -> dict[str, list[str]]:
     """Names in each of a family's layouts: its Diffusers classes' own, and its other tables run backwards."""
     found = {}
-    for spec, config in ((family.transformer, family.transformer_config(family.variants[0])),
-                         (family.vae, family.vae_config(family.variants[0]))):
-        target = build_target(spec.class_name, config)
+    for component in ("transformer", "vae"):
+        if component not in family.components:  # a family that exports no VAE of its own (Wan-Animate-2)
+            continue
+        spec = family.components[component]
+        target = build_target(spec.class_name, family.component_config(component, family.variants[0]))
         for name in spec.tables:
             if not name.startswith(f"{family.key}/"):  # another family's table it shares (Kandinsky 5's VAE)
                 continue

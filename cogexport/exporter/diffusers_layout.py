@@ -4,6 +4,7 @@ the staging folder is opened."""
 
 from __future__ import annotations
 
+from ..errors import CogExportError
 from ..lora import LoraAdapter
 from ..models.base_folder import BaseFolder
 from ..models.family import Variant, model_index_entry
@@ -47,6 +48,10 @@ def linked_from_base(parts: list[ModelExport], variant: Variant) -> tuple[str, .
 def pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant, inputs: ExportInputs,
                     options: ExportOptions, adapter: LoraAdapter | None) -> FolderPlan:
     family = parts[0].family
+    if not family.scheduler_class:  # a family whose Diffusers pipeline no model_index.json describes
+        raise CogExportError(f"{base.path} is a pipeline folder, but cogexport writes no {family.name} pipeline (its "
+                             "family.toml declares no [pipeline] scheduler); give --base the transformer's own "
+                             f"folder ({base.path / 'transformer'}) to export the transformer")
     task = family.task(variant.task)
     folder = FolderPlan()
     for part in parts:
