@@ -50,10 +50,10 @@ def _names_schema(key: str, blocks: int) -> dict[str, torch.Size]:
 
 
 def names_counts(family: ModelFamily) -> dict[str, int]:
-    """The sizes of the family's published model (its [lora] names_from variant), which rules may count by."""
+    """The sizes of the family's published model (its first [lora] names_from variant), which rules may count by."""
     if not family.lora_names_from:
         return {}
-    config = family.transformer_config(family.variant_named(family.lora_names_from))
+    config = family.transformer_config(family.variant_named(family.lora_names_from[0]))
     return dict(build_target(family.transformer.class_name, config).counts)
 
 
