@@ -260,9 +260,15 @@ def plan_digest(plan: FolderPlan) -> str:
     """What the plan will write, as a hash: every file's kind, path and settings, its tensors' names, shapes and
     dtypes, its text. Where inputs lie is left out (another machine of a job may mount them elsewhere)."""
     described = [(type(planned).__name__, tuple((item.name, _fingerprint(getattr(planned, item.name)))
-                                                 for item in dataclasses.fields(planned)))
+                                                 for item in dataclasses.fields(planned) if what_is_written(item)))
                  for planned in plan.files]
     return hashlib.sha256(repr(described).encode()).hexdigest()
+
+
+def what_is_written(item: dataclasses.Field) -> bool:
+    """Whether a planned file's field says what it writes (its digest's part), not how this process writes it
+    (``metadata={"how": True}``: a pool of worker processes, which each rank of a job makes its own)."""
+    return not item.metadata.get("how", False)
 
 
 def _fingerprint(value: Any) -> Any:
@@ -278,7 +284,7 @@ def _fingerprint(value: Any) -> Any:
         # field, as a file's own fields, so that the tensors in it count by shape and dtype (their reprs name
         # their loaders, at addresses of this process, and no two ranks would agree)
         return type(value).__name__, tuple((item.name, _fingerprint(getattr(value, item.name)))
-                                           for item in dataclasses.fields(value))
+                                           for item in dataclasses.fields(value) if what_is_written(item))
     return repr(value)
 
 

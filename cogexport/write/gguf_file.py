@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tempfile
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -122,7 +122,8 @@ class GgufFile:
 
     path: str
     plan: GgufPlan
-    processes: QuantizingProcesses | None = None  # where big tensors are quantized (None: in the writing process)
+    # where big tensors are quantized (None: in the writing process); how, not what: left out of the plan's digest
+    processes: QuantizingProcesses | None = field(default=None, metadata={"how": True})
 
     @property
     def nbytes(self) -> int:
