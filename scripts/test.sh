@@ -7,8 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup_venv.sh
 if [ ! -e tests/.fixtures ] && [ ! -L tests/.fixtures ]; then
-    fixtures="${COGEXPORT_TEST_FIXTURES:-${XDG_CACHE_HOME:-$HOME/.cache}/cogexport/test-fixtures}"
-    mkdir -p "$fixtures" && ln -s "$fixtures" tests/.fixtures
+    cache="${XDG_CACHE_HOME:-${HOME:+$HOME/.cache}}"
+    fixtures="${COGEXPORT_TEST_FIXTURES:-${cache:+$cache/cogexport/test-fixtures}}"
+    # no cache folder to share (no HOME) or none writable: the clone keeps its own, as before
+    if [ -n "$fixtures" ] && mkdir -p "$fixtures" 2>/dev/null; then
+        ln -s "$fixtures" tests/.fixtures
+    else
+        mkdir -p tests/.fixtures
+    fi
 fi
 # llama.cpp's reference K quantizers, the judge of ours (a few seconds; kept with the fixtures)
 [ -f tests/.fixtures/ggml-reference/libggml_quants_ref.so ] || ./scripts/build_ggml_reference.sh
