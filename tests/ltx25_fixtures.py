@@ -24,7 +24,7 @@ FLAGS = dict(caption_channels=None, apply_gated_attention=True, cross_attention_
 
 def diffsynth_transformer(seed: int = 0, **flags) -> torch.nn.Module:
     """DiffSynth-Studio's LTXModel at the tiny sizes with 2.5's flags (or others given), every weight random."""
-    from diffsynth_ltx2 import diffsynth_module
+    from diffsynth_models import diffsynth_module
 
     model = diffsynth_module("ltx2_dit").LTXModel(**SIZES, **{**FLAGS, **flags})
     generator = torch.Generator().manual_seed(seed)
@@ -84,7 +84,7 @@ def diffusion_vae_release(folder: Path, seed: int = 0) -> Path:
     decoder., per_channel_statistics.): the decoder DiffSynth-Studio's LTX25DiffusionVideoDecoder at the tiny size,
     every weight random; two tensors of a conv encoder beside it (the file's encoder is 2.3's conv one, which the
     Diffusers decoder drops); the release's five latent statistics."""
-    from diffsynth_ltx2 import diffsynth_module
+    from diffsynth_models import diffsynth_module
 
     decoder = diffsynth_module("ltx25_diffusion_video_vae").LTX25DiffusionVideoDecoder(**DECODER)
     generator = torch.Generator().manual_seed(seed)
@@ -122,7 +122,7 @@ DURATION_HEAD = dict(video_cross_attention_dim=32, audio_cross_attention_dim=16,
 
 def diffsynth_duration_head(seed: int = 0) -> torch.nn.Module:
     """DiffSynth-Studio's LTX25DurationHead at the tiny size, every weight random."""
-    from diffsynth_ltx2 import diffsynth_module
+    from diffsynth_models import diffsynth_module
 
     head = diffsynth_module("ltx25_duration_head").LTX25DurationHead(**DURATION_HEAD, mlp_hidden=24)
     generator = torch.Generator().manual_seed(seed)

@@ -3,22 +3,17 @@ release's module tree, the names and the per-head qkv row order the release's sh
 release partition (huggingface_hub's sharded save beside a MiniMaxH3DiTModel config.json) and as a Comfy-Org-style
 single file (the same tensors, qkv_proj's rows stacked [q; k; v] as DiffSynth-Studio's MiniMaxH3DiTComfy reads them).
 
-DiffSynth-Studio's package import needs torchvision and more; its model file is loaded alone, with its real attention
-function (diffsynth/core/attention/attention.py) and, for gradient checkpointing (never on here), a plain call."""
+DiffSynth-Studio's package import needs torchvision and more; its model file is loaded alone (diffsynth_models.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-import types
 from pathlib import Path
 
-import pytest
 import torch
+from diffsynth_models import diffsynth_module
 from safetensors.torch import save_file
 
-PACKAGE = "cogexport_tests_diffsynth_minimax_h3"
 CLASS = "MiniMaxH3DiTModel"
 # DiffSynth-Studio's MiniMaxH3DiT arguments as the release's config.json names them, at a tiny size (2 heads of 16,
 # 2 rotary frequencies per axis: 12 of the 16 head channels rotated)
@@ -32,42 +27,6 @@ ORIGINAL_CONFIG = {
 # the release's fp32 modules (the patch projections, the timestep MLP, the output heads, the rotary buffer)
 RELEASE_FP32 = ("video_patch_proj.", "audio_patch_proj.", "time_embedder.", "final_layer.video_out.",
                 "final_layer.audio_out.", "rope.")
-
-
-def _stand_in(name: str, **attributes) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__path__ = []
-    module.__dict__.update(attributes)
-    sys.modules[name] = module
-    return module
-
-
-def _load_file(name: str, path: Path) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def diffsynth_module(name: str) -> types.ModuleType:
-    """diffsynth.models.<name> (minimax_h3_dit, minimax_h3_dit_comfy), runnable."""
-    spec = importlib.util.find_spec("diffsynth")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("DiffSynth-Studio is not installed (scripts/setup_venv.sh installs it)")
-    if f"{PACKAGE}.models" not in sys.modules:
-        root = Path(list(spec.submodule_search_locations)[0])
-
-        def plain_call(model, use_checkpointing, use_offload, *args, **kwargs):
-            return model(*args, **kwargs)
-
-        _stand_in(PACKAGE)
-        _stand_in(f"{PACKAGE}.core")
-        _stand_in(f"{PACKAGE}.core.gradient", gradient_checkpoint_forward=plain_call)
-        attention = _load_file(f"{PACKAGE}.core.attention_file", root / "core" / "attention" / "attention.py")
-        _stand_in(f"{PACKAGE}.core.attention", attention_forward=attention.attention_forward)
-        _stand_in(f"{PACKAGE}.models").__path__ = [str(root / "models")]
-    return importlib.import_module(f"{PACKAGE}.models.{name}")
 
 
 def diffsynth_model(seed: int, config: dict = ORIGINAL_CONFIG) -> torch.nn.Module:

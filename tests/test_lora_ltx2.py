@@ -110,7 +110,7 @@ def write_diffsynth(path: Path, adapter: Adapter, config: dict) -> Path:
     """DiffSynth-Studio: its own LTX-2 model (release names) given a PEFT adapter the way its trainer adds one
     (inject_adapter_in_model, lora_alpha = r), the adapter's values set; its trainable tensors as its logger saves
     them (pipe.dit. removed: the model's own names)."""
-    from diffsynth_ltx2 import diffsynth_module
+    from diffsynth_models import diffsynth_module
     from peft import LoraConfig, inject_adapter_in_model
 
     sizes = {key: config[key] for key in ("num_attention_heads", "attention_head_dim", "in_channels", "out_channels",

@@ -328,7 +328,7 @@ def test_the_2_3_transformers_release_names_translate_into_diffusers_2_3_model()
     """Gated attention, the prompt modulation (prompt_adaln_single, prompt_scale_shift_table): DiffSynth-Studio's
     LTXModel built with 2.3's flags has them under the release's names; the table makes every tensor of Diffusers'
     LTX2VideoTransformer3DModel with 2.3's flags of them, each the right shape, and back."""
-    from diffsynth_ltx2 import diffsynth_module
+    from diffsynth_models import diffsynth_module
     from diffusers import LTX2VideoTransformer3DModel
 
     sizes = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, num_layers=2,
@@ -354,7 +354,7 @@ def test_the_2_3_connectors_release_names_translate_into_diffusers_2_3_connector
     LTX2TextEncoderPostModules (its own converter's prefixes: text_embedding_projection. <- feature_extractor_linear.,
     model.diffusion_model.video_embeddings_connector. <- embeddings_connector.) translate into LTX2TextConnectors with
     2.3's settings."""
-    from diffsynth_ltx2 import diffsynth_module
+    from diffsynth_models import diffsynth_module
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
 
     with torch.device("meta"):
@@ -386,7 +386,7 @@ def test_the_full_size_vae_layouts_are_the_ltx2_codes_own(version, variant):
     a three-level decoder; 2.3: four levels, a temporal and a spatial one among them): the table run backwards on
     the variant's Diffusers VAE gives every one of its encoder's and decoder's names, each the same shape (it keeps the
     latent statistics inside each coder; the release, once, beside them)."""
-    from diffsynth_ltx2 import diffsynth_module
+    from diffsynth_models import diffsynth_module
 
     from cogexport.models.target import build_target
 

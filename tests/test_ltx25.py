@@ -111,7 +111,7 @@ def test_the_exported_2_5_transformer_gives_the_original_forward(exported):
 ])
 def test_the_version_is_read_off_the_layers(flags, version):
     """2.5's keyframe embedding, or 2.3's layers without the video feed-forward biases, say 2.5; 2.3's say 2.3."""
-    from diffsynth_ltx2 import diffsynth_module
+    from diffsynth_models import diffsynth_module
 
     with torch.device("meta"):
         model = diffsynth_module("ltx2_dit").LTXModel(**SIZES, **{**FLAGS, **flags})
@@ -207,7 +207,7 @@ def test_the_duration_head_exports_exactly_gives_the_originals_durations_and_goe
 def test_a_full_size_duration_head_needs_no_base(tmp_path):
     """The release's head is the class's defaults (4096 / 2048 wide, 256 hidden: 1.6M parameters, made here at full
     size by DiffSynth's class with its own defaults): it exports with the published config, no --base."""
-    from diffsynth_ltx2 import diffsynth_module
+    from diffsynth_models import diffsynth_module
     from safetensors.torch import save_file
 
     head = diffsynth_module("ltx25_duration_head").LTX25DurationHead()

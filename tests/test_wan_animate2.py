@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_refused, assert_same_tensors
-from diffsynth_wan_animate2 import wan_animate2_module
+from diffsynth_models import diffsynth_module
 from diffusers import WanAnimate2Transformer3DModel
 from diffusers.loaders.single_file_utils import convert_wan_animate_2_transformer_to_diffusers
 from fixtures import SCRIPTS
@@ -42,7 +42,7 @@ LORA_TARGETS = ["q", "k", "v", "o", "k_img", "v_img", "ffn.0", "ffn.2"]
 
 def diffsynth_model(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return randomize_(wan_animate2_module().WanAnimate2Transformer(**SIZES), seed).eval()
+    return randomize_(diffsynth_module("wan_animate_2_dit").WanAnimate2Transformer(**SIZES), seed).eval()
 
 
 def release_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -208,7 +208,7 @@ def meta_release_shapes() -> dict[str, torch.Size]:
     """The published model's tensors, by DiffSynth's class at its defaults (what its model_configs.py loads the
     release file with), on the meta device."""
     with torch.device("meta"):
-        model = wan_animate2_module().WanAnimate2Transformer()
+        model = diffsynth_module("wan_animate_2_dit").WanAnimate2Transformer()
     return {name: tensor.shape for name, tensor in model.state_dict().items()}
 
 
