@@ -25,7 +25,6 @@ any other name, that role. Names are FastVideo's own modules (``blocks.0.to_q``)
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from ..errors import CogExportError, RoleError, quoted
 from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
 from .dcp_metadata import METADATA_FILE, DcpMetadata, TensorEntry
+from .text_files import read_checkpoint_json
 from .torch_archive import TorchArchive
 from .training_state import components, is_optimizer_state, is_training_state_group
 
@@ -278,12 +278,7 @@ def refuse_unstarted(prefix: str, files: DcpFiles) -> None:
 def read_step_metadata(step_folder: Path) -> tuple[int, str | None]:
     """metadata.json's step (checked against the folder's name) and the training method its config names."""
     path = step_folder / METADATA_JSON
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise CogExportError(f"cannot read {path}: {error.strerror}") from None
-    except (ValueError, UnicodeDecodeError):
-        raise CogExportError(f"{path} is damaged: it is not JSON; copy the checkpoint again") from None
+    data = read_checkpoint_json(path)
     step = data.get("step") if isinstance(data, dict) else None
     if type(step) is not int or step < 0:
         raise CogExportError(f"{path} is damaged: it names no step ({quoted(step)}); copy the checkpoint again")

@@ -24,7 +24,6 @@ The ``zarr`` backend (before torch_dist became the default) is refused in one li
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
 from .dcp_metadata import METADATA_FILE, TensorEntry
 from .locate import natural_sorted
+from .text_files import read_checkpoint_json
 from .training_state import is_training_state_group
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -111,12 +111,7 @@ def chosen_iteration(run: Path, tag: str | None) -> tuple[Path, str]:
 def sharded_backend(folder: Path) -> str:
     """metadata.json's backend, once it is one cogexport reads; one line otherwise."""
     path = folder / BACKEND_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise CogExportError(f"cannot read {path}: {error.strerror}") from None
-    except (ValueError, UnicodeDecodeError):
-        raise CogExportError(f"{path} is damaged: it is not JSON; copy the checkpoint again") from None
+    data = read_checkpoint_json(path)
     backend = data.get("sharded_backend") if isinstance(data, dict) else None
     version = data.get("sharded_backend_version") if isinstance(data, dict) else None
     if backend == "zarr":

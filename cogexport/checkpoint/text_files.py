@@ -1,11 +1,15 @@
 """A file given as a checkpoint that is text, not weights: a README, a config, a training YAML, or the Git LFS pointer
 left where a file's weights were never fetched. No weights format cogexport reads is text, so such a file is named for
-what it is, rather than read as damaged weights ("not a torch.save archive; copy it again")."""
+what it is, rather than read as damaged weights ("not a torch.save archive; copy it again"). Also: the JSON files a
+checkpoint keeps beside its weights, read with one line for a damaged one."""
 
 from __future__ import annotations
 
 import codecs
+import json
 from pathlib import Path
+
+from ..errors import CogExportError
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 _HEAD = 4096  # enough of a file to tell text from the binary header every weights format starts with
@@ -44,3 +48,14 @@ def not_weights_message(path: Path, kind: str) -> str:
     if kind == "an empty file":
         return f"{path} is empty (0 bytes): copy it again if it held weights, or {instead}"
     return f"{path} is {kind}, not a checkpoint cogexport reads: {instead}"
+
+
+def read_checkpoint_json(path: Path) -> object:
+    """A JSON file a checkpoint keeps beside its weights (a run's metadata.json), parsed; one line naming it when it
+    cannot be read or is not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise CogExportError(f"cannot read {path}: {error.strerror}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise CogExportError(f"{path} is damaged: it is not JSON; copy the checkpoint again") from None
