@@ -69,8 +69,10 @@ def _model_states(folder: str, part: OriginalPart, max_shard_size: str | int) ->
 
 
 def _torch(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:
-    """One plain state dict, as torch.save(model.state_dict()) writes it."""
-    return [TensorFile(_join(folder, part.layout.file), part.prefixed(), container="torch")]
+    """One plain state dict, as torch.save(model.state_dict()) writes it, or that dict under the entry the layout
+    names (torch.save({"state_dict": ...}))."""
+    return [TensorFile(_join(folder, part.layout.file), part.prefixed(), container="torch",
+                       under=part.layout.under or None)]
 
 
 def _single_file(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:

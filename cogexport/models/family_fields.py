@@ -45,6 +45,9 @@ class OriginalLayout:
         "file", "")
     prefix: str = declared("the prefix its keys get in a single file", "")
     file: str = declared("the file written", "")
+    under: str = declared("the dict entry a `torch` writer saves the state dict under (a trainer's "
+                          "torch.save({\"state_dict\": ...}), as NVlabs' Sana releases are); empty: the file is the "
+                          "state dict itself", "")
 
 
 @dataclass(frozen=True, kw_only=True)
