@@ -1,0 +1,182 @@
+"""SanaVideo: NVlabs' release file (SANA_Video_2B_480p.pth, a torch.save of {"state_dict": SanaMSVideo's state dict},
+and a safetensors copy of that state dict) into Diffusers' SanaVideoTransformer3DModel, judged by an independent writer
+of the layout (scripts/make_tiny_sana_video.py) and, where its source is at hand, by Diffusers' own conversion script
+run at toy size (scripts/sana_video_judge.py); the tensors Diffusers has no place for kept beside and given back by
+--to original; the Diffusers folder as input; a DCP fine-tune; the published variant from full-size shapes; bad
+input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_refused, assert_same_tensors
+from diffusers import SanaVideoTransformer3DModel
+from fixtures import SCRIPTS
+from safetensors.torch import load_file
+from sana_video_fixtures import (RELEASE, build_transformer, dcp_finetune, forward_inputs, release_buffers,
+                                 release_state_dict, write_release)
+
+from cogexport.exporter import ExportOptions
+from cogexport.exporter.parts import plan_transformer
+from cogexport.keymap.plan import translate_shapes
+from cogexport.keymap.table import load_table
+from cogexport.lazy import LazyTensor
+from cogexport.models.family import families, family_named
+from cogexport.models.recognize import component_tables, fitting_tables
+from cogexport.models.target import build_target
+
+FAMILY = family_named("sana_video")
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+BUFFERS = "original_buffers.safetensors"
+# huggingface/diffusers' scripts folder (a clone): its convert_sana_video_to_diffusers.py is the layout's judge
+DIFFUSERS_SCRIPTS = os.environ.get("COGEXPORT_DIFFUSERS_SCRIPTS")
+
+
+def load_release(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny model (seed 3), its save_pretrained folder in fp32 (the --base config and the truth) and the
+    release files written from it."""
+    folder = tmp_path_factory.mktemp("sana-video")
+    model = build_transformer(seed=3)
+    model.save_pretrained(folder / "diffusers")
+    return {"model": model, "base": folder / "diffusers", **write_release(folder / "release", model)}
+
+
+@pytest.mark.parametrize("kind", ["pth", "safetensors"])
+def test_release_exports_exactly_and_keeps_what_diffusers_drops(tiny, cli, tmp_path, kind):
+    """Either release file in fp32: save_pretrained's own files byte for byte (config included), the forward of the
+    exported model equal to the source's to the bit, and every tensor Diffusers' class has no place for kept as it was
+    beside the model."""
+    result = cli(tiny[kind], tmp_path / "out", "--base", tiny["base"], "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    for path in tiny["base"].iterdir():
+        assert (tmp_path / "out" / path.name).read_bytes() == path.read_bytes(), path.name
+    assert_same_tensors(load_file(tmp_path / "out" / BUFFERS), release_buffers(dict(tiny["model"].config)))
+    assert "the learned null caption" in result.stdout
+    exported = SanaVideoTransformer3DModel.from_pretrained(tmp_path / "out").eval()
+    inputs = forward_inputs(tiny["model"])
+    with torch.no_grad():
+        assert torch.equal(exported(**inputs).sample, tiny["model"](**inputs).sample)
+
+
+def test_to_original_gives_the_release_state_dict_back(tiny, cli, tmp_path):
+    """.pth -> Diffusers -> --to original: a torch.save of {"state_dict": ...} that torch.load reads back to every
+    tensor of the release under its name, in its dtype, to the bit (q, k, v fused again; the buffers kept beside
+    written back). Not byte for byte: the pickle's key order is the Diffusers model's, not SanaMSVideo's."""
+    assert cli(tiny["pth"], tmp_path / "diffusers", "--base", tiny["base"], "--dtype", "fp32").exit_code == 0
+    result = cli("--to", "original", tmp_path / "diffusers", tmp_path / "back", "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    written = torch.load(tmp_path / "back" / RELEASE, map_location="cpu", weights_only=True)
+    assert list(written) == ["state_dict"]
+    assert_same_tensors(written["state_dict"], load_release(tiny["pth"]))
+    verified = cli("verify", tmp_path / "back", "--against", tmp_path / "diffusers")
+    assert verified.exit_code == 0, verified.stdout + verified.stderr
+
+
+def test_to_original_from_a_diffusers_folder_names_what_it_cannot_write(tiny, cli, tmp_path):
+    result = cli("--to", "original", tiny["base"], tmp_path / "back", "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    assert "has no original_buffers.safetensors" in result.stderr and "y_embedder.y_embedding" in result.stderr
+    release = load_release(tiny["pth"])
+    buffers = release_buffers(dict(tiny["model"].config))
+    assert_same_tensors(load_release(tmp_path / "back" / RELEASE),
+                        {name: t for name, t in release.items() if name not in buffers})
+
+
+def test_diffusers_folder_exports_byte_for_byte(tiny, cli, tmp_path):
+    """A Diffusers-named save (a SimpleTuner or pipeline transformer/ folder) needs no --base: its config says the
+    size; the export is the same files."""
+    result = cli(tiny["base"], tmp_path / "out", "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    for path in tiny["base"].iterdir():
+        assert (tmp_path / "out" / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+@pytest.mark.skipif(not DIFFUSERS_SCRIPTS, reason="set COGEXPORT_DIFFUSERS_SCRIPTS to huggingface/diffusers' scripts/")
+def test_diffusers_conversion_script_agrees(tiny, tmp_path):
+    """Diffusers' own scripts/convert_sana_video_to_diffusers.py, run from its source with the 2B sizes replaced by
+    the tiny config's: its strict load and its empty-state-dict check pass, and it makes the model's tensors."""
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS))
+    from sana_video_judge import convert
+
+    script = Path(DIFFUSERS_SCRIPTS) / "convert_sana_video_to_diffusers.py"
+    folder = convert(script, tiny["pth"], dict(tiny["model"].config), tmp_path / "judged")
+    assert_same_tensors(load_file(folder / WEIGHTS), tiny["model"].state_dict())
+
+
+def test_dcp_finetune_exports_exactly(cli, tmp_path):
+    """FSDP2 over 2 ranks, DCP saves (SimpleTuner's sanavideo under FSDP2): the full state dict gathered in training."""
+    run = dcp_finetune()
+    base = tmp_path / "base"
+    build_transformer(seed=0).save_pretrained(base)
+    result = cli(run.root / "run" / "checkpoint", tmp_path / "out", "--base", base, "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), run.tensors)
+
+
+# -- the published variant, from full-size shapes (meta tensors: nothing allocated) -------------------------------
+def _never_read() -> torch.Tensor:
+    raise AssertionError("planning must not read tensor data")
+
+
+def test_published_variant_is_read_off_the_release_shapes():
+    variant = FAMILY.variants[0]
+    config = FAMILY.transformer_config(variant)
+    with torch.device("meta"):
+        model = SanaVideoTransformer3DModel(**{k: v for k, v in config.items() if not k.startswith("_")})
+    shapes = {name: t.shape for name, t in release_state_dict(model).items() if name not in
+              release_buffers(dict(model.config))}
+    checkpoint = {name: LazyTensor(shape, torch.bfloat16, _never_read) for name, shape in shapes.items()}
+    transformer = plan_transformer(checkpoint, ExportOptions(), "meta")
+    assert transformer.variant.name == variant.name and transformer.published
+    assert transformer.target.config["mlp_ratio"] == 3.0 and len(transformer.tensors) == len(model.state_dict())
+    assert FAMILY.scheduler_class_for(variant) == "DPMSolverMultistepScheduler"
+
+
+def test_no_tensor_is_kept_in_fp32():
+    """The class declares no _keep_in_fp32_modules and Diffusers' script casts the whole model to one dtype."""
+    assert SanaVideoTransformer3DModel._keep_in_fp32_modules is None and FAMILY.transformer.keep_fp32 == ()
+
+
+def _keys_of(family) -> dict[str, list[str]]:
+    spec = family.transformer
+    target = build_target(spec.class_name, family.transformer_config(family.variants[0]))
+    return {name: [*translate_shapes(load_table(name).inverted(), target.schema, target.counts)]
+            for name in spec.tables if name.startswith(f"{family.key}/")}
+
+
+def test_tables_never_match_another_familys_keys():
+    ours = _keys_of(FAMILY)
+    for other in families():
+        if other.key == FAMILY.key:
+            continue
+        for name, keys in _keys_of(other).items():
+            assert fitting_tables(keys, component_tables("transformer", FAMILY)) == [], name
+        for name, keys in ours.items():
+            assert fitting_tables(keys, component_tables("transformer", other)) == [], (name, other.name)
+    for name, keys in ours.items():
+        assert {table.name for _, table in fitting_tables(keys, component_tables("transformer"))} == {name}
+
+
+# -- bad input -------------------------------------------------------------------------------------------------------
+def test_bad_sana_video_input(tiny, cli, tmp_path):
+    release = tiny["pth"]
+    other_patch = tmp_path / "other-patch"
+    build_transformer(seed=0, patch_size=(1, 1, 1), in_channels=1, out_channels=4).save_pretrained(other_patch)
+    assert_refused(cli, tmp_path, [release, tmp_path / "out", "--base", other_patch], "patches (1, 2, 2)",
+                   "patch_size (1, 1, 1)", inputs=[release])
+    other_ratio = tmp_path / "other-ratio"
+    build_transformer(seed=0, mlp_ratio=2.5).save_pretrained(other_ratio)
+    assert_refused(cli, tmp_path, [release, tmp_path / "out", "--base", other_ratio], "feed-forward of 48 channels",
+                   "makes 40 (mlp_ratio 2.5)", inputs=[release])
+    assert_refused(cli, tmp_path, [release, tmp_path / "out"], "not a published SanaVideo size", "--base",
+                   inputs=[release])
