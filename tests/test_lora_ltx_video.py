@@ -239,7 +239,8 @@ def test_names_cogvideox_shares_are_told_apart_by_the_published_sizes(base, tmp_
     tiny = make_adapter(weights, layers, seed=9)
     path = write_diffusers(tmp_path / "tiny", tiny)
     problem = json.loads(cli("inspect", path, "--json").stdout)["models"]["lora"]["problem"]
-    assert "CogVideoX, LTX-2 and LTX-Video" in problem and "pass --base" in problem
+    # SimpleTuner's SanaVideo targets are these very layers too
+    assert "CogVideoX, LTX-2, LTX-Video and SanaVideo" in problem and "pass --base" in problem
     assert export(path, tmp_path / "out", base=folder).family == "LTX-Video"
     assert_all_equal(diffusers_judged(tmp_path / "out" / OUTPUT_FILE["diffusers"], config, weights),
                      tiny.truth(weights))
