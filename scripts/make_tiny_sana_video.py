@@ -8,9 +8,13 @@
   null caption ``y_embedder.y_embedding``, the unused ``pos_embed`` buffer, the ``logvar_linear`` head), written here
   from the layout's facts with plain string rules (no key map): the ground truth the key map is checked against;
 - ``write_release(out, model)``: ``SANA_Video_2B_480p.pth`` as the release ships it (torch.save of
-  ``{"state_dict": ...}``, which Diffusers' conversion script pops) and a safetensors copy of that state dict.
+  ``{"state_dict": ...}``, which Diffusers' conversion script pops) and a safetensors copy of that state dict;
+- ``build_tiny_pipeline(seed)``: a SanaVideoPipeline of tiny parts: a 2-layer Gemma2Model (the release's text encoder
+  is gemma-2-2b-it's decoder) whose width is the transformer's caption_channels, a Gemma BPE tokenizer over a
+  written-out vocabulary (Gemma's specials pad 0, eos 1, bos 2, unk 3; byte fallback), Wan 2.1's VAE at toy size and
+  the conversion script's default scheduler (flow DPM-Solver, shift 8).
 
-    python scripts/make_tiny_sana_video.py OUT
+    python scripts/make_tiny_sana_video.py OUT     # OUT/transformer, OUT/release/, OUT/pipeline/
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_models import randomize_  # noqa: E402
+from tiny_models import CHARACTERS, TOKENIZER_WORDS, randomize_, spelling_merges  # noqa: E402
+from wan_tiny_configs import build_tiny_vae  # noqa: E402
 
 RELEASE = "SANA_Video_2B_480p.pth"
 SAFETENSORS_COPY = "SANA_Video_2B_480p.safetensors"
@@ -109,6 +114,39 @@ def write_release(out: Path, model) -> dict[str, Path]:
     return {"pth": out / RELEASE, "safetensors": out / SAFETENSORS_COPY}
 
 
+def build_gemma_tokenizer():
+    """Gemma's BPE tokenizer (transformers' GemmaTokenizer: spaces as ▁, byte fallback) over Gemma's specials, the
+    letters and TOKENIZER_WORDS merged whole with their leading ▁, so a short prompt is a few tokens."""
+    from transformers import GemmaTokenizer
+
+    vocabulary = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4}
+    for piece in ["▁", *CHARACTERS]:
+        vocabulary.setdefault(piece, len(vocabulary))
+    merges = spelling_merges(vocabulary, [["▁", *word] for word in sorted(set(TOKENIZER_WORDS))])
+    return GemmaTokenizer(vocab=vocabulary, merges=merges)
+
+
+def build_gemma_text_encoder(vocab_size: int, width: int = CAPTION_WIDTH):
+    """A 2-layer Gemma2Model (the decoder the conversion script takes from gemma-2-2b-it) of ``width``."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    config = Gemma2Config(vocab_size=vocab_size, hidden_size=width, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=12, max_position_embeddings=1024,
+                          pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    torch.manual_seed(0)
+    return Gemma2Model(config).eval()
+
+
+def build_tiny_pipeline(seed: int = 0):
+    from diffusers import DPMSolverMultistepScheduler, SanaVideoPipeline
+
+    tokenizer = build_gemma_tokenizer()
+    scheduler = DPMSolverMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True, prediction_type="flow_prediction")
+    return SanaVideoPipeline(tokenizer=tokenizer, text_encoder=build_gemma_text_encoder(len(tokenizer)),
+                             vae=build_tiny_vae("2.1", seed), transformer=build_transformer(seed),
+                             scheduler=scheduler)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
@@ -116,6 +154,7 @@ def main() -> None:
     model = build_transformer(seed=0)
     model.save_pretrained(args.out / "transformer")
     write_release(args.out / "release", model)
+    build_tiny_pipeline(seed=0).save_pretrained(args.out / "pipeline")
 
 
 if __name__ == "__main__":

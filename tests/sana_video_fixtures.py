@@ -10,8 +10,8 @@ import torch
 from fixtures import SCRIPTS, GroundTruth, cached_fixture
 
 sys.path.insert(0, str(SCRIPTS))
-from make_tiny_sana_video import (RELEASE, SAFETENSORS_COPY, build_transformer, release_buffers,  # noqa: E402,F401
-                                  release_state_dict, tiny_config, write_release)
+from make_tiny_sana_video import (RELEASE, SAFETENSORS_COPY, build_tiny_pipeline,  # noqa: E402,F401
+                                  build_transformer, release_buffers, release_state_dict, tiny_config, write_release)
 
 _FINETUNE_SCRIPTS = ("finetune_tiny_sana_video.py", "make_tiny_sana_video.py", "tiny_models.py", "tiny_training.py",
                      "deepspeed_cpu.py", "make_deepspeed_checkpoint.py")

@@ -7,6 +7,7 @@ input."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -16,8 +17,8 @@ from conftest import assert_refused, assert_same_tensors
 from diffusers import SanaVideoTransformer3DModel
 from fixtures import SCRIPTS
 from safetensors.torch import load_file
-from sana_video_fixtures import (RELEASE, build_transformer, dcp_finetune, forward_inputs, release_buffers,
-                                 release_state_dict, write_release)
+from sana_video_fixtures import (RELEASE, build_tiny_pipeline, build_transformer, dcp_finetune, forward_inputs,
+                                 release_buffers, release_state_dict, write_release)
 
 from cogexport.exporter import ExportOptions
 from cogexport.exporter.parts import plan_transformer
@@ -27,6 +28,7 @@ from cogexport.lazy import LazyTensor
 from cogexport.models.family import families, family_named
 from cogexport.models.recognize import component_tables, fitting_tables
 from cogexport.models.target import build_target
+from cogexport.precision import PrecisionPolicy
 
 FAMILY = family_named("sana_video")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -97,6 +99,34 @@ def test_diffusers_folder_exports_byte_for_byte(tiny, cli, tmp_path):
     assert result.exit_code == 0, result.stderr
     for path in tiny["base"].iterdir():
         assert (tmp_path / "out" / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_pipeline_folder_with_base_loads_and_renders(cli, tmp_path):
+    """The release file with --base a tiny SanaVideoPipeline folder (Gemma-2, Wan 2.1's VAE): the same
+    model_index.json, the script's default scheduler, the transformer in the export's dtype, and five frames."""
+    from diffusers import SanaVideoPipeline
+
+    base = tmp_path / "base"
+    build_tiny_pipeline(seed=0).save_pretrained(base)
+    model = SanaVideoTransformer3DModel.from_pretrained(base / "transformer")
+    release = write_release(tmp_path / "release", model)["pth"]
+    result = cli(release, tmp_path / "out", "--base", base)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "out" / "model_index.json").read_text()) == \
+        json.loads((base / "model_index.json").read_text())
+    scheduler = json.loads((tmp_path / "out" / "scheduler" / "scheduler_config.json").read_text())
+    assert scheduler["_class_name"] == "DPMSolverMultistepScheduler" and scheduler["flow_shift"] == 8.0
+    pipe = SanaVideoPipeline.from_pretrained(tmp_path / "out")
+    policy = PrecisionPolicy.build("bf16", FAMILY.transformer.keep_fp32, [])
+    for name, tensor in pipe.transformer.state_dict().items():
+        source = model.state_dict()[name]
+        assert torch.equal(tensor, source.to(policy.target_dtype(name, source.dtype))), name
+    pipe.transformer.to(torch.float32)
+    # resolution binning would snap 32x32 to the 480p model's aspect-ratio table
+    frames = pipe("a cat playing guitar", height=32, width=32, frames=5, num_inference_steps=2, output_type="np",
+                  use_resolution_binning=False, generator=torch.Generator().manual_seed(0)).frames
+    assert frames.shape == (1, 5, 32, 32, 3) and bool(torch.isfinite(torch.from_numpy(frames)).all())
+    assert frames.std() > 0
 
 
 @pytest.mark.skipif(not DIFFUSERS_SCRIPTS, reason="set COGEXPORT_DIFFUSERS_SCRIPTS to huggingface/diffusers' scripts/")
