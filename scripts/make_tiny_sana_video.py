@@ -67,7 +67,8 @@ _BLOCK = {"attn1.norm_q.": "attn.q_norm.", "attn1.norm_k.": "attn.k_norm.", "att
           "attn2.to_q.": "cross_attn.q_linear.", "attn2.norm_q.": "cross_attn.q_norm.",
           "attn2.norm_k.": "cross_attn.k_norm.", "attn2.to_out.0.": "cross_attn.proj.",
           "ff.conv_inverted.": "mlp.inverted_conv.conv.", "ff.conv_depth.": "mlp.depth_conv.conv.",
-          "ff.conv_point.": "mlp.point_conv.conv.", "ff.conv_temp.": "mlp.t_conv.", "scale_shift_table": "scale_shift_table"}
+          "ff.conv_point.": "mlp.point_conv.conv.", "ff.conv_temp.": "mlp.t_conv.",
+          "scale_shift_table": "scale_shift_table"}
 
 
 def original_name(name: str) -> str:

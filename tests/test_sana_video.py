@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,8 +134,6 @@ def test_pipeline_folder_with_base_loads_and_renders(cli, tmp_path):
 def test_diffusers_conversion_script_agrees(tiny, tmp_path):
     """Diffusers' own scripts/convert_sana_video_to_diffusers.py, run from its source with the 2B sizes replaced by
     the tiny config's: its strict load and its empty-state-dict check pass, and it makes the model's tensors."""
-    import sys
-
     sys.path.insert(0, str(SCRIPTS))
     from sana_video_judge import convert
 
