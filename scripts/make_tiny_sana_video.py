@@ -138,14 +138,20 @@ def build_gemma_text_encoder(vocab_size: int, width: int = CAPTION_WIDTH):
     return Gemma2Model(config).eval()
 
 
-def build_tiny_pipeline(seed: int = 0):
-    from diffusers import DPMSolverMultistepScheduler, SanaVideoPipeline
+def build_tiny_pipeline(seed: int = 0, task: str = "t2v"):
+    """SanaVideoPipeline with the script's default scheduler, or (``i2v``) SanaImageToVideoPipeline with the only one
+    the script allows it (flow Euler, shift 8)."""
+    from diffusers import (DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, SanaImageToVideoPipeline,
+                           SanaVideoPipeline)
 
     tokenizer = build_gemma_tokenizer()
-    scheduler = DPMSolverMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True, prediction_type="flow_prediction")
-    return SanaVideoPipeline(tokenizer=tokenizer, text_encoder=build_gemma_text_encoder(len(tokenizer)),
-                             vae=build_tiny_vae("2.1", seed), transformer=build_transformer(seed),
-                             scheduler=scheduler)
+    if task == "i2v":
+        pipeline_class, scheduler = SanaImageToVideoPipeline, FlowMatchEulerDiscreteScheduler(shift=8.0)
+    else:
+        pipeline_class = SanaVideoPipeline
+        scheduler = DPMSolverMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True, prediction_type="flow_prediction")
+    return pipeline_class(tokenizer=tokenizer, text_encoder=build_gemma_text_encoder(len(tokenizer)),
+                          vae=build_tiny_vae("2.1", seed), transformer=build_transformer(seed), scheduler=scheduler)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from conftest import assert_refused, assert_same_tensors
 from diffusers import SanaVideoTransformer3DModel
 from fixtures import SCRIPTS
@@ -102,30 +103,40 @@ def test_diffusers_folder_exports_byte_for_byte(tiny, cli, tmp_path):
         assert (tmp_path / "out" / path.name).read_bytes() == path.read_bytes(), path.name
 
 
-def test_pipeline_folder_with_base_loads_and_renders(cli, tmp_path):
-    """The release file with --base a tiny SanaVideoPipeline folder (Gemma-2, Wan 2.1's VAE): the same
-    model_index.json, the script's default scheduler, the transformer in the export's dtype, and five frames."""
-    from diffusers import SanaVideoPipeline
+PIPELINES = {"t2v": ("SanaVideoPipeline", "DPMSolverMultistepScheduler", "flow_shift"),
+             "i2v": ("SanaImageToVideoPipeline", "FlowMatchEulerDiscreteScheduler", "shift")}
+
+
+@pytest.mark.parametrize("task", ["t2v", "i2v"])
+def test_pipeline_folder_with_base_loads_and_renders(cli, tmp_path, task):
+    """The release file with --base a tiny SanaVideoPipeline or SanaImageToVideoPipeline folder (Gemma-2, Wan 2.1's
+    VAE): the base's class says the task (the shapes cannot); the same model_index.json, the script's scheduler for
+    that task, the transformer in the export's dtype, and five frames."""
+    import diffusers
 
     base = tmp_path / "base"
-    build_tiny_pipeline(seed=0).save_pretrained(base)
+    build_tiny_pipeline(seed=0, task=task).save_pretrained(base)
     model = SanaVideoTransformer3DModel.from_pretrained(base / "transformer")
     release = write_release(tmp_path / "release", model)["pth"]
     result = cli(release, tmp_path / "out", "--base", base)
     assert result.exit_code == 0, result.stderr
     assert json.loads((tmp_path / "out" / "model_index.json").read_text()) == \
         json.loads((base / "model_index.json").read_text())
+    pipeline_class, scheduler_class, shift = PIPELINES[task]
     scheduler = json.loads((tmp_path / "out" / "scheduler" / "scheduler_config.json").read_text())
-    assert scheduler["_class_name"] == "DPMSolverMultistepScheduler" and scheduler["flow_shift"] == 8.0
-    pipe = SanaVideoPipeline.from_pretrained(tmp_path / "out")
+    assert scheduler["_class_name"] == scheduler_class and scheduler[shift] == 8.0
+    pipe = getattr(diffusers, pipeline_class).from_pretrained(tmp_path / "out")
     policy = PrecisionPolicy.build("bf16", FAMILY.transformer.keep_fp32, [])
     for name, tensor in pipe.transformer.state_dict().items():
         source = model.state_dict()[name]
         assert torch.equal(tensor, source.to(policy.target_dtype(name, source.dtype))), name
     pipe.transformer.to(torch.float32)
+    image = {"image": Image.fromarray(torch.arange(32 * 32 * 3, dtype=torch.uint8).reshape(32, 32, 3).numpy())} \
+        if task == "i2v" else {}
     # resolution binning would snap 32x32 to the 480p model's aspect-ratio table
-    frames = pipe("a cat playing guitar", height=32, width=32, frames=5, num_inference_steps=2, output_type="np",
-                  use_resolution_binning=False, generator=torch.Generator().manual_seed(0)).frames
+    frames = pipe(prompt="a cat playing guitar", height=32, width=32, frames=5, num_inference_steps=2,
+                  output_type="np", use_resolution_binning=False, generator=torch.Generator().manual_seed(0),
+                  **image).frames
     assert frames.shape == (1, 5, 32, 32, 3) and bool(torch.isfinite(torch.from_numpy(frames)).all())
     assert frames.std() > 0
 

@@ -3,7 +3,8 @@ depth, latent channels, patch, the feed-forward's expansion) and what a config m
 in key_maps/sana_video/family.toml.
 
 One transformer serves both tasks (SanaVideoPipeline's text-to-video, SanaImageToVideoPipeline's image-to-video: the
-image's latents replace the first frame's), so the shapes cannot tell them apart: t2v unless --model-type says i2v.
+image's latents replace the first frame's), so the shapes cannot tell them apart: family.toml lists the model twice,
+once per task, and a --base pipeline's class or --model-type picks the i2v twin (t2v otherwise).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .shape_facts import block_count, one_variant, require
 _NEEDED = ("patch_embedding.weight", "proj_out.weight", "caption_projection.linear_1.weight",
            "transformer_blocks.0.ff.conv_point.weight", "transformer_blocks.0.ff.conv_temp.weight")
 
-layout_variant = one_variant("SANA-Video_2B_480p")
+layout_variant = one_variant("SANA-Video_2B_480p")  # the t2v twin; a pipeline or --model-type picks i2v
 
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
