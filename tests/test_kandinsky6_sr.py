@@ -138,7 +138,7 @@ def test_published_variants_are_read_off_the_native_shapes(name):
 
 def test_tables_never_match_another_familys_keys():
     """Of every table, ours alone are taken for our names (both layouts), and no table of another family fits them
-    (test_kandinsky6.py checks every other family's Diffusers names against these tables too)."""
+    (a family's names against ours: that family's own test of this name, where it has one)."""
     shapes = build_target(FAMILY.transformer.class_name, FAMILY.transformer_config(FAMILY.variants[0])).schema
     ours = {"kandinsky6_sr/original_transformer": [sr_native_name(n) for n in shapes],
             "kandinsky6_sr/diffusers_transformer": list(shapes)}
