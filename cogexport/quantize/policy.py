@@ -115,8 +115,10 @@ class PolicyError(ExtensionError):
     kind = "key maps"
 
 
-def parse_policy(data: Mapping, family: str) -> QuantizationPolicy:
-    """``data``: the family's quantized.toml as a table (with a ``same_as`` family's facts merged in)."""
+def parse_policy(data: str | Mapping, family: str) -> QuantizationPolicy:
+    """``data``: the family's quantized.toml, as text or as a table (with a ``same_as`` family's facts merged in)."""
+    if isinstance(data, str):
+        data = tomllib.loads(data)
     try:
         policy = read(PolicyFile, data)
     except SchemaError as error:
@@ -136,8 +138,6 @@ def parse_policy(data: Mapping, family: str) -> QuantizationPolicy:
 @cache
 def quantization_policy(family: str) -> QuantizationPolicy:
     """The policy of the family whose tables live in ``key_maps/<family>/`` (its ``ModelFamily.key``)."""
-    if find_key_map_file(f"{family}/{POLICY_FILE}") is None:
-        raise CogExportError(f"no quantized outputs are defined for the {family} family (no {family}/{POLICY_FILE})")
     return parse_policy(policy_table(family), family)
 
 
@@ -146,6 +146,8 @@ def policy_table(family: str, referred_by: tuple[str, ...] = ()) -> dict:
     family>"`` and gives only the fields that differ: the other file's tables, each field it gives replacing theirs,
     so that one family's facts are written once and a correction to them reaches every family that shares them."""
     path = find_key_map_file(f"{family}/{POLICY_FILE}")
+    if path is None and not referred_by:
+        raise CogExportError(f"no quantized outputs are defined for the {family} family (no {family}/{POLICY_FILE})")
     if path is None:
         raise PolicyError(f"{referred_by[-1]}/{POLICY_FILE}: same_as names {quoted(family)}, which has no "
                           f"{POLICY_FILE}")
