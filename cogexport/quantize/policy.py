@@ -6,7 +6,8 @@ The decisions are those of the chain people use today, ComfyUI-GGUF's ``tools/co
 tensors of at most 1,024 values and the family's high-precision names; the source's float type otherwise) followed
 by ``llama-quantize`` with ComfyUI-GGUF's patch (only 2-D tensors whose names end in ``weight`` are quantized,
 never the family's embedders and heads; the ``_M``/``_S`` mixes raise attention-value, fused-qkv and
-feed-forward-down weights a step). Where they differ on purpose:
+feed-forward-down weights a step); the names convert.py ignores (the family's ``drop``) are left out. Where they
+differ on purpose:
 - a row whose length is not a multiple of the type's block stays in the file's float type (the patch falls back to
   F16 for the K types only; the legacy types would fail there), and the plan says so;
 - tensors of more than 4 dimensions (Wan's and HunyuanVideo's Conv3d patch embeddings) are stored as they are, in
