@@ -184,7 +184,8 @@ def test_comfyui_fp8_quantizes_the_family_layers_and_the_judge_puts_every_name_b
 def test_cosmos_gguf_leaves_out_what_convert_py_ignores_and_keeps_the_rope_tables_in_f32(cli, tmp_path):
     """NVIDIA's release -> Diffusers (its training counters and Transformer Engine's bytes kept beside) -> GGUF: as
     ComfyUI-GGUF's convert.py makes it, without _extra_state / accum_* (no float tensors: the file could not hold
-    them), the RoPE tables (pos_embedder.*) in F32, every other tensor of the release present."""
+    them), the RoPE tables (pos_embedder.*) in F32, every other tensor of the release present; verified against the
+    Diffusers folder it was made from."""
     sys.path.insert(0, str(SCRIPTS))
     from make_tiny_cosmos import build_transformer, write_release_files
 
@@ -202,3 +203,6 @@ def test_cosmos_gguf_leaves_out_what_convert_py_ignores_and_keeps_the_rope_table
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
     assert {types[name] for name in loaded if name.startswith("pos_embedder.")} == {"F32"}
     assert comfy_gguf_metadata(path)["general.architecture"] == "cosmos"
+    # verify asks the way back for what it adds beside the Diffusers weights (the RoPE tables), as the export did
+    verified = cli("verify", tmp_path / "gguf", "--against", tmp_path / "diffusers")
+    assert verified.exit_code == 0, verified.stdout + verified.stderr
