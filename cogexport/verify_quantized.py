@@ -33,7 +33,8 @@ def original_names(source: LazyCheckpoint, where: str) -> dict[str, LazyTensor]:
     if layout is None:
         raise CogExportError(f"{family.name} has no original layout: {where} cannot be the source of a quantized file")
     diffusers = plan_translation(table, source, None, {}, what=where).tensors
-    return plan_translation(load_table(layout.table).inverted(), diffusers, None, {}, what=where).tensors
+    written = _quantized_layout(family) or layout.table
+    return plan_translation(load_table(written).inverted(), diffusers, None, {}, what=where).tensors
 
 
 def _way_back_names(file: Path, output: Path, request: VerifyRequest, stack: ExitStack) -> dict[str, LazyTensor]:
@@ -43,12 +44,19 @@ def _way_back_names(file: Path, output: Path, request: VerifyRequest, stack: Exi
     from .exporter.original_parts import release_folder
     from .verify_original import planned_way_back
 
-    parts = planned_way_back(request, stack, refuse_original=False)
+    parts = planned_way_back(request, stack, refuse_original=False, layout_of=_quantized_layout)
     folder = file.parent.relative_to(output).as_posix()
     for part in parts:
         if release_folder(part, len(parts)) == ("" if folder == "." else folder):
             return part.read_as
     raise CogExportError(f"{file} sits where no expert of {', '.join(map(str, request.against))} is written")
+
+
+def _quantized_layout(family) -> str | None:
+    from .exporter.way_back import quantized_layout
+    from .quantize import quantizable_families
+
+    return quantized_layout(family) if family.key in quantizable_families() else None
 
 
 def _adds_tensors_beside(source: LazyCheckpoint, where: str) -> bool:

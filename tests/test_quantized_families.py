@@ -71,6 +71,10 @@ def test_diffusers_loads_the_gguf_file_and_runs_it_as_its_dequantized_weights(ke
     plain.load_state_dict(by_diffusers, strict=True)
     if family.runs_forward:
         assert torch.equal(forward(loaded, family), forward(plain, family))
+    else:  # judged by its weights: each the model's own up to the quantization (a row order gone wrong is not)
+        for name, weight in model.state_dict().items():
+            error = (by_diffusers[name] - weight).norm() / weight.norm().clamp_min(1e-12)
+            assert error < 0.1, (name, error)
 
 
 # name -> (shape, its type in a Q4_K_M file of a float32 source)
@@ -206,3 +210,28 @@ def test_cosmos_gguf_leaves_out_what_convert_py_ignores_and_keeps_the_rope_table
     # verify asks the way back for what it adds beside the Diffusers weights (the RoPE tables), as the export did
     verified = cli("verify", tmp_path / "gguf", "--against", tmp_path / "diffusers")
     assert verified.exit_code == 0, verified.stdout + verified.stderr
+
+
+def test_minimax_h3_quantized_files_hold_comfyuis_single_file_layout(cli, tmp_path, monkeypatch):
+    """MiniMax-H3's quantized files are in the layout of the single files people load (qkv_proj's rows stacked
+    [q; k; v]), not the release's shards' (interleaved per head): Diffusers' GGUF loader, taking a single file as
+    stacked, gets the model's own weights back; verify agrees; the fp8 file's qkv_proj is the stacked one."""
+    from safetensors.torch import load_file
+
+    family = MORE_FAMILIES["minimax_h3"]
+    model = family.build()
+    model.save_pretrained(tmp_path / "model")
+    model.save_config(tmp_path / "config")
+    assert cli(tmp_path / "model", tmp_path / "gguf", "--to", "gguf", "--quant", "Q8_0").exit_code == 0
+    (path,) = (tmp_path / "gguf").glob("*.gguf")
+    by_diffusers = dequantized_state(load_with_diffusers(path, family, tmp_path, monkeypatch))
+    for name, weight in model.state_dict().items():
+        assert (by_diffusers[name] - weight).norm() / weight.norm() < 0.01, name
+    verified = cli("verify", tmp_path / "gguf", "--against", tmp_path / "model")
+    assert verified.exit_code == 0, verified.stdout + verified.stderr
+    assert cli(tmp_path / "model", tmp_path / "fp8", "--to", "comfyui", "--quant", "fp8").exit_code == 0
+    stored = load_file(next((tmp_path / "fp8").glob("*.safetensors")))
+    qkv = stored["blocks.0.attn.qkv_proj.weight"].float() * stored["blocks.0.attn.qkv_proj.weight_scale"]
+    state = model.state_dict()
+    stacked = torch.cat([state[f"transformer_blocks.0.attn.to_{p}.weight"] for p in "qkv"])
+    assert (qkv - stacked).norm() / stacked.norm() < 0.05

@@ -99,6 +99,7 @@ class QuantizationPolicy:
     release_metadata: tuple[str, ...] = ()
     gguf_loaders: tuple[str, ...] = GGUF_LOADERS
     gguf_drop: tuple[str, ...] = ()
+    layout: str = ""  # the family's table the files are written in, where not the way back's (its full name)
 
     def drops(self, name: str) -> bool:
         return any(key in name for key in self.gguf_drop)
@@ -133,7 +134,8 @@ def parse_policy(data: str | Mapping, family: str) -> QuantizationPolicy:
                           + (f", not {quoted(unknown[0])}" if unknown else ""))
     roles = {role: getattr(gguf.roles, role) for role in ROLES}
     return QuantizationPolicy(family, gguf.architecture, gguf.signature, gguf.keep_f32, gguf.keep_float, roles,
-                              policy.fp8.quantize, gguf.release_metadata, gguf.loaders, gguf.drop)
+                              policy.fp8.quantize, gguf.release_metadata, gguf.loaders, gguf.drop,
+                              f"{family}/{policy.layout}" if policy.layout else "")
 
 
 @cache

@@ -55,6 +55,10 @@ class PolicyFile:
     """``key_maps/<family>/quantized.toml``: a family's facts for GGUF and ComfyUI's quantized files (``--to gguf``,
     ``--to comfyui``). A family without it has no quantized outputs."""
 
+    layout: str = declared(
+        "the family's key-map table (its name in the family's folder) the quantized files hold the transformer in, "
+        "where the files people load are not in its way back's layout (MiniMax-H3's: ComfyUI's single file, not the "
+        "release's shards); empty: the way back's", "")
     same_as: str = declared("another family's folder whose quantized.toml this one shares (its weights are that "
                             "family's): its tables, each field given here replacing theirs", "")
     gguf: GgufSection = declared("the GGUF facts")
