@@ -212,21 +212,21 @@ def test_cosmos_gguf_leaves_out_what_convert_py_ignores_and_keeps_the_rope_table
     assert verified.exit_code == 0, verified.stdout + verified.stderr
 
 
-def test_minimax_h3_quantized_files_hold_comfyuis_single_file_layout(cli, tmp_path, monkeypatch):
+def test_minimax_h3_quantized_files_hold_comfyuis_single_file_layout(cli, tmp_path):
     """MiniMax-H3's quantized files are in the layout of the single files people load (qkv_proj's rows stacked
-    [q; k; v]), not the release's shards' (interleaved per head): Diffusers' GGUF loader, taking a single file as
-    stacked, gets the model's own weights back; verify agrees; the fp8 file's qkv_proj is the stacked one."""
+    [q; k; v]), not the release's shards' (interleaved per head): Diffusers' converter, taking a single file as
+    stacked (as its GGUF loader does, test_diffusers_loads_the_gguf_file...), gets the model's own weights back from
+    the file; verify agrees; the fp8 file's qkv_proj is the stacked one."""
     from safetensors.torch import load_file
 
     family = MORE_FAMILIES["minimax_h3"]
     model = family.build()
     model.save_pretrained(tmp_path / "model")
-    model.save_config(tmp_path / "config")
     assert cli(tmp_path / "model", tmp_path / "gguf", "--to", "gguf", "--quant", "Q8_0").exit_code == 0
     (path,) = (tmp_path / "gguf").glob("*.gguf")
-    by_diffusers = dequantized_state(load_with_diffusers(path, family, tmp_path, monkeypatch))
+    read_back = gguf_package_weights(path, family)
     for name, weight in model.state_dict().items():
-        assert (by_diffusers[name] - weight).norm() / weight.norm() < 0.01, name
+        assert (read_back[name] - weight).norm() / weight.norm() < 0.01, name
     verified = cli("verify", tmp_path / "gguf", "--against", tmp_path / "model")
     assert verified.exit_code == 0, verified.stdout + verified.stderr
     assert cli(tmp_path / "model", tmp_path / "fp8", "--to", "comfyui", "--quant", "fp8").exit_code == 0
