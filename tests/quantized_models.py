@@ -225,8 +225,8 @@ MORE_FAMILIES = {
                        _ltx2_inputs),
     # no padding-mask channel: Diffusers resizes that mask with torchvision, which the test set-up does not install
     "cosmos": TinyFamily("cosmos", "CosmosTransformer3DModel",
-                         dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128, num_layers=1,
-                              text_embed_dim=HIDDEN, adaln_lora_dim=HIDDEN, max_size=(8, 16, 16),
+                         dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128,
+                              num_layers=1, text_embed_dim=HIDDEN, adaln_lora_dim=HIDDEN, max_size=(8, 16, 16),
                               rope_scale=(1.0, 3.0, 3.0), extra_pos_embed_type=None, concat_padding_mask=False),
                          "cosmos/original_transformer",
                          diffusers_converter("convert_cosmos_transformer_checkpoint_to_diffusers"), _cosmos_inputs),
