@@ -57,8 +57,8 @@ class PolicyFile:
 
     layout: str = declared(
         "the family's key-map table (its name in the family's folder) the quantized files hold the transformer in, "
-        "where the files people load are not in its way back's layout (MiniMax-H3's: ComfyUI's single file, not the "
-        "release's shards); empty: the way back's", "")
+        "where the files people load are not in its way back's layout (a single file's tensor order, not the "
+        "release's shards'); empty: the way back's", "")
     same_as: str = declared("another family's folder whose quantized.toml this one shares (its weights are that "
                             "family's): its tables, each field given here replacing theirs", "")
     gguf: GgufSection = declared("the GGUF facts")
