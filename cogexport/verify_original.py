@@ -45,11 +45,14 @@ def verify_original_output(output: Path, request: VerifyRequest) -> list[VerifyR
     return reports
 
 
-def planned_way_back(request: VerifyRequest, stack: ExitStack, beside: bool = False) -> list:
+def planned_way_back(request: VerifyRequest, stack: ExitStack, beside: bool = False,
+                     refuse_original: bool = True, layout_of=None) -> list:
     """The transformer's parts (one per expert) as --to original plans them from the request's source (a LoRA run
     fused, with --base's weights when it saved none), opened on ``stack``; with ``beside``, the pipeline's other
     models a release file holds too. Read at fp32: a widening cast keeps every source value, so each written dtype
-    is judged as a cast of it."""
+    is judged as a cast of it. ``refuse_original``: a source already in the original layout is refused (as --to
+    original refuses it; the quantized formats take it); ``layout_of``: the format's choice of the table written
+    (original_parts.LayoutChoice)."""
     from .exporter.options import ExportOptions
     from .exporter.original_parts import add_components_beside, open_way_back, plan_way_back
 
@@ -59,7 +62,7 @@ def planned_way_back(request: VerifyRequest, stack: ExitStack, beside: bool = Fa
     for name, source in inputs.sources.items():
         if lora_key(list(source)) is not None:
             refuse_adapter_alone(source, inputs.where_of(name), request)
-    parts = plan_way_back(inputs, "transformer", options)
+    parts = plan_way_back(inputs, "transformer", options, refuse_original=refuse_original, layout_of=layout_of)
     if beside and parts[0].layout.writer == "single_file":  # the release's file holds the pipeline's other models
         add_components_beside(parts[0], options, inputs)
     return parts

@@ -33,22 +33,39 @@ def original_names(source: LazyCheckpoint, where: str) -> dict[str, LazyTensor]:
     if layout is None:
         raise CogExportError(f"{family.name} has no original layout: {where} cannot be the source of a quantized file")
     diffusers = plan_translation(table, source, None, {}, what=where).tensors
-    return plan_translation(load_table(layout.table).inverted(), diffusers, None, {}, what=where).tensors
+    written = _quantized_layout(family) or layout.table
+    return plan_translation(load_table(written).inverted(), diffusers, None, {}, what=where).tensors
 
 
-def _fused_original_names(file: Path, output: Path, request: VerifyRequest,
-                          stack: ExitStack) -> dict[str, LazyTensor]:
-    """A LoRA run's model fused as the export fused it (with --base's weights when the run saved none), in original
-    names: the part of the expert whose folder holds ``file``."""
+def _way_back_names(file: Path, output: Path, request: VerifyRequest, stack: ExitStack) -> dict[str, LazyTensor]:
+    """The model as the export's way back planned it, in original names (a LoRA run fused, with --base's weights when
+    the run saved none; the tensors a layout keeps beside its Diffusers folder or computes from the config added): the
+    part of the expert whose folder holds ``file``."""
     from .exporter.original_parts import release_folder
     from .verify_original import planned_way_back
 
-    parts = planned_way_back(request, stack)
+    parts = planned_way_back(request, stack, refuse_original=False, layout_of=_quantized_layout)
     folder = file.parent.relative_to(output).as_posix()
     for part in parts:
         if release_folder(part, len(parts)) == ("" if folder == "." else folder):
             return part.read_as
     raise CogExportError(f"{file} sits where no expert of {', '.join(map(str, request.against))} is written")
+
+
+def _quantized_layout(family) -> str | None:
+    from .exporter.way_back import quantized_layout
+    from .quantize import quantizable_families
+
+    return quantized_layout(family) if family.key in quantizable_families() else None
+
+
+def _adds_tensors_beside(source: LazyCheckpoint, where: str) -> bool:
+    """Whether the family's way back adds tensors its Diffusers class has no place for (kept beside the Diffusers
+    folder, or computed from the config: Cosmos's RoPE tables and training counters), which only the way back's own
+    plan holds."""
+    family, _ = choose_table(source, "transformer", "transformer", where)
+    layout = family.transformer.original
+    return layout is not None and any(drop.keep for drop in load_table(layout.table).drops)
 
 
 def source_of(file: Path, output: Path, against: list[Path]) -> list[Path]:
@@ -91,8 +108,8 @@ def _verify_file(file: Path, output: Path, request: VerifyRequest, check, kind) 
     sources = source_of(file, output, request.against)
     where = ", ".join(map(str, sources))
     with request.choice.open(sources) as source, ExitStack() as stack:
-        if lora_key(list(source)) is not None:
-            original = _fused_original_names(file, output, request, stack)
+        if lora_key(list(source)) is not None or _adds_tensors_beside(source, where):
+            original = _way_back_names(file, output, request, stack)
         else:
             original = original_names(source, where)
         with open_checkpoint(file) as written:

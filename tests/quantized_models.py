@@ -80,6 +80,7 @@ class TinyFamily:
     converter: Callable[[], Callable[[dict], dict]]  # the judge of the original names -> Diffusers' names
     inputs: Callable[[torch.Generator], dict[str, Any]]
     diffusers_loads: bool = True  # Diffusers' single-file table has the class: its GGUF loader reads the file
+    runs_forward: bool = True  # the model runs on ``inputs`` (judged by its forward, else by its weights alone)
 
     def model_class(self):
         import diffusers
@@ -147,9 +148,32 @@ def _hunyuanvideo15_inputs(generator: torch.Generator) -> dict[str, Any]:
     raise NotImplementedError("HunyuanVideo 1.5 files are judged by name, not run: Diffusers cannot load them")
 
 
+def _cosmos_inputs(generator: torch.Generator) -> dict[str, Any]:
+    return dict(hidden_states=torch.randn(1, 4, 2, 4, 4, generator=generator), timestep=torch.tensor([500.0]),
+                encoder_hidden_states=torch.randn(1, 6, HIDDEN, generator=generator))
+
+
+def _minimax_h3_converter() -> Callable[[dict], dict]:
+    """Diffusers' converter takes the model's config (the head count splits qkv_proj) and the row order: a single
+    file's, stacked [q; k; v], its default."""
+    convert = diffusers_converter("convert_minimax_h3_transformer_checkpoint_to_diffusers")()
+    return lambda checkpoint, config=None, **options: convert(dict(checkpoint), config=config or _MINIMAX_H3)
+
+
+def _minimax_h3_inputs(generator: torch.Generator) -> dict[str, Any]:
+    raise NotImplementedError("MiniMax-H3's forward takes packed sequences: its files are judged by their weights")
+
+
+def _animate2_inputs(generator: torch.Generator) -> dict[str, Any]:
+    raise NotImplementedError("Wan-Animate-2's forward is a KV-cache driver's: its files are judged by their weights")
+
+
 _WAN = dict(num_attention_heads=2, attention_head_dim=128, in_channels=4, out_channels=4, text_dim=HIDDEN,
             freq_dim=HIDDEN, ffn_dim=2 * HIDDEN, num_layers=1, patch_size=(1, 2, 2))
 _WAN_CONVERTER = diffusers_converter("convert_wan_transformer_to_diffusers")
+_MINIMAX_H3 = dict(num_attention_heads=2, attention_head_dim=128, hidden_size=HIDDEN, num_layers=1,
+                   num_refiner_layers=1, ffn_dim=2 * HIDDEN, in_channels=4, audio_in_channels=8, text_dim=HIDDEN,
+                   freq_dim=HIDDEN, time_embed_hidden_dim=HIDDEN, time_embed_dim=HIDDEN, rope_freq_dim=2)
 # Mochi's feed-forwards are 8/3 of their stream's width: 768 is the narrowest whose rows and theirs fill K blocks
 MOCHI_LAYERS, MOCHI_HIDDEN = 2, 768
 
@@ -199,6 +223,22 @@ MORE_FAMILIES = {
                             num_layers=1, caption_channels=HIDDEN, rope_type="split"),
                        "ltx2/original_transformer", diffusers_converter("convert_ltx2_transformer_to_diffusers"),
                        _ltx2_inputs),
+    # no padding-mask channel: Diffusers resizes that mask with torchvision, which the test set-up does not install
+    "cosmos": TinyFamily("cosmos", "CosmosTransformer3DModel",
+                         dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128,
+                              num_layers=1, text_embed_dim=HIDDEN, adaln_lora_dim=HIDDEN, max_size=(8, 16, 16),
+                              rope_scale=(1.0, 3.0, 3.0), extra_pos_embed_type=None, concat_padding_mask=False),
+                         "cosmos/original_transformer",
+                         diffusers_converter("convert_cosmos_transformer_checkpoint_to_diffusers"), _cosmos_inputs),
+    "wan_animate2": TinyFamily("wan_animate2", "WanAnimate2Transformer3DModel",
+                               dict(dim=HIDDEN, ffn_dim=2 * HIDDEN, freq_dim=HIDDEN, text_dim=HIDDEN, num_heads=2,
+                                    num_layers=1, in_dim=36, out_dim=16, text_len=8),
+                               "wan_animate2/original_transformer",
+                               diffusers_converter("convert_wan_animate_2_transformer_to_diffusers"),
+                               _animate2_inputs, runs_forward=False),
+    # in ComfyUI's single-file layout (qkv stacked), which its quantized.toml names for its quantized files
+    "minimax_h3": TinyFamily("minimax_h3", "MiniMaxH3Transformer3DModel", _MINIMAX_H3, "minimax_h3/comfy_transformer",
+                             _minimax_h3_converter, _minimax_h3_inputs, runs_forward=False),
     "mochi": TinyFamily("mochi", "MochiTransformer3DModel",
                         dict(num_attention_heads=MOCHI_HIDDEN // 128, attention_head_dim=128, num_layers=MOCHI_LAYERS,
                              pooled_projection_dim=MOCHI_HIDDEN, in_channels=4, text_embed_dim=HIDDEN,

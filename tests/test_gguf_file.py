@@ -267,7 +267,7 @@ def test_every_family_file_is_valid():
 
     families = quantizable_families()
     assert {"wan", "hunyuanvideo", "ltx_video", "wan_vace", "wan_animate", "skyreels_v2", "hunyuanvideo15", "ltx2",
-            "mochi"} <= set(families)
+            "mochi", "chronoedit", "cosmos", "wan_animate2"} <= set(families)
     for family in families:
         policy = quantization_policy(family)
         assert (policy.architecture in COMFY_ARCHITECTURES) == ("ComfyUI-GGUF" in policy.gguf_loaders), family

@@ -5,12 +5,15 @@ of family.toml, and quantized.toml ([gguf], [gguf.roles], [fp8])."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from cogexport.quantize.policy import PolicyError, parse_policy
+from cogexport.keymap.roots import add_key_map_root, remove_key_map_root
+from cogexport.quantize.policy import PolicyError, parse_policy, policy_table, quantization_policy
 from cogexport.schema import SchemaError, declared, read
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +78,55 @@ WAN_POLICY = (ROOT / "key_maps" / "wan" / "quantized.toml").read_text(encoding="
 def test_quantized_toml_refuses_an_unknown_or_mistyped_field(change, message):
     assert_refused(lambda text: parse_policy(text, "wan"), WAN_POLICY, change, PolicyError,
                    f"wan/quantized.toml: {message}")
+
+
+def test_a_family_sharing_wans_facts_reads_them_from_wans_file():
+    """ChronoEdit's quantized.toml says only ``same_as = "wan"``: every fact is Wan's file's."""
+    tomllib = pytest.importorskip("tomllib")  # (Python 3.11 on)
+    assert tomllib.loads((ROOT / "key_maps" / "chronoedit" / "quantized.toml").read_text()) == {"same_as": "wan"}
+    wan, chronoedit = quantization_policy("wan"), quantization_policy("chronoedit")
+    assert chronoedit.family == "chronoedit" and {**vars(chronoedit), "family": "wan"} == vars(wan)
+
+
+@pytest.fixture
+def policy_root(tmp_path, monkeypatch):
+    """A temporary key-map root holding only the quantized.toml files given (folder -> text)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    package = tmp_path / "policyroot"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+
+    def add(files: dict[str, str]) -> None:
+        for folder, text in files.items():
+            (package / folder).mkdir()
+            (package / folder / "quantized.toml").write_text(text)
+        importlib.invalidate_caches()
+        add_key_map_root("policyroot")
+
+    yield add
+    remove_key_map_root("policyroot")
+    sys.modules.pop("policyroot", None)  # the next test's root is another folder of the same name
+
+
+def test_same_as_takes_the_other_file_and_replaces_the_fields_given(policy_root):
+    policy_root({"toy_base": WAN_POLICY, "toy_variant": 'same_as = "toy_base"\n[gguf]\narchitecture = "toy"\n'
+                                                        'keep_f32 = ["x."]\n[gguf.roles]\nattn_v = []\n'})
+    variant, base = parse_policy(policy_table("toy_variant"), "toy_variant"), parse_policy(WAN_POLICY, "toy_base")
+    assert (variant.architecture, variant.keep_f32, variant.roles["attn_v"]) == ("toy", ("x.",), ())
+    assert (variant.keep_float, variant.roles["ffn_down"], variant.fp8_quantize, variant.signature) == \
+        (base.keep_float, base.roles["ffn_down"], base.fp8_quantize, base.signature)
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"toy_lone": 'same_as = "toy_missing"\n'}, "toy_lone/quantized.toml: same_as names 'toy_missing', which has no "
+                                                  "quantized.toml"),
+    ({"toy_one": 'same_as = "toy_two"\n', "toy_two": 'same_as = "toy_one"\n'},
+     "toy_two/quantized.toml: same_as must name another family's folder, one that does not lead back to toy_two"),
+])
+def test_same_as_is_refused_where_it_leads_nowhere_or_back(policy_root, files, message):
+    policy_root(files)
+    with pytest.raises(PolicyError, match=f"^{message}$"):
+        policy_table(next(iter(files)))
 
 
 def test_every_table_kinds_error_is_said_in_one_line_by_the_command_line():

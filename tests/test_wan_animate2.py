@@ -274,13 +274,19 @@ def test_a_pipeline_base_is_refused_with_the_folder_to_give(release, tmp_path, c
     assert cli(path, tmp_path / "model", "--base", pipeline / "transformer").exit_code == 0
 
 
-def test_quantized_files_are_refused_until_their_facts_are_known(release, tmp_path, cli):
-    """No quantized.toml (which names ComfyUI-GGUF and ComfyUI fp8 keep in high precision is not established): one
-    line each, nothing written."""
-    _, _, _, ours = release
-    for to, quant in (("gguf", "Q8_0"), ("comfyui", "fp8")):
-        assert_refused(cli, tmp_path, [ours, tmp_path / "out", "--to", to, "--quant", quant],
-                       "is a Wan-Animate-2 model", "writes no", inputs=[ours])
+def test_gguf_file_holds_the_release_names(release, tmp_path, cli):
+    """Wan's quantization facts, read from Wan's quantized.toml (same_as), on the release's wrapped names: the GGUF
+    file (Diffusers' loader reads it; its own architecture, which ComfyUI-GGUF refuses by name) holds every tensor of
+    the release, the modulation tables in F32 (the fp8 layers inside the wrapper: test_quantized_families.py)."""
+    import gguf
+
+    _, path, _, ours = release
+    names = set(load_file(path))
+    assert cli(ours, tmp_path / "gguf", "--to", "gguf", "--quant", "Q8_0").exit_code == 0
+    reader = gguf.GGUFReader(next((tmp_path / "gguf").glob("*.gguf")))
+    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == "wan_animate2"
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert set(types) == names and types["blocks.0.block.modulation"] == "F32"
 
 
 # -- LoRA ----------------------------------------------------------------------------------------------------------

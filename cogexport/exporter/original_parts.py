@@ -6,6 +6,7 @@ policy and, for the quantized outputs, as read (not cast), both in original name
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -29,6 +30,9 @@ from .parts import ModelExport, family_hint, model_family, plan_component, plan_
 # A format's check of the family of each transformer it writes, made as soon as the family is known (before --base
 # may be asked for): raises CogExportError for a family the format cannot write.
 FamilyCheck = Callable[[ModelFamily, str], None]
+# A format's choice of the table (its full name) a family's transformer is written in, where the format's files are
+# not in the way back's layout; None: the way back's.
+LayoutChoice = Callable[[ModelFamily], "str | None"]
 
 _EXPERTS = ("transformer", "transformer_2")  # the pipeline components a transformer may be split into
 
@@ -69,10 +73,12 @@ def release_folder_of(family: ModelFamily, component: str, experts: int) -> str:
 
 
 def plan_way_back(inputs: ExportInputs, component: str, options: ExportOptions,
-                  refuse_original: bool = True, family_check: FamilyCheck | None = None) -> list[OriginalPart]:
+                  refuse_original: bool = True, family_check: FamilyCheck | None = None,
+                  layout_of: LayoutChoice | None = None) -> list[OriginalPart]:
     """Every part to write back: the transformer (each expert; with a LoRA run's adapter fused in), or the one
     ``component``. ``refuse_original``: an input already in the original layout is refused (--to original);
-    ``family_check``: the format's check of each transformer's family."""
+    ``family_check``: the format's check of each transformer's family; ``layout_of``: the format's own choice of a
+    family's table to write the transformer in, where it is not the way back's (None: the way back's)."""
     if component != "transformer":
         return [_component_part(inputs.sources[name], component, inputs, options, inputs.where_of(name),
                                 inputs.search_folders(name), _own_folder(inputs, name), refuse_original)
@@ -80,11 +86,12 @@ def plan_way_back(inputs: ExportInputs, component: str, options: ExportOptions,
     adapters = adapters_to_fuse(inputs, options)  # the original layout holds a full model: a LoRA run is fused
     names = tuple(adapters) or tuple(inputs.sources)
     return [_transformer_part(inputs, name, names, options, adapters.get(name), refuse_original,
-                              family_check or (lambda family, where: None)) for name in names]
+                              family_check or (lambda family, where: None), layout_of) for name in names]
 
 
 def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], options: ExportOptions,
-                      adapter: LoraAdapter | None, refuse_original: bool, family_check: FamilyCheck) -> OriginalPart:
+                      adapter: LoraAdapter | None, refuse_original: bool, family_check: FamilyCheck,
+                      layout_of: LayoutChoice | None) -> OriginalPart:
     if adapter is not None:
         family_check(model_family(adapter, inputs.base, options), inputs.where_of(name))
         part = plan_fused_transformer(adapter, inputs, name, options)
@@ -98,7 +105,7 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
         # the release's expert subfolders (high_noise_model/, ...) when writing several experts
         experts = tuple(release_folder_of(family, each, len(names)) for each in names) if len(names) > 1 else ()
         part = plan_transformer(source, options, where, inputs.base, name, experts, search)
-    written = _written_back(part, inputs.where_of(name), refuse_original and adapter is None)
+    written = _written_back(part, inputs.where_of(name), refuse_original and adapter is None, layout_of)
     written.fused = adapter is not None
     if adapter is None and _keeps_beside(written.layout):  # a release's tensors its Diffusers class has no place for
         computed = {key: _computed(tensor, written.policy.target_dtype(key, tensor.dtype))
@@ -118,9 +125,13 @@ def _computed(tensor: torch.Tensor, dtype: torch.dtype) -> LazyTensor:
     return LazyTensor(tensor.shape, dtype, lambda: tensor.to(dtype), "computed from the model's config")
 
 
-def _written_back(part: ModelExport, where: str, refuse_original: bool) -> OriginalPart:
+def _written_back(part: ModelExport, where: str, refuse_original: bool,
+                  layout_of: LayoutChoice | None = None) -> OriginalPart:
     spec = part.family.components[part.component if part.component in part.family.components else "transformer"]
     _check_layouts(spec, part.table.name, part.family, where, refuse_original)
+    chosen = layout_of(part.family) if layout_of else None
+    if chosen:  # the format's table, written as the way back's first layout would be
+        spec = replace(spec, originals=(replace(spec.originals[0], table=chosen),))
     layout, tensors = original_tensors(spec, part.tensors, part.target.counts, where)
     read_as = plan_translation(load_table(layout.table).inverted(), part.plan.tensors, None, part.target.counts,
                                what=where).tensors

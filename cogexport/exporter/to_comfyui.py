@@ -28,7 +28,7 @@ from .original_parts import open_way_back, plan_way_back, release_folder
 from .original_writers import OriginalPart
 from .output_formats import OutputFormat, ReadBack
 from .result import ExportResult
-from .way_back import file_stem, in_folder, publish_way_back, quantized_family_check
+from .way_back import file_stem, in_folder, publish_way_back, quantized_family_check, quantized_layout
 
 FP8_SPELLINGS = ("fp8", "fp8_e5m2")  # the --dtype values --to original takes for this format's scaled fp8
 _LAYOUT_DEFAULT = "comfy_quant"
@@ -41,7 +41,8 @@ def export_comfyui(checkpoint, output, options: ExportOptions | None = None, **o
     with ExitStack() as stack:
         inputs = open_way_back(checkpoint, options, "transformer", stack)
         parts = plan_way_back(inputs, "transformer", options, refuse_original=False,
-                              family_check=quantized_family_check("ComfyUI quantized files"))
+                              family_check=quantized_family_check("ComfyUI quantized files"),
+                              layout_of=quantized_layout)
         folder, precision, notes = _files(parts, options, quantization)
         card = QuantizedCard(f"ComfyUI {quantization.format}", quantization.name, precision, notes, _usage(folder))
         folder.add(TextFile("README.md", quantized_card(parts, card, options, inputs.source,

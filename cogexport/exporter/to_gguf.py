@@ -23,7 +23,7 @@ from .original_parts import open_way_back, plan_way_back, release_folder
 from .original_writers import OriginalPart
 from .output_formats import OutputFormat
 from .result import ExportResult
-from .way_back import file_stem, in_folder, publish_way_back, quantized_family_check
+from .way_back import file_stem, in_folder, publish_way_back, quantized_family_check, quantized_layout
 
 CONFIG_FOLDER = "config"  # beside a custom size's file: the Diffusers config its loader builds the model from
 
@@ -39,7 +39,7 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
         processes = stack.enter_context(QuantizingProcesses(options.workers))
         inputs = open_way_back(checkpoint, options, "transformer", stack)
         parts = plan_way_back(inputs, "transformer", options, refuse_original=False,
-                              family_check=quantized_family_check("GGUF files"))
+                              family_check=quantized_family_check("GGUF files"), layout_of=quantized_layout)
         folder, notes, counts, files = FolderPlan(), [], {}, {}
         for part in parts:
             policy = quantization_policy(part.family.key)

@@ -44,6 +44,14 @@ def quantized_family_check(files: str):
     return check
 
 
+def quantized_layout(family: ModelFamily) -> str | None:
+    """The table a family's quantized files hold its transformer in, where its quantized.toml names one (the
+    original_parts.LayoutChoice of --to gguf and --to comfyui)."""
+    from ..quantize import quantization_policy
+
+    return quantization_policy(family.key).layout or None
+
+
 def way_back_result(parts: list[OriginalPart], folder: FolderPlan, what: str, inputs: ExportInputs, output: str,
                     precision: str, notes: list[str] = ()) -> ExportResult:
     source = next(iter(inputs.sources.values()))

@@ -6,7 +6,8 @@ The decisions are those of the chain people use today, ComfyUI-GGUF's ``tools/co
 tensors of at most 1,024 values and the family's high-precision names; the source's float type otherwise) followed
 by ``llama-quantize`` with ComfyUI-GGUF's patch (only 2-D tensors whose names end in ``weight`` are quantized,
 never the family's embedders and heads; the ``_M``/``_S`` mixes raise attention-value, fused-qkv and
-feed-forward-down weights a step). Where they differ on purpose:
+feed-forward-down weights a step); the names convert.py ignores (the family's ``drop``) are left out. Where they
+differ on purpose:
 - a row whose length is not a multiple of the type's block stays in the file's float type (the patch falls back to
   F16 for the K types only; the legacy types would fail there), and the plan says so;
 - tensors of more than 4 dimensions (Wan's and HunyuanVideo's Conv3d patch embeddings) are stored as they are, in
@@ -97,6 +98,11 @@ class QuantizationPolicy:
     fp8_quantize: tuple[str, ...]
     release_metadata: tuple[str, ...] = ()
     gguf_loaders: tuple[str, ...] = GGUF_LOADERS
+    gguf_drop: tuple[str, ...] = ()
+    layout: str = ""  # the family's table the files are written in, where not the way back's (its full name)
+
+    def drops(self, name: str) -> bool:
+        return any(key in name for key in self.gguf_drop)
 
     def role_of(self, name: str) -> str | None:
         return next((role for role in ROLES if any(p in name for p in self.roles.get(role, ()))), None)
@@ -111,12 +117,15 @@ class PolicyError(ExtensionError):
     kind = "key maps"
 
 
-def parse_policy(text: str, family: str) -> QuantizationPolicy:
+def parse_policy(data: str | Mapping, family: str) -> QuantizationPolicy:
+    """``data``: the family's quantized.toml, as text or as a table (with a ``same_as`` family's facts merged in)."""
+    if isinstance(data, str):
+        data = tomllib.loads(data)
     try:
-        data = read(PolicyFile, tomllib.loads(text))
+        policy = read(PolicyFile, data)
     except SchemaError as error:
         raise PolicyError(f"{family}/{POLICY_FILE}: {error}") from None
-    gguf = data.gguf
+    gguf = policy.gguf
     if not gguf.signature:
         raise PolicyError(f"{family}/{POLICY_FILE}: [gguf] signature names no tensor")
     unknown = [loader for loader in gguf.loaders if loader not in GGUF_LOADERS]
@@ -125,16 +134,43 @@ def parse_policy(text: str, family: str) -> QuantizationPolicy:
                           + (f", not {quoted(unknown[0])}" if unknown else ""))
     roles = {role: getattr(gguf.roles, role) for role in ROLES}
     return QuantizationPolicy(family, gguf.architecture, gguf.signature, gguf.keep_f32, gguf.keep_float, roles,
-                              data.fp8.quantize, gguf.release_metadata, gguf.loaders)
+                              policy.fp8.quantize, gguf.release_metadata, gguf.loaders, gguf.drop,
+                              f"{family}/{policy.layout}" if policy.layout else "")
 
 
 @cache
 def quantization_policy(family: str) -> QuantizationPolicy:
     """The policy of the family whose tables live in ``key_maps/<family>/`` (its ``ModelFamily.key``)."""
+    return parse_policy(policy_table(family), family)
+
+
+def policy_table(family: str, referred_by: tuple[str, ...] = ()) -> dict:
+    """``family``'s quantized.toml as a table. A file whose weights are another family's says ``same_as = "<that
+    family>"`` and gives only the fields that differ: the other file's tables, each field it gives replacing theirs,
+    so that one family's facts are written once and a correction to them reaches every family that shares them."""
     path = find_key_map_file(f"{family}/{POLICY_FILE}")
-    if path is None:
+    if path is None and not referred_by:
         raise CogExportError(f"no quantized outputs are defined for the {family} family (no {family}/{POLICY_FILE})")
-    return parse_policy(path.read_text(encoding="utf-8"), family)
+    if path is None:
+        raise PolicyError(f"{referred_by[-1]}/{POLICY_FILE}: same_as names {quoted(family)}, which has no "
+                          f"{POLICY_FILE}")
+    own = tomllib.loads(path.read_text(encoding="utf-8"))
+    base = own.get("same_as")
+    if base is None:
+        return own
+    if not isinstance(base, str) or base in (family, *referred_by):
+        raise PolicyError(f"{family}/{POLICY_FILE}: same_as must name another family's folder, one that does not "
+                          f"lead back to {family}")
+    return _merged(policy_table(base, (*referred_by, family)), own)
+
+
+def _merged(base: Mapping, own: Mapping) -> dict:
+    """``base`` with ``own``'s values in its place: tables merged key by key, any other value replaced whole."""
+    merged = dict(base)
+    for key, value in own.items():
+        both_tables = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = _merged(base[key], value) if both_tables else value
+    return merged
 
 
 def quantizable_families() -> tuple[str, ...]:
@@ -191,6 +227,7 @@ def plan_gguf(tensors: Mapping[str, LazyTensor], policy: QuantizationPolicy, pre
     """The plan for ``tensors`` (ORIGINAL release names, ComfyUI layout) under ``policy`` and ``preset``;
     ``strings``: the file's string keys beside (the release metadata the policy names)."""
     preset = preset_named(preset) if isinstance(preset, str) else preset
+    tensors = {name: source for name, source in tensors.items() if not policy.drops(name)}
     _check_names(tensors, policy)
     counts: dict[str, int] = {}
     planned, notes = [], []

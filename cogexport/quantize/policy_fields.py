@@ -37,6 +37,8 @@ class GgufSection:
     loaders: tuple[str, ...] = declared(
         "what loads the family's GGUF files, as its model card says: `ComfyUI-GGUF` (its loader lists the "
         "architecture), `Diffusers` (its single-file table has the family's class)", ("ComfyUI-GGUF", "Diffusers"))
+    drop: tuple[str, ...] = declared("convert.py's keys_ignore: substrings of the names left out of the file (training "
+                                     "state and serialised extras no loader reads)", ())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,5 +55,11 @@ class PolicyFile:
     """``key_maps/<family>/quantized.toml``: a family's facts for GGUF and ComfyUI's quantized files (``--to gguf``,
     ``--to comfyui``). A family without it has no quantized outputs."""
 
+    layout: str = declared(
+        "the family's key-map table (its name in the family's folder) the quantized files hold the transformer in, "
+        "where the files people load are not in its way back's layout (a single file's tensor order, not the "
+        "release's shards'); empty: the way back's", "")
+    same_as: str = declared("another family's folder whose quantized.toml this one shares (its weights are that "
+                            "family's): its tables, each field given here replacing theirs", "")
     gguf: GgufSection = declared("the GGUF facts")
     fp8: Fp8Section = declared("the facts of ComfyUI's quantized files (fp8 and the others)", Fp8Section())
