@@ -244,16 +244,91 @@ def quantize_q5_k(blocks: torch.Tensor) -> torch.Tensor:
 
 def _signed_peak(x: torch.Tensor) -> torch.Tensor:
     """Over rows of (n, groups): the first value of largest magnitude (the reference's running "if (ax > amax)").
-    From the column's max and min (fast reductions; argmax along rows is an order slower), except where they tie
-    in magnitude with opposite signs: those few columns go through argmax (the first maximal index)."""
+    From the column's max and min (fast reductions; argmax along rows is an order slower): the sign of max + min
+    (exact: a float sum is 0 only for opposite values) says which is larger in magnitude, which avoids torch's
+    comparisons and ``where`` (several times slower than its arithmetic). Where they tie in magnitude with
+    opposite signs, the few columns go through argmax (the first maximal index)."""
     highest, lowest = x.amax(0), x.amin(0)
-    magnitude_of_lowest = -lowest
-    peak = torch.where(highest >= magnitude_of_lowest, highest, lowest)
-    tied = torch.nonzero((highest == magnitude_of_lowest) & (highest > 0))[:, 0]
+    balance = highest + lowest
+    peak = torch.maximum(highest, lowest.neg()).copysign_(balance)
+    tied = torch.from_numpy(np.flatnonzero((balance.numpy() == 0) & (highest.numpy() > 0)))
     if tied.numel():
         columns = x[:, tied]
         peak[tied] = columns.gather(0, columns.abs().argmax(dim=0, keepdim=True))[0]
     return peak
+
+
+def _qx_factors(nmax: int) -> torch.Tensor:
+    """The numerators of make_qx_quants's inverse scales, in the order it tries them: -nmax first, then
+    -(nmax + 0.1 * step) for step -9..-1 and 1..9, each computed in float32 as the C code does."""
+    steps = [0] + [step for step in range(-9, 10) if step != 0]
+    return torch.tensor([-(_f32(nmax) + _f32(0.1) * _f32(step)) for step in steps], dtype=torch.float32)
+
+
+# Groups whose candidates one pass of _qx_sums tries: its few arrays (some 1.5 MB at 4096) then stay in a core's
+# L2 cache while each candidate makes six passes over them; per value, 4096 took 0.65x the time of 8192 and 2048
+# the same as 4096 (measured on one core of a busy 2-core machine, CPU time)
+_QX_SLICE_GROUPS = 4096
+
+
+def _qx_sums(x: torch.Tensor, iscales: torch.Tensor, nmax: int) -> torch.Tensor:
+    """For every candidate inverse scale (a row of ``iscales``, (candidates, groups)) and group: the reference's
+    sum of w*x*l and sum of w*l*l (weights w = x^2) over the levels l = clamp(nearest_int(iscale * x), -nmax,
+    nmax - 1), as (candidates, 2, groups). The search's bulk: six operations per candidate on a slice of the
+    groups, none of them a comparison (torch's comparisons and ``where`` are several times slower than its
+    arithmetic)."""
+    weights = x * x
+    # w*x*l multiplies w*x first and w*l*l multiplies w*l first, so one product of (w*x, w) by l gives both
+    # first factors, and the second half is multiplied by l once more
+    factors = torch.stack([weights * x, weights])
+    sums = x.new_zeros((iscales.shape[0], 2, 1, x.shape[1]))
+    width = min(x.shape[1], _QX_SLICE_GROUPS)
+    trial, products = x.new_empty((x.shape[0], width)), factors.new_empty((2, x.shape[0], width))
+    for start in range(0, x.shape[1], width):
+        end = min(start + width, x.shape[1])
+        _qx_slice_sums(x[:, start:end], factors[..., start:end], iscales[:, start:end], sums[..., start:end],
+                       trial[:, :end - start], products[..., :end - start], nmax)
+    return sums[:, :, 0]
+
+
+def _qx_slice_sums(x, factors, iscales, sums, trial, products, nmax: int) -> None:
+    """_qx_sums on one slice of the groups, into ``sums`` (candidates, 2, 1, groups); ``trial`` and ``products``
+    are scratch of the shapes of ``x`` and ``factors``."""
+    # every view the loop uses made once: each indexing is a Python call, as costly as an operation on the slice
+    second, first_row = products[1], _first_row(x.shape[0])
+    for iscale, into in zip(iscales.unbind(0), sums.unbind(0)):
+        levels = torch.mul(x, iscale, out=trial).round_().clamp_(-nmax, nmax - 1)
+        torch.mul(factors, levels, out=products)
+        second.mul_(levels)
+        into.index_add_(1, first_row, products)
+
+
+def _qx_choice(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidate make_qx_quants keeps for each group, and its scale, from every candidate's (sum_lx, sum_l2)
+    (candidates, 2, groups): the first one tried (scale sum_lx / sum_l2, or 0 if sum_l2 is 0), then each later one
+    whose sum_l2 > 0 and sum_lx^2 > best * sum_l2 (scale sum_lx / sum_l2), best being the kept one's scale *
+    sum_lx. In numpy, whose comparisons are fast, and without a branch on the data (a random choice per group is
+    what a CPU's branch predictor does worst): the kept candidate's best and index are blended in bit for bit
+    through an integer mask."""
+    count, groups = sums.shape[0], sums.shape[2]
+    sum_lx, sum_l2 = sums[:, 0], sums[:, 1]
+    with np.errstate(all="ignore"):  # groups all below GROUP_MAX_EPS have NaN sums; they are overwritten later
+        scales = np.divide(sum_lx, sum_l2, out=np.zeros_like(sum_lx), where=sum_l2 != 0)
+        squares, positive = sum_lx * sum_lx, sum_l2 > 0
+        # candidate k's (best, k) as int32 bits: the running choice is blended from these rows
+        offers = np.empty((count, 2, groups), dtype=np.int32)
+        np.multiply(scales, sum_lx, out=offers[:, 0].view(np.float32))
+        offers[:, 1] = np.arange(count, dtype=np.int32)[:, None]
+        kept, product = offers[0].copy(), np.empty(groups, dtype=np.float32)
+        better, mask, change = np.empty(groups, dtype=bool), np.empty(groups, dtype=np.int32), np.empty_like(kept)
+        for candidate in range(1, count):
+            np.multiply(kept[0].view(np.float32), sum_l2[candidate], out=product)
+            np.logical_and(np.greater(squares[candidate], product, out=better), positive[candidate], out=better)
+            np.negative(better.view(np.int8), dtype=np.int32, out=mask)
+            np.bitwise_and(np.bitwise_xor(kept, offers[candidate], out=change), mask, out=change)
+            kept ^= change
+    chosen = kept[1]
+    return chosen, scales[chosen, np.arange(groups)]
 
 
 def make_qx_quants(x: torch.Tensor, nmax: int):
@@ -265,40 +340,18 @@ def make_qx_quants(x: torch.Tensor, nmax: int):
     the reference's nearest_int here, except in groups below GROUP_MAX_EPS (even 0 or subnormal), which the
     reference skips and which are overwritten at the end."""
     peak = _signed_peak(x)
-    weights = x * x
-    weighted_x = weights * x  # the reference's w*x[i]*l multiplies w*x first: the same for every candidate
-    trial, products = torch.empty_like(x), x.new_empty((x.shape[0], 2, x.shape[1]))
-    moments = x.new_empty((1, 2, x.shape[1]))
-    product_rows, (sum_lx, sum_l2) = products.unbind(1), moments[0].unbind(0)
-
-    def fit(iscale):  # sum_lx and sum_l2 of the levels clamp(nearest_int(iscale * x), -nmax, nmax - 1)
-        levels = torch.mul(x, iscale, out=trial).round_().clamp_(-nmax, nmax - 1)
-        torch.mul(weighted_x, levels, out=product_rows[0])
-        torch.mul(weights, levels, out=product_rows[1]).mul_(levels)
-        moments.zero_().index_add_(0, _first_row(x.shape[0]), products)
-
-    iscale = divided(-nmax, peak)
-    fit(iscale)
-    scale = torch.where(sum_l2 != 0, sum_lx / sum_l2, torch.zeros_like(sum_l2))
-    # the running choice and each candidate, rows: inverse scale, scale, best (scale * sum_lx)
-    choice = torch.stack([iscale, scale, scale * sum_lx])
-    proposal = torch.empty_like(choice)
-    iscale, scale, best = proposal.unbind(0)
-    zeros = torch.zeros_like(peak)
-    factors = [-(_f32(nmax) + _f32(0.1) * _f32(step)) for step in range(-9, 10) if step != 0]
-    for factor in torch.tensor(factors, dtype=torch.float32)[:, None].repeat(1, x.shape[1]).unbind(0):
-        fit(torch.div(factor, peak, out=iscale))
-        torch.mul(torch.div(sum_lx, sum_l2, out=scale), sum_lx, out=best)
-        better = (sum_l2 > zeros) & (sum_lx * sum_lx > choice[2] * sum_l2)
-        choice = torch.where(better, proposal, choice)
-    chosen_iscale, scale, _ = choice
-    zero = peak.abs() < _EPS
+    iscales = _qx_factors(nmax)[:, None] / peak  # each a true float32 division, as the reference's
+    chosen, scale = _qx_choice(_qx_sums(x, iscales, nmax).numpy())
+    zero = np.flatnonzero(np.abs(peak.numpy()) < _EPS)
+    scale[zero] = 0
 
     def levels():
-        chosen = nearest_int(x * chosen_iscale, in_place=True).clamp_(-nmax, nmax - 1)
-        return torch.where(zero, torch.full_like(chosen, -nmax), chosen) + nmax  # a zero group stores 0
+        chosen_iscale = iscales.numpy()[chosen, np.arange(chosen.size)]
+        chosen_levels = nearest_int(x * torch.from_numpy(chosen_iscale), in_place=True).clamp_(-nmax, nmax - 1)
+        chosen_levels[:, zero] = -nmax  # a zero group stores 0
+        return chosen_levels + nmax
 
-    return torch.where(zero, torch.zeros_like(scale), scale), levels
+    return torch.from_numpy(scale), levels
 
 
 def quantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -312,7 +365,9 @@ def quantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     small = nearest_int(iscale * scales).clamp(max=127)
     small = ((small + 128) & 0xFF) - 128  # the int8 the reference stores
     d = (d16.float()[None, :] * small.float()).T.reshape(-1)  # (groups,)
-    levels = _requantized(nearest_int(groups / d, in_place=True).clamp_(-32, 31).add_(32), d, search_levels)
+    # nearest_int(x / d) clamped to [-32, 31], plus 32: the trick's bits less (its offset - 32), clamped to [0, 63]
+    shifted = groups.div(d).add_(12582912.0).view(torch.int32).bitwise_and_(0x007FFFFF)
+    levels = _requantized(shifted.sub_(0x00400000 - 32).clamp_(0, 63), d, search_levels)
     # value l of quarter q of half h of a block is row l % 16 of group 16 b + 8 h + 2 q + l // 16: planes [q]
     # (blocks, h, l // 16, l % 16), each contiguous in the order of the stored bytes
     planes = levels.to(torch.uint8).reshape(16, count, 2, 4, 2).permute(3, 1, 2, 4, 0).contiguous()
@@ -320,5 +375,5 @@ def quantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     ql = torch.stack([low[0] | (low[2] << 4), low[1] | (low[3] << 4)], dim=2).reshape(count, 128)
     qh = (high[0] | (high[1] << 2) | (high[2] << 4) | (high[3] << 6)).reshape(count, 64)
     out = torch.cat([ql, qh, small.T.to(torch.int8).view(torch.uint8), d16[:, None].view(torch.uint8)], dim=1)
-    zero_block = (max_scale.abs() < _EPS)[:, None]
-    return torch.where(zero_block, torch.zeros_like(out), out)
+    out[np.flatnonzero(np.abs(max_scale.numpy()) < _EPS)] = 0  # blocks all below GROUP_MAX_EPS store zeros
+    return out
