@@ -281,7 +281,7 @@ def _qx_sums(x: torch.Tensor, iscales: torch.Tensor, nmax: int) -> torch.Tensor:
     # w*x*l multiplies w*x first and w*l*l multiplies w*l first, so one product of (w*x, w) by l gives both
     # first factors, and the second half is multiplied by l once more
     factors = torch.stack([weights * x, weights])
-    sums = x.new_zeros((iscales.shape[0], 2, 1, x.shape[1]))
+    sums = x.new_zeros((2, iscales.shape[0], 1, x.shape[1]))  # each candidate's sums a row of its own
     width = min(x.shape[1], _QX_SLICE_GROUPS)
     trial, products = x.new_empty((x.shape[0], width)), factors.new_empty((2, x.shape[0], width))
     for start in range(0, x.shape[1], width):
@@ -292,43 +292,52 @@ def _qx_sums(x: torch.Tensor, iscales: torch.Tensor, nmax: int) -> torch.Tensor:
 
 
 def _qx_slice_sums(x, factors, iscales, sums, trial, products, nmax: int) -> None:
-    """_qx_sums on one slice of the groups, into ``sums`` (candidates, 2, 1, groups); ``trial`` and ``products``
+    """_qx_sums on one slice of the groups, into ``sums`` (2, candidates, 1, groups); ``trial`` and ``products``
     are scratch of the shapes of ``x`` and ``factors``."""
     # every view the loop uses made once: each indexing is a Python call, as costly as an operation on the slice
     second, first_row = products[1], _first_row(x.shape[0])
-    for iscale, into in zip(iscales.unbind(0), sums.unbind(0)):
+    for iscale, into in zip(iscales.unbind(0), sums.unbind(1)):
         levels = torch.mul(x, iscale, out=trial).round_().clamp_(-nmax, nmax - 1)
         torch.mul(factors, levels, out=products)
         second.mul_(levels)
         into.index_add_(1, first_row, products)
 
 
-def _qx_choice(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The candidate make_qx_quants keeps for each group, and its scale, from every candidate's (sum_lx, sum_l2)
-    (candidates, 2, groups): the first one tried (scale sum_lx / sum_l2, or 0 if sum_l2 is 0), then each later one
+def _qx_choice(sum_lx: np.ndarray, sum_l2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidate make_qx_quants keeps for each group, and its scale, from every candidate's sum_lx and sum_l2
+    (candidates, groups): the first one tried (scale sum_lx / sum_l2, or 0 if sum_l2 is 0), then each later one
     whose sum_l2 > 0 and sum_lx^2 > best * sum_l2 (scale sum_lx / sum_l2), best being the kept one's scale *
-    sum_lx. In numpy, whose comparisons are fast, and without a branch on the data (a random choice per group is
-    what a CPU's branch predictor does worst): the kept candidate's best and index are blended in bit for bit
-    through an integer mask."""
-    count, groups = sums.shape[0], sums.shape[2]
-    sum_lx, sum_l2 = sums[:, 0], sums[:, 1]
+    sum_lx. In numpy, whose comparisons are fast, one candidate at a time on arrays small enough to stay in cache,
+    and without a branch on the data (a random choice per group is what a CPU's branch predictor does worst): the
+    kept candidate's best and index are blended in bit for bit through an integer mask."""
+    count, groups = sum_lx.shape
+    kept, offer, change = (np.empty((2, groups), dtype=np.int32) for _ in range(3))  # rows: best's bits, index
+    square, product, better, mask = np.empty(groups, np.float32), np.empty(groups, np.float32), \
+        np.empty(groups, bool), np.empty(groups, np.int32)
+    best, offered_best = kept[0].view(np.float32), offer[0].view(np.float32)
     with np.errstate(all="ignore"):  # groups all below GROUP_MAX_EPS have NaN sums; they are overwritten later
-        scales = np.divide(sum_lx, sum_l2, out=np.zeros_like(sum_lx), where=sum_l2 != 0)
-        squares, positive = sum_lx * sum_lx, sum_l2 > 0
-        # candidate k's (best, k) as int32 bits: the running choice is blended from these rows
-        offers = np.empty((count, 2, groups), dtype=np.int32)
-        np.multiply(scales, sum_lx, out=offers[:, 0].view(np.float32))
-        offers[:, 1] = np.arange(count, dtype=np.int32)[:, None]
-        kept, product = offers[0].copy(), np.empty(groups, dtype=np.float32)
-        better, mask, change = np.empty(groups, dtype=bool), np.empty(groups, dtype=np.int32), np.empty_like(kept)
+        first = _qx_scale(sum_lx[0], sum_l2[0])
+        np.multiply(first, sum_lx[0], out=best)
+        kept[1] = 0
         for candidate in range(1, count):
-            np.multiply(kept[0].view(np.float32), sum_l2[candidate], out=product)
-            np.logical_and(np.greater(squares[candidate], product, out=better), positive[candidate], out=better)
+            np.divide(sum_lx[candidate], sum_l2[candidate], out=offered_best)
+            np.multiply(offered_best, sum_lx[candidate], out=offered_best)
+            offer[1] = candidate
+            np.multiply(sum_lx[candidate], sum_lx[candidate], out=square)
+            np.multiply(best, sum_l2[candidate], out=product)
+            np.logical_and(np.greater(square, product, out=better), sum_l2[candidate] > 0, out=better)
             np.negative(better.view(np.int8), dtype=np.int32, out=mask)
-            np.bitwise_and(np.bitwise_xor(kept, offers[candidate], out=change), mask, out=change)
+            np.bitwise_and(np.bitwise_xor(kept, offer, out=change), mask, out=change)
             kept ^= change
-    chosen = kept[1]
-    return chosen, scales[chosen, np.arange(groups)]
+        chosen, columns = kept[1], np.arange(groups)
+        return chosen, _qx_scale(sum_lx[chosen, columns], sum_l2[chosen, columns])
+
+
+def _qx_scale(sum_lx: np.ndarray, sum_l2: np.ndarray) -> np.ndarray:
+    """The reference's scale: sum_lx / sum_l2, or 0 where sum_l2 is 0."""
+    scale = sum_lx / sum_l2
+    scale[sum_l2 == 0] = 0
+    return scale
 
 
 def make_qx_quants(x: torch.Tensor, nmax: int):
@@ -341,7 +350,8 @@ def make_qx_quants(x: torch.Tensor, nmax: int):
     reference skips and which are overwritten at the end."""
     peak = _signed_peak(x)
     iscales = _qx_factors(nmax)[:, None] / peak  # each a true float32 division, as the reference's
-    chosen, scale = _qx_choice(_qx_sums(x, iscales, nmax).numpy())
+    sum_lx, sum_l2 = _qx_sums(x, iscales, nmax).numpy()
+    chosen, scale = _qx_choice(sum_lx, sum_l2)
     zero = np.flatnonzero(np.abs(peak.numpy()) < _EPS)
     scale[zero] = 0
 
