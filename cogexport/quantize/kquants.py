@@ -374,16 +374,22 @@ def quantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     d16 = (torch.ones_like(iscale) / iscale).to(torch.float16)
     small = nearest_int(iscale * scales).clamp(max=127)
     small = ((small + 128) & 0xFF) - 128  # the int8 the reference stores
-    d = (d16.float()[None, :] * small.float()).T.reshape(-1)  # (groups,)
-    # nearest_int(x / d) clamped to [-32, 31], plus 32: the trick's bits less (its offset - 32), clamped to [0, 63]
-    shifted = groups.div(d).add_(12582912.0).view(torch.int32).bitwise_and_(0x007FFFFF)
-    levels = _requantized(shifted.sub_(0x00400000 - 32).clamp_(0, 63), d, search_levels)
-    # value l of quarter q of half h of a block is row l % 16 of group 16 b + 8 h + 2 q + l // 16: planes [q]
-    # (blocks, h, l // 16, l % 16), each contiguous in the order of the stored bytes
-    planes = levels.to(torch.uint8).reshape(16, count, 2, 4, 2).permute(3, 1, 2, 4, 0).contiguous()
-    low, high = planes & 0xF, planes >> 4
-    ql = torch.stack([low[0] | (low[2] << 4), low[1] | (low[3] << 4)], dim=2).reshape(count, 128)
-    qh = (high[0] | (high[1] << 2) | (high[2] << 4) | (high[3] << 6)).reshape(count, 64)
+    d = (d16.float()[None, :] * small.float()).T  # (blocks, 16 groups)
+    # every value again with the stored scales, in the blocks' own order (value 16 j + i of a block is value i of
+    # its group j): nearest_int(x / d) clamped to [-32, 31], plus 32, as the trick's bits less (its offset - 32)
+    shifted = (blocks.reshape(count, 16, 16) / d[:, :, None]).add_(12582912.0).view(torch.int32).bitwise_and_(0x7FFFFF)
+    levels = shifted.sub_(0x00400000 - 32).clamp_(0, 63).view(count, 16, 16)
+    skipped = torch.from_numpy(np.flatnonzero(d.reshape(-1).numpy() == 0))
+    if skipped.numel():  # the reference keeps the search's levels where the stored scale is 0
+        levels.view(-1, 16)[skipped] = search_levels()[:, skipped].T
+    # value 128 h + 32 q + l (half h, quarter q) goes to the low nibble of ql[64 h + 32 (q % 2) + l] (the high one
+    # for q >= 2) and to bits 2q, 2q + 1 of qh[32 h + l]
+    quarters = levels.to(torch.uint8).view(count, 2, 4, 32)
+    low, high = quarters & 0xF, quarters >> 4
+    ql = (low[:, :, 0:2] | (low[:, :, 2:4] << 4)).reshape(count, 128)
+    qh = (high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)).reshape(count, 64)
     out = torch.cat([ql, qh, small.T.to(torch.int8).view(torch.uint8), d16[:, None].view(torch.uint8)], dim=1)
-    out[np.flatnonzero(np.abs(max_scale.numpy()) < _EPS)] = 0  # blocks all below GROUP_MAX_EPS store zeros
+    zero = np.flatnonzero(np.abs(max_scale.numpy()) < _EPS)
+    if zero.size:  # blocks all below GROUP_MAX_EPS store zeros
+        out[torch.from_numpy(zero)] = 0
     return out
