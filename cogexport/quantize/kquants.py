@@ -11,6 +11,11 @@ only what gives its best candidate's levels (the inverse scale, and the min for 
 levels from it only where the stored scale turns out to be 0 (elsewhere every value is quantized again with the
 stored scales, as the reference does).
 
+Q6_K's search (make_qx_quants) tries candidates that do not depend on one another, so it sums every candidate first
+and chooses afterwards, in numpy: torch's comparisons and ``where`` cost several times its arithmetic, and a choice
+that differs from group to group is best made without a branch (an integer mask blends the kept candidate's bits).
+Q4_K's and Q5_K's (make_qkx2_quants) carry the kept min into the next candidate, so they choose at every step.
+
 Each function takes float32 super-blocks, shape (blocks, 256), and returns their bytes. Inside, a chunk's groups
 are laid out (values of a group, groups): value i of every group in row i, so that each step of a sum is one
 contiguous row. The work is a few dozen passes over arrays of the chunk's size per candidate, so the chunk should
