@@ -360,7 +360,8 @@ def test_gguf_reference_comparison_accepts_right_bytes_and_refuses_one_changed(t
     generator = torch.Generator().manual_seed(3)
     tensors = {"blocks.0.ffn.weight": torch.randn(6, 512, generator=generator) * 0.02,
                "blocks.0.attn.weight": torch.randn(5, 256, generator=generator) * 0.02,
-               "head.weight": torch.randn(3, 64, generator=generator), "norm.weight": torch.randn(64, generator=generator)}
+               "head.weight": torch.randn(3, 64, generator=generator),
+               "norm.weight": torch.randn(64, generator=generator)}
     types = {"blocks.0.ffn.weight": "Q6_K", "blocks.0.attn.weight": "Q4_K", "head.weight": "Q8_0", "norm.weight": "F32"}
     release = tmp_path / "release.safetensors"
     save_file(tensors, release)

@@ -263,6 +263,7 @@ def _signed_peak(x: torch.Tensor) -> torch.Tensor:
     return peak
 
 
+@lru_cache(maxsize=4)
 def _qx_factors(nmax: int) -> torch.Tensor:
     """The numerators of make_qx_quants's inverse scales, in the order it tries them: -nmax first, then
     -(nmax + 0.1 * step) for step -9..-1 and 1..9, each computed in float32 as the C code does."""
