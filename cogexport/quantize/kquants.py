@@ -280,32 +280,31 @@ _QX_SLICE_GROUPS = 4096
 def _qx_sums(x: torch.Tensor, iscales: torch.Tensor, nmax: int) -> torch.Tensor:
     """For every candidate inverse scale (a row of ``iscales``, (candidates, groups)) and group: the reference's
     sum of w*x*l and sum of w*l*l (weights w = x^2) over the levels l = clamp(nearest_int(iscale * x), -nmax,
-    nmax - 1), as (candidates, 2, groups). The search's bulk: six operations per candidate on a slice of the
+    nmax - 1), as (2, candidates, groups). The search's bulk: seven operations per candidate on a slice of the
     groups, none of them a comparison (torch's comparisons and ``where`` are several times slower than its
     arithmetic)."""
     weights = x * x
-    # w*x*l multiplies w*x first and w*l*l multiplies w*l first, so one product of (w*x, w) by l gives both
-    # first factors, and the second half is multiplied by l once more
-    factors = torch.stack([weights * x, weights])
+    factors = torch.stack([weights * x, weights])  # w*x*l multiplies w*x first, as the reference's expression
     sums = x.new_zeros((2, iscales.shape[0], 1, x.shape[1]))  # each candidate's sums a row of its own
     width = min(x.shape[1], _QX_SLICE_GROUPS)
-    trial, products = x.new_empty((x.shape[0], width)), factors.new_empty((2, x.shape[0], width))
+    products = factors.new_empty((2, x.shape[0], width))
     for start in range(0, x.shape[1], width):
         end = min(start + width, x.shape[1])
         _qx_slice_sums(x[:, start:end], factors[..., start:end], iscales[:, start:end], sums[..., start:end],
-                       trial[:, :end - start], products[..., :end - start], nmax)
+                       products[..., :end - start], nmax)
     return sums[:, :, 0]
 
 
-def _qx_slice_sums(x, factors, iscales, sums, trial, products, nmax: int) -> None:
-    """_qx_sums on one slice of the groups, into ``sums`` (2, candidates, 1, groups); ``trial`` and ``products``
-    are scratch of the shapes of ``x`` and ``factors``."""
+def _qx_slice_sums(x, factors, iscales, sums, products, nmax: int) -> None:
+    """_qx_sums on one slice of the groups, into ``sums`` (2, candidates, 1, groups); ``products`` is scratch of
+    the shape of ``factors``. The levels are made in the first product's place and multiplied there by w*x once
+    w*l*l is made from them (one array fewer in the cache: 4-7% faster than a scratch array of their own)."""
     # every view the loop uses made once: each indexing is a Python call, as costly as an operation on the slice
-    second, first_row = products[1], _first_row(x.shape[0])
+    (weighted_x, weights), (first, second), first_row = factors.unbind(0), products.unbind(0), _first_row(x.shape[0])
     for iscale, into in zip(iscales.unbind(0), sums.unbind(1)):
-        levels = torch.mul(x, iscale, out=trial).round_().clamp_(-nmax, nmax - 1)
-        torch.mul(factors, levels, out=products)
-        second.mul_(levels)
+        levels = torch.mul(x, iscale, out=first).round_().clamp_(-nmax, nmax - 1)
+        torch.mul(weights, levels, out=second).mul_(levels)
+        levels.mul_(weighted_x)  # l * (w*x): the same float32 product as (w*x) * l
         into.index_add_(1, first_row, products)
 
 
