@@ -271,8 +271,8 @@ def _qx_factors(nmax: int) -> torch.Tensor:
     return torch.tensor([-(_f32(nmax) + _f32(0.1) * _f32(step)) for step in steps], dtype=torch.float32)
 
 
-# Groups whose candidates one pass of _qx_sums tries: its few arrays (some 1.5 MB at 4096) then stay in a core's
-# L2 cache while each candidate makes six passes over them; per value, 4096 took 0.65x the time of 8192 and 2048
+# Groups whose candidates one pass of _qx_sums tries: its few arrays (some 1.3 MB at 4096) then stay in a core's
+# L2 cache while each candidate makes seven passes over them; per value, 4096 took 0.65x the time of 8192 and 2048
 # the same as 4096 (measured on one core of a busy 2-core machine, CPU time)
 _QX_SLICE_GROUPS = 4096
 
