@@ -328,3 +328,51 @@ def test_at_scale_judge_refuses_a_difference(single_file_exports, tmp_path, spoi
     spoil_wan_output(ours / "diffusion_pytorch_model.safetensors", spoiled)
     with pytest.raises(click.ClickException, match=message):
         judge(work / "release" / "diffusion_pytorch_model.safetensors", ours)
+
+
+# GGUF beside llama.cpp's C reference: benchmark_gguf_reference's reference job and its byte comparison ------------
+
+def write_gguf(path, tensors: dict, types: dict) -> None:
+    """A GGUF file holding ``tensors`` stored as ``types`` by cogexport's quantizers (raw bytes, as the export does)."""
+    import gguf
+
+    from cogexport.quantize import quantize_tensor
+
+    writer = gguf.GGUFWriter(path, "test")
+    for name, values in tensors.items():
+        kind = gguf.GGMLQuantizationType[types[name]]
+        writer.add_tensor(name, quantize_tensor(values, types[name]).numpy(), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_reference_comparison_accepts_right_bytes_and_refuses_one_changed(tmp_path):
+    """The reference job (llama.cpp's C quantizers on the release's values, its rows split over 2 threads) makes
+    the bytes of every tensor cogexport stored, of each kind of type (K, legacy, float); one byte changed in a
+    stored tensor is named."""
+    import gguf
+    from benchmark_gguf_reference import LIBRARY, differing_tensors, file_plan, reference_job
+
+    if not LIBRARY.is_file():
+        pytest.skip(f"llama.cpp's reference quantizers are not built ({LIBRARY}): run scripts/build_ggml_reference.sh")
+    generator = torch.Generator().manual_seed(3)
+    tensors = {"blocks.0.ffn.weight": torch.randn(6, 512, generator=generator) * 0.02,
+               "blocks.0.attn.weight": torch.randn(5, 256, generator=generator) * 0.02,
+               "head.weight": torch.randn(3, 64, generator=generator),
+               "norm.weight": torch.randn(64, generator=generator)}
+    types = {"blocks.0.ffn.weight": "Q6_K", "blocks.0.attn.weight": "Q4_K", "head.weight": "Q8_0", "norm.weight": "F32"}
+    release = tmp_path / "release.safetensors"
+    save_file(tensors, release)
+    write_gguf(tmp_path / "ours.gguf", tensors, types)
+    plan = file_plan(tmp_path / "ours.gguf")
+    assert [tuple(entry[:2]) for entry in plan] == list(types.items())
+    reference_job(release, plan, tmp_path / "reference.bin", 2, LIBRARY)
+    assert differing_tensors(tmp_path / "ours.gguf", plan, tmp_path / "reference.bin") == []
+
+    spoiled = gguf.GGUFReader(tmp_path / "ours.gguf")
+    data = bytearray((tmp_path / "ours.gguf").read_bytes())
+    data[spoiled.tensors[0].data_offset + 5] ^= 0x10
+    (tmp_path / "spoiled.gguf").write_bytes(bytes(data))
+    assert differing_tensors(tmp_path / "spoiled.gguf", plan, tmp_path / "reference.bin") == ["blocks.0.ffn.weight"]

@@ -11,6 +11,11 @@ only what gives its best candidate's levels (the inverse scale, and the min for 
 levels from it only where the stored scale turns out to be 0 (elsewhere every value is quantized again with the
 stored scales, as the reference does).
 
+Q6_K's search (make_qx_quants) tries candidates that do not depend on one another, so it sums every candidate first
+and chooses afterwards, in numpy: torch's comparisons and ``where`` cost several times its arithmetic, and a choice
+that differs from group to group is best made without a branch (an integer mask blends the kept candidate's bits).
+Q4_K's and Q5_K's (make_qkx2_quants) carry the kept min into the next candidate, so they choose at every step.
+
 Each function takes float32 super-blocks, shape (blocks, 256), and returns their bytes. Inside, a chunk's groups
 are laid out (values of a group, groups): value i of every group in row i, so that each step of a sum is one
 contiguous row. The work is a few dozen passes over arrays of the chunk's size per candidate, so the chunk should
@@ -244,16 +249,100 @@ def quantize_q5_k(blocks: torch.Tensor) -> torch.Tensor:
 
 def _signed_peak(x: torch.Tensor) -> torch.Tensor:
     """Over rows of (n, groups): the first value of largest magnitude (the reference's running "if (ax > amax)").
-    From the column's max and min (fast reductions; argmax along rows is an order slower), except where they tie
-    in magnitude with opposite signs: those few columns go through argmax (the first maximal index)."""
+    From the column's max and min (fast reductions; argmax along rows is an order slower): the sign of max + min
+    (exact: a float sum is 0 only for opposite values) says which is larger in magnitude, which avoids torch's
+    comparisons and ``where`` (several times slower than its arithmetic). Where they tie in magnitude with
+    opposite signs, the few columns go through argmax (the first maximal index)."""
     highest, lowest = x.amax(0), x.amin(0)
-    magnitude_of_lowest = -lowest
-    peak = torch.where(highest >= magnitude_of_lowest, highest, lowest)
-    tied = torch.nonzero((highest == magnitude_of_lowest) & (highest > 0))[:, 0]
+    balance = highest + lowest
+    peak = torch.maximum(highest, lowest.neg()).copysign_(balance)
+    tied = torch.from_numpy(np.flatnonzero((balance.numpy() == 0) & (highest.numpy() > 0)))
     if tied.numel():
         columns = x[:, tied]
         peak[tied] = columns.gather(0, columns.abs().argmax(dim=0, keepdim=True))[0]
     return peak
+
+
+@lru_cache(maxsize=4)
+def _qx_factors(nmax: int) -> torch.Tensor:
+    """The numerators of make_qx_quants's inverse scales, in the order it tries them: -nmax first, then
+    -(nmax + 0.1 * step) for step -9..-1 and 1..9, each computed in float32 as the C code does."""
+    steps = [0] + [step for step in range(-9, 10) if step != 0]
+    return torch.tensor([-(_f32(nmax) + _f32(0.1) * _f32(step)) for step in steps], dtype=torch.float32)
+
+
+# Groups whose candidates one pass of _qx_sums tries: its few arrays (some 1.3 MB at 4096) then stay in a core's
+# L2 cache while each candidate makes seven passes over them; per value, 4096 took 0.65x the time of 8192 and 2048
+# the same as 4096 (measured on one core of a busy 2-core machine, CPU time)
+_QX_SLICE_GROUPS = 4096
+
+
+def _qx_sums(x: torch.Tensor, iscales: torch.Tensor, nmax: int) -> torch.Tensor:
+    """For every candidate inverse scale (a row of ``iscales``, (candidates, groups)) and group: the reference's
+    sum of w*x*l and sum of w*l*l (weights w = x^2) over the levels l = clamp(nearest_int(iscale * x), -nmax,
+    nmax - 1), as (2, candidates, groups). The search's bulk: seven operations per candidate on a slice of the
+    groups, none of them a comparison (torch's comparisons and ``where`` are several times slower than its
+    arithmetic)."""
+    weights = x * x
+    factors = torch.stack([weights * x, weights])  # w*x*l multiplies w*x first, as the reference's expression
+    sums = x.new_zeros((2, iscales.shape[0], 1, x.shape[1]))  # each candidate's sums a row of its own
+    width = min(x.shape[1], _QX_SLICE_GROUPS)
+    products = factors.new_empty((2, x.shape[0], width))
+    for start in range(0, x.shape[1], width):
+        end = min(start + width, x.shape[1])
+        _qx_slice_sums(x[:, start:end], factors[..., start:end], iscales[:, start:end], sums[..., start:end],
+                       products[..., :end - start], nmax)
+    return sums[:, :, 0]
+
+
+def _qx_slice_sums(x, factors, iscales, sums, products, nmax: int) -> None:
+    """_qx_sums on one slice of the groups, into ``sums`` (2, candidates, 1, groups); ``products`` is scratch of
+    the shape of ``factors``. The levels are made in the first product's place and multiplied there by w*x once
+    w*l*l is made from them (one array fewer in the cache: 4-7% faster than a scratch array of their own)."""
+    # every view the loop uses made once: each indexing is a Python call, as costly as an operation on the slice
+    (weighted_x, weights), (first, second), first_row = factors.unbind(0), products.unbind(0), _first_row(x.shape[0])
+    for iscale, into in zip(iscales.unbind(0), sums.unbind(1)):
+        levels = torch.mul(x, iscale, out=first).round_().clamp_(-nmax, nmax - 1)
+        torch.mul(weights, levels, out=second).mul_(levels)
+        levels.mul_(weighted_x)  # l * (w*x): the same float32 product as (w*x) * l
+        into.index_add_(1, first_row, products)
+
+
+def _qx_choice(sum_lx: np.ndarray, sum_l2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidate make_qx_quants keeps for each group, and its scale, from every candidate's sum_lx and sum_l2
+    (candidates, groups): the first one tried (scale sum_lx / sum_l2, or 0 if sum_l2 is 0), then each later one
+    whose sum_l2 > 0 and sum_lx^2 > best * sum_l2 (scale sum_lx / sum_l2), best being the kept one's scale *
+    sum_lx. In numpy, whose comparisons are fast, one candidate at a time on arrays small enough to stay in cache,
+    and without a branch on the data (a random choice per group is what a CPU's branch predictor does worst): the
+    kept candidate's best and index are blended in bit for bit through an integer mask."""
+    count, groups = sum_lx.shape
+    kept, offer, change = (np.empty((2, groups), dtype=np.int32) for _ in range(3))  # rows: best's bits, index
+    square, product, better, mask = np.empty(groups, np.float32), np.empty(groups, np.float32), \
+        np.empty(groups, bool), np.empty(groups, np.int32)
+    best, offered_best = kept[0].view(np.float32), offer[0].view(np.float32)
+    with np.errstate(all="ignore"):  # groups all below GROUP_MAX_EPS have NaN sums; they are overwritten later
+        first = _qx_scale(sum_lx[0], sum_l2[0])
+        np.multiply(first, sum_lx[0], out=best)
+        kept[1] = 0
+        for candidate in range(1, count):
+            np.divide(sum_lx[candidate], sum_l2[candidate], out=offered_best)
+            np.multiply(offered_best, sum_lx[candidate], out=offered_best)
+            offer[1] = candidate
+            np.multiply(sum_lx[candidate], sum_lx[candidate], out=square)
+            np.multiply(best, sum_l2[candidate], out=product)
+            np.logical_and(np.greater(square, product, out=better), sum_l2[candidate] > 0, out=better)
+            np.negative(better.view(np.int8), dtype=np.int32, out=mask)
+            np.bitwise_and(np.bitwise_xor(kept, offer, out=change), mask, out=change)
+            kept ^= change
+        chosen, columns = kept[1], np.arange(groups)
+        return chosen, _qx_scale(sum_lx[chosen, columns], sum_l2[chosen, columns])
+
+
+def _qx_scale(sum_lx: np.ndarray, sum_l2: np.ndarray) -> np.ndarray:
+    """The reference's scale: sum_lx / sum_l2, or 0 where sum_l2 is 0."""
+    scale = sum_lx / sum_l2
+    scale[sum_l2 == 0] = 0
+    return scale
 
 
 def make_qx_quants(x: torch.Tensor, nmax: int):
@@ -265,40 +354,19 @@ def make_qx_quants(x: torch.Tensor, nmax: int):
     the reference's nearest_int here, except in groups below GROUP_MAX_EPS (even 0 or subnormal), which the
     reference skips and which are overwritten at the end."""
     peak = _signed_peak(x)
-    weights = x * x
-    weighted_x = weights * x  # the reference's w*x[i]*l multiplies w*x first: the same for every candidate
-    trial, products = torch.empty_like(x), x.new_empty((x.shape[0], 2, x.shape[1]))
-    moments = x.new_empty((1, 2, x.shape[1]))
-    product_rows, (sum_lx, sum_l2) = products.unbind(1), moments[0].unbind(0)
-
-    def fit(iscale):  # sum_lx and sum_l2 of the levels clamp(nearest_int(iscale * x), -nmax, nmax - 1)
-        levels = torch.mul(x, iscale, out=trial).round_().clamp_(-nmax, nmax - 1)
-        torch.mul(weighted_x, levels, out=product_rows[0])
-        torch.mul(weights, levels, out=product_rows[1]).mul_(levels)
-        moments.zero_().index_add_(0, _first_row(x.shape[0]), products)
-
-    iscale = divided(-nmax, peak)
-    fit(iscale)
-    scale = torch.where(sum_l2 != 0, sum_lx / sum_l2, torch.zeros_like(sum_l2))
-    # the running choice and each candidate, rows: inverse scale, scale, best (scale * sum_lx)
-    choice = torch.stack([iscale, scale, scale * sum_lx])
-    proposal = torch.empty_like(choice)
-    iscale, scale, best = proposal.unbind(0)
-    zeros = torch.zeros_like(peak)
-    factors = [-(_f32(nmax) + _f32(0.1) * _f32(step)) for step in range(-9, 10) if step != 0]
-    for factor in torch.tensor(factors, dtype=torch.float32)[:, None].repeat(1, x.shape[1]).unbind(0):
-        fit(torch.div(factor, peak, out=iscale))
-        torch.mul(torch.div(sum_lx, sum_l2, out=scale), sum_lx, out=best)
-        better = (sum_l2 > zeros) & (sum_lx * sum_lx > choice[2] * sum_l2)
-        choice = torch.where(better, proposal, choice)
-    chosen_iscale, scale, _ = choice
-    zero = peak.abs() < _EPS
+    iscales = _qx_factors(nmax)[:, None] / peak  # each a true float32 division, as the reference's
+    sum_lx, sum_l2 = _qx_sums(x, iscales, nmax).numpy()
+    chosen, scale = _qx_choice(sum_lx, sum_l2)
+    zero = np.flatnonzero(np.abs(peak.numpy()) < _EPS)
+    scale[zero] = 0
 
     def levels():
-        chosen = nearest_int(x * chosen_iscale, in_place=True).clamp_(-nmax, nmax - 1)
-        return torch.where(zero, torch.full_like(chosen, -nmax), chosen) + nmax  # a zero group stores 0
+        chosen_iscale = iscales.numpy()[chosen, np.arange(chosen.size)]
+        chosen_levels = nearest_int(x * torch.from_numpy(chosen_iscale), in_place=True).clamp_(-nmax, nmax - 1)
+        chosen_levels[:, zero] = -nmax  # a zero group stores 0
+        return chosen_levels + nmax
 
-    return torch.where(zero, torch.zeros_like(scale), scale), levels
+    return torch.from_numpy(scale), levels
 
 
 def quantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -311,14 +379,22 @@ def quantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     d16 = (torch.ones_like(iscale) / iscale).to(torch.float16)
     small = nearest_int(iscale * scales).clamp(max=127)
     small = ((small + 128) & 0xFF) - 128  # the int8 the reference stores
-    d = (d16.float()[None, :] * small.float()).T.reshape(-1)  # (groups,)
-    levels = _requantized(nearest_int(groups / d, in_place=True).clamp_(-32, 31).add_(32), d, search_levels)
-    # value l of quarter q of half h of a block is row l % 16 of group 16 b + 8 h + 2 q + l // 16: planes [q]
-    # (blocks, h, l // 16, l % 16), each contiguous in the order of the stored bytes
-    planes = levels.to(torch.uint8).reshape(16, count, 2, 4, 2).permute(3, 1, 2, 4, 0).contiguous()
-    low, high = planes & 0xF, planes >> 4
-    ql = torch.stack([low[0] | (low[2] << 4), low[1] | (low[3] << 4)], dim=2).reshape(count, 128)
-    qh = (high[0] | (high[1] << 2) | (high[2] << 4) | (high[3] << 6)).reshape(count, 64)
+    d = (d16.float()[None, :] * small.float()).T  # (blocks, 16 groups)
+    # every value again with the stored scales, in the blocks' own order (value 16 j + i of a block is value i of
+    # its group j): nearest_int(x / d) clamped to [-32, 31], plus 32, as the trick's bits less (its offset - 32)
+    shifted = (blocks.reshape(count, 16, 16) / d[:, :, None]).add_(12582912.0).view(torch.int32).bitwise_and_(0x7FFFFF)
+    levels = shifted.sub_(0x00400000 - 32).clamp_(0, 63).view(count, 16, 16)
+    skipped = torch.from_numpy(np.flatnonzero(d.reshape(-1).numpy() == 0))
+    if skipped.numel():  # the reference keeps the search's levels where the stored scale is 0
+        levels.view(-1, 16)[skipped] = search_levels()[:, skipped].T
+    # value 128 h + 32 q + l (half h, quarter q) goes to the low nibble of ql[64 h + 32 (q % 2) + l] (the high one
+    # for q >= 2) and to bits 2q, 2q + 1 of qh[32 h + l]
+    quarters = levels.to(torch.uint8).view(count, 2, 4, 32)
+    low, high = quarters & 0xF, quarters >> 4
+    ql = (low[:, :, 0:2] | (low[:, :, 2:4] << 4)).reshape(count, 128)
+    qh = (high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)).reshape(count, 64)
     out = torch.cat([ql, qh, small.T.to(torch.int8).view(torch.uint8), d16[:, None].view(torch.uint8)], dim=1)
-    zero_block = (max_scale.abs() < _EPS)[:, None]
-    return torch.where(zero_block, torch.zeros_like(out), out)
+    zero = np.flatnonzero(np.abs(max_scale.numpy()) < _EPS)
+    if zero.size:  # blocks all below GROUP_MAX_EPS store zeros
+        out[torch.from_numpy(zero)] = 0
+    return out
