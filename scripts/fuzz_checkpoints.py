@@ -8,9 +8,11 @@ FSDP2 runs on gloo ranks, per-rank saves of PyTorch's Hugging Face writer (``Hug
 ``save_distributed``, FSDP2 on gloo ranks, with and without a mapping), a FastVideo run (FSDP2 on 2 gloo ranks,
 saved as FastVideo's CheckpointManager saves: roles, optimizers, the EMA callback's per-rank shards), and Hugging Face
 Trainer run folders (``transformers.Trainer`` under DeepSpeed on CPU ranks: ZeRO-2 with the Trainer's 16-bit
-``model.safetensors``, ZeRO-3 with a Diffusers ``save_pretrained`` copy of empty placeholders beside the save); with
-``--only autotp``, a DeepSpeed AutoTP run (TP 2 x DP 2 under ZeRO-3: rank files of both parallel dimensions deleted,
-swapped and copied over each other). Each case copies one source and damages it one way:
+``model.safetensors``, ZeRO-3 with a Diffusers ``save_pretrained`` copy of empty placeholders beside the save), a
+DeepSpeed AutoTP run (TP 2 x DP 2 under ZeRO-3: rank files of both parallel dimensions deleted, swapped and copied
+over each other, its affine maps damaged; consolidate judged, and export too when asked for by ``--only autotp``) and
+a Megatron-Core run (megatron-core's own GPTModel at TP 2 x PP 2 saved by its ``dist_checkpointing.save``: the run
+folder given, its newest iteration damaged). Each case copies one source and damages it one way:
 
   truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
   flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of
@@ -37,12 +39,22 @@ swapped and copied over each other). Each case copies one source and damages it 
   move a piece             (Hugging Face writer) one piece's saved offset moved by a few rows or columns
   rewrite latest           DeepSpeed's ``latest`` replaced by garbage, a missing tag, a path, ...
   rewrite metadata.json    (FastVideo) a step's metadata.json replaced by garbage, nothing, a list, another step's, or
-                           with no step, another step, the step as a string, a config that is no mapping; or deleted
+                           with no step, another step, the step as a string, a config that is no mapping; or deleted.
+                           (Megatron-Core) the iteration's backend file replaced by garbage, nothing, a list, no
+                           backend, the zarr backend or another; or deleted
+  rewrite tracker          (Megatron-Core) latest_checkpointed_iteration.txt replaced by garbage, nothing, an
+                           iteration the run lacks, a path, ... (never another iteration it holds: that is a run saved
+                           that far, not damage)
   key set of the wrong kind
                            (FastVideo) the step's ``.metadata`` re-pickled with keys filed under another group, bytes
                            untouched: an optimizer state among the student's weights, the student's weights under a
                            group FastVideo never saves, the EMA callback's per-rank pieces swapped with the student's
-                           weights, the student's optimizer filed as a role
+                           weights, the student's optimizer filed as a role. (Megatron-Core) the same of an iteration:
+                           an optimizer state filed as the model's ``<key>.exp_avg``, the model under ``ema.``, a
+                           weight filed as ``optimizer.state.fp32_param.<key>`` or as ``rng_state/<key>``
+  damage the affine map    (AutoTP) rank 0's model states re-saved (valid CRCs) with one tensor's affine map changed:
+                           a share's block moved, a share's shape, a rank dropped, the whole's shape, its pattern
+                           matching nothing (then the pattern lists say how it joins: right, or refused)
   replace the copy         (Trainer) the weights beside DeepSpeed's save in checkpoint-N replaced by other tensors: one
                            left out, one cut short, one added, or another model's
   delete DeepSpeed's save  (Trainer) the step's ``global_stepN/`` deleted (``latest`` still naming it); where the copy
