@@ -14,8 +14,8 @@ the same two CUDA calls stood in for). Then:
                                  itself reads a save without building the model
     I/O floor (dd), (kernel copy) the model's bytes read and written, nothing parsed
 
-Megatron-Bridge's converter (``AutoBridge.export_ckpt``) is the converter Megatron users would run; it cannot be
-installed beside this torch (Megatron-Bridge pins its own torch and Transformer Engine builds), so it has no row.
+Megatron-Bridge's converter is the one Megatron users would run; it has no row: megatron-bridge 0.4 and later require
+Python 3.12 (this venv is 3.11), and 0.3.1, the last for 3.11, was not tried against megatron-core 0.19.2.
 Each output is first checked equal to cogexport's tensor by tensor (a stacked tensor against its layers), then every
 tool runs --runs times, alternating, each in a fresh process (scripts/benchmarking.py: median wall time, peak PSS and
 RSS of the process tree). Timing is not a test.
