@@ -47,8 +47,8 @@ RELEASE = "release"
 READ_BACKEND = "torch_dist"
 LAYERS = "layers"
 OPTIMIZER_STATE = re.compile(r"^optimizer\.state\.([^.]+)\.(.+)$")  # optimizer.state.<state>.<parameter key>
-# Megatron-Bridge's training state beside the weights (the run folder's copy and each iteration's)
 LOW = (torch.bfloat16, torch.float16)  # the training dtypes whose parameters a mixed-precision run keeps masters of
+# Megatron-Bridge's training state beside the weights (the run folder's copy and each iteration's)
 BRIDGE_STATE = re.compile(r"^(latest_)?train_state\.pt$|^run_config\.yaml$")
 
 
