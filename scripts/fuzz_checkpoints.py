@@ -8,9 +8,11 @@ FSDP2 runs on gloo ranks, per-rank saves of PyTorch's Hugging Face writer (``Hug
 ``save_distributed``, FSDP2 on gloo ranks, with and without a mapping), a FastVideo run (FSDP2 on 2 gloo ranks,
 saved as FastVideo's CheckpointManager saves: roles, optimizers, the EMA callback's per-rank shards), and Hugging Face
 Trainer run folders (``transformers.Trainer`` under DeepSpeed on CPU ranks: ZeRO-2 with the Trainer's 16-bit
-``model.safetensors``, ZeRO-3 with a Diffusers ``save_pretrained`` copy of empty placeholders beside the save); with
-``--only autotp``, a DeepSpeed AutoTP run (TP 2 x DP 2 under ZeRO-3: rank files of both parallel dimensions deleted,
-swapped and copied over each other). Each case copies one source and damages it one way:
+``model.safetensors``, ZeRO-3 with a Diffusers ``save_pretrained`` copy of empty placeholders beside the save), a
+DeepSpeed AutoTP run (TP 2 x DP 2 under ZeRO-3: rank files of both parallel dimensions deleted, swapped and copied
+over each other, its affine maps damaged; consolidate judged, and export too when asked for by ``--only autotp``) and
+a Megatron-Core run (megatron-core's own GPTModel at TP 2 x PP 2 saved by its ``dist_checkpointing.save``: the run
+folder given, its newest iteration damaged). Each case copies one source and damages it one way:
 
   truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
   flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of
@@ -37,12 +39,22 @@ swapped and copied over each other). Each case copies one source and damages it 
   move a piece             (Hugging Face writer) one piece's saved offset moved by a few rows or columns
   rewrite latest           DeepSpeed's ``latest`` replaced by garbage, a missing tag, a path, ...
   rewrite metadata.json    (FastVideo) a step's metadata.json replaced by garbage, nothing, a list, another step's, or
-                           with no step, another step, the step as a string, a config that is no mapping; or deleted
+                           with no step, another step, the step as a string, a config that is no mapping; or deleted.
+                           (Megatron-Core) the iteration's backend file replaced by garbage, nothing, a list, no
+                           backend, the zarr backend or another; or deleted
+  rewrite tracker          (Megatron-Core) latest_checkpointed_iteration.txt replaced by garbage, nothing, an
+                           iteration the run lacks, a path, ... (never another iteration it holds: that is a run saved
+                           that far, not damage)
   key set of the wrong kind
                            (FastVideo) the step's ``.metadata`` re-pickled with keys filed under another group, bytes
                            untouched: an optimizer state among the student's weights, the student's weights under a
                            group FastVideo never saves, the EMA callback's per-rank pieces swapped with the student's
-                           weights, the student's optimizer filed as a role
+                           weights, the student's optimizer filed as a role. (Megatron-Core) the same of an iteration:
+                           an optimizer state filed as the model's ``<key>.exp_avg``, the model under ``ema.``, a
+                           weight filed as ``optimizer.state.fp32_param.<key>`` or as ``rng_state/<key>``
+  damage the affine map    (AutoTP) rank 0's model states re-saved (valid CRCs) with one tensor's affine map changed:
+                           a share's block moved, a share's shape, a rank dropped, the whole's shape, its pattern
+                           matching nothing (then the pattern lists say how it joins: right, or refused)
   replace the copy         (Trainer) the weights beside DeepSpeed's save in checkpoint-N replaced by other tensors: one
                            left out, one cut short, one added, or another model's
   delete DeepSpeed's save  (Trainer) the step's ``global_stepN/`` deleted (``latest`` still naming it); where the copy
@@ -249,23 +261,44 @@ def trainer_source(run_id: str) -> Source:
                   damage=step, reference="zero_to_fp32", reference_input=step)
 
 
-def autotp_source() -> Source:
+def autotp_source(full: bool) -> Source:
     """A DeepSpeed AutoTP run (tests/autotp_fixtures.py: a tiny CogVideoX transformer, TP 2 x DP 2 under ZeRO-3, fp32):
-    consolidate must write the full masters joined inside training, export them as the Diffusers transformer."""
+    consolidate must write the full masters joined inside training; asked for by name (``full``), export must write
+    them as the Diffusers transformer too."""
     from autotp_fixtures import autotp_run
 
     fixture = autotp_run(3, "fp32")
+    if not full:  # the default campaign judges consolidate alone: export reads through the same joined shares
+        return Source("autotp-zero3-tp2-ws4", "autotp", fixture.root, "checkpoint", fixture.tensors)
     export = ("--base", str(fixture.base), "--component", "transformer", "--dtype", "fp32")
     return Source("autotp-zero3-tp2-ws4", "autotp", fixture.root, "checkpoint", fixture.tensors, export,
                   fixture.tensors)
 
 
+def megatron_source() -> Source:
+    """A Megatron-Core run (tests/megatron_fixtures.py: megatron-core's own tiny GPTModel at TP 2 x PP 2, saved by its
+    dist_checkpointing.save): the run folder given, its newest iteration damaged; consolidate must write that
+    iteration's model layer by layer, never an optimizer state."""
+    from megatron_fixtures import megatron_run
+
+    fixture = megatron_run()
+    iteration = f"run/{fixture.iteration(10).name}"
+    return Source("megatron-tp2-pp2", "megatron", fixture.root, "run", fixture.per_layer(10), damage=iteration,
+                  reference="dcp_to_torch_save", reference_input=iteration)
+
+
+# each family's sources, made (their fixtures built or found) only when the campaign takes that family
+SOURCE_FAMILIES: list[tuple[str, Callable[[], list[Source]]]] = [
+    ("deepspeed", lambda: [zero_source(v) for v in ZERO_VARIANTS]), ("cogvideox", cogvideox_sources),
+    ("dcp", lambda: [dcp_source(*save) for save in DCP_SAVES]), ("hf-storage", lambda: [hf_source(*save)
+                                                                                         for save in HF_SAVES]),
+    ("fastvideo", lambda: [fastvideo_source()]), ("hf-trainer", lambda: [trainer_source(run) for run in TRAINER_RUNS]),
+    ("autotp", lambda: [autotp_source(full=False)]), ("megatron", lambda: [megatron_source()])]
+
+
 def sources(only: tuple[str, ...] = ()) -> list[Source]:
-    # AutoTP's source joins the campaign when asked for by name (--only autotp), so the default campaign, whose
-    # fixed-seed slice the test suite asserts class by class, deals its cases as before
-    return [zero_source(v) for v in ZERO_VARIANTS] + cogvideox_sources() + [dcp_source(*save) for save in DCP_SAVES] \
-        + [hf_source(*save) for save in HF_SAVES] + [fastvideo_source()] \
-        + [trainer_source(run) for run in TRAINER_RUNS] + ([autotp_source()] if "autotp" in only else [])
+    made = [source for family, make in SOURCE_FAMILIES if not only or family in only for source in make()]
+    return [autotp_source(full=True) if source.family == "autotp" and only else source for source in made]
 
 
 # -- where the bytes are ------------------------------------------------------------------------------------
@@ -449,12 +482,17 @@ def mutations_for(source: Source, folder: Path) -> dict[str, Mutation]:
     elif source.family == "fastvideo":
         found.update(dcp_rank_mutations(folder))
         found.update(fastvideo_mutations(folder))
+    elif source.family == "megatron":
+        found.update(dcp_rank_mutations(folder))
+        found.update(megatron_mutations(folder))
     elif source.family == "hf-storage":
         found.update(hf_rank_mutations(folder))
     else:
         found.update(zero_rank_mutations(folder))
     if source.family == "hf-trainer":
         found.update(trainer_mutations(folder))
+    if source.family == "autotp":
+        found.update(autotp_mutations(folder))
     return found
 
 
@@ -489,6 +527,35 @@ def zero_rank_mutations(checkpoint: Path) -> dict[str, Mutation]:
             return f"latest := {content[:40]!r}"
         found["rewrite latest"] = rewrite_latest
     return found
+
+
+def autotp_mutations(checkpoint: Path) -> dict[str, Mutation]:
+    """An AutoTP save's own metadata damaged: rank 0's model states re-saved (valid CRCs, the archive's own name) with
+    one tensor's affine map changed: a share's block moved, a share's shape, a rank or a dimension of the whole
+    changed, or its pattern made to match nothing (the pattern lists then say how it joins)."""
+    states = next(checkpoint.rglob("zero_pp_rank_0_mp_rank_00_model_states.pt"))
+
+    def damage_map(root: Path, rng: random.Random) -> str:
+        saved = torch.load(states, weights_only=True)
+        maps = saved["universal_checkpoint_info"]["affine_map"]["params"]
+        pattern = rng.choice(sorted(maps))
+        entry = maps[pattern]
+        rank = rng.choice(sorted(entry["ranks"]))
+        how = rng.choice(["a block moved", "a share's shape", "a rank dropped", "the whole's shape", "no match"])
+        if how == "a block moved":
+            entry["ranks"][rank]["pieces"][0]["source"][0] += rng.choice([-1, 1, 8, -8])
+        elif how == "a share's shape":
+            entry["ranks"][rank]["shard_shape"][0] += rng.choice([-1, 1])
+        elif how == "a rank dropped":
+            del entry["ranks"][rank]
+        elif how == "the whole's shape":
+            entry["logical_shape"][0] *= 2
+        else:
+            maps[pattern + "-no-such-tensor"] = maps.pop(pattern)
+        torch.save(saved, states)
+        return f"{states.relative_to(root)}: the affine map of {pattern}: {how} (rank {rank})"
+
+    return {"damage the affine map": damage_map}
 
 
 def trainer_mutations(step: Path) -> dict[str, Mutation]:
@@ -605,9 +672,13 @@ def rekeyed(metadata: Any, paths: dict[str, tuple]) -> Any:
         return ".".join(paths[old]) if old in paths else old
 
     metadata.state_dict_metadata = {fqn(key): value for key, value in metadata.state_dict_metadata.items()}
-    metadata.planner_data = {fqn(key): paths.get(key, path) for key, path in metadata.planner_data.items()}
+    if metadata.planner_data is not None:  # Megatron-Core's planner records none
+        metadata.planner_data = {fqn(key): paths.get(key, path) for key, path in metadata.planner_data.items()}
     metadata.storage_data = {dataclasses.replace(index, fqn=fqn(index.fqn)): where
                              for index, where in metadata.storage_data.items()}
+    for plan in getattr(metadata, "all_local_plans", None) or []:  # Megatron-Core's saved plans name them too
+        plan.items[:] = [dataclasses.replace(item, index=dataclasses.replace(item.index, fqn=fqn(item.index.fqn)))
+                         for item in plan.items]
     return metadata
 
 
@@ -636,6 +707,65 @@ def misfiled_key_sets(folder: Path, rng: random.Random) -> list[tuple[str, Any]]
                ("the EMA callback's per-rank pieces swapped with the student's weights", swapped),
                ("the student's optimizer filed as a role, roles.adam.transformer", optimizer)]
     return [(how, rekeyed(reader.read_metadata(), paths)) for how, paths in changes]
+
+
+def megatron_mutations(iteration: Path) -> dict[str, Mutation]:
+    """A Megatron-Core iteration's own damage: its metadata.json (the backend) rewritten, the run's tracker rewritten
+    to name no iteration, and key sets of the wrong kind (its .metadata re-pickled with keys filed under another
+    group, bytes and layout untouched)."""
+    run = iteration.parent
+
+    def rewrite_backend(root: Path, rng: random.Random) -> str:
+        path = iteration / "metadata.json"
+        how, content = rng.choice([
+            ("random bytes", bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))), ("nothing", b""),
+            ("a JSON list", b"[]"), ("deleted", None), ("no backend", b'{"sharded_backend_version": 1}'),
+            ("the zarr backend", b'{"sharded_backend": "zarr", "sharded_backend_version": 1}'),
+            ("another backend", b'{"sharded_backend": "torch_dist2", "sharded_backend_version": 1}')])
+        if content is None:
+            path.unlink()
+        else:
+            path.write_bytes(content)
+        return f"{path.relative_to(root)} := {how}"
+
+    def rewrite_tracker(root: Path, rng: random.Random) -> str:
+        path = run / "latest_checkpointed_iteration.txt"
+        # never another iteration the run holds: a tracker naming it is a run saved that far, not damage
+        content = rng.choice([bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40))), b"", b"99",
+                              b"../../etc", b"-10", b"x" * 5000, b"\x89PNG\r\n\x1a\n\x00", b"10\n\nrm -rf /"])
+        path.write_bytes(content)
+        return f"{path.relative_to(root)} := {content[:40]!r}"
+
+    def misfile_key_set(root: Path, rng: random.Random) -> str:
+        how, metadata = rng.choice(megatron_misfiled_key_sets(iteration, rng))
+        (iteration / ".metadata").write_bytes(pickle.dumps(metadata))
+        return f"{(iteration / '.metadata').relative_to(root)}: {how}"
+
+    return {"rewrite metadata.json": rewrite_backend, "rewrite tracker": rewrite_tracker,
+            "key set of the wrong kind": misfile_key_set}
+
+
+def megatron_misfiled_key_sets(folder: Path, rng: random.Random) -> list[tuple[str, Any]]:
+    """The iteration's .metadata (read by torch from the pristine copy) with keys filed where they do not belong: an
+    optimizer state as a model tensor under its parameter, the model under a group Megatron never saves, a model
+    tensor as an optimizer state or as RNG state."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    reader = FileSystemReader(str(folder))
+    entries = reader.read_metadata().state_dict_metadata
+    states = sorted(key for key in entries if key.startswith("optimizer.state.exp_avg."))
+    state = rng.choice(states)
+    parameter = state[len("optimizer.state.exp_avg."):]
+    model = [key for key in entries if not key.startswith(("optimizer.", "rng_state", "common_state"))
+             and "_extra_state" not in key]
+    weight = rng.choice(sorted(key for key in model if key.endswith(".weight")))
+    changes = [(f"{state} filed as the model's {parameter}.exp_avg", {state: f"{parameter}.exp_avg"}),
+               ("the model filed under ema", {key: f"ema.{key}" for key in model}),
+               (f"{weight} filed as optimizer.state.fp32_param.{weight}",
+                {weight: f"optimizer.state.fp32_param.{weight}"}),
+               (f"{weight} filed as rng_state/{weight}", {weight: f"rng_state/{weight}"})]
+    return [(how, rekeyed(reader.read_metadata(), {old: (new,) for old, new in paths.items()}))
+            for how, paths in changes]
 
 
 def hf_header(path: Path) -> tuple[dict, int]:
@@ -732,7 +862,8 @@ def retargeted_metadata(folder: Path, rng: random.Random) -> list[tuple[str, Any
     metadata = reader.read_metadata()
     fqn = index.fqn
     metadata.state_dict_metadata.pop(fqn)
-    metadata.planner_data.pop(fqn, None)
+    if metadata.planner_data is not None:
+        metadata.planner_data.pop(fqn, None)
     metadata.storage_data = {i: r for i, r in metadata.storage_data.items() if i.fqn != fqn}
     changed.append((f"{fqn} left out", metadata))
     return changed
@@ -1047,7 +1178,7 @@ def campaign(seed: int, count: int, references: bool, verbose: bool = False,
     import cogexport.cli  # noqa: F401
     import cogexport.exporter  # noqa: F401
     torch.set_num_threads(1)
-    all_sources = [s for s in sources(only) if (not only or s.family in only) and damage_classes(s, damage)]
+    all_sources = [s for s in sources(only) if damage_classes(s, damage)]
     cases = []
     with tempfile.TemporaryDirectory(prefix="cogexport-fuzz-") as temporary:
         work = Path(temporary)
@@ -1118,7 +1249,7 @@ def table(title: str, rows: dict[str, dict], columns: tuple[str, ...]) -> list[s
 @click.option("--count", type=click.IntRange(1), default=100, show_default=True, help="Damaged copies to make.")
 @click.option("--cogexport-only", is_flag=True, help="Do not run zero_to_fp32 and dcp_to_torch_save side by side.")
 @click.option("--only", "families", multiple=True,
-              type=click.Choice(["deepspeed", "cogvideox", "dcp", "hf-storage", "fastvideo", "hf-trainer", "autotp"]),
+              type=click.Choice([family for family, _ in SOURCE_FAMILIES]),
               help="Only these sources (repeatable).")
 @click.option("--damage", multiple=True, metavar="CLASS",
               help="Only these damage classes (repeatable), on the sources they apply to: 'flip safetensors data'.")

@@ -63,3 +63,29 @@ def megatron_bridge_wan(tp: int = 2) -> BridgeWanFixture:
     scripts = ("make_megatron_bridge_wan.py", *SCRIPTS_USED, "wan_tiny_configs.py", "tiny_models.py")
     command = [str(SCRIPTS / "make_megatron_bridge_wan.py"), "--tp", str(tp)]
     return BridgeWanFixture(cached_fixture(f"megatron-bridge-wan-tp{tp}", scripts, command))
+
+
+class MegatronBf16Fixture(GroundTruth):
+    """OUT/run (iter_0000003/ of a bf16 run with fp32 masters) and the truth: ``model.<key>`` as saved,
+    ``master.<key>`` each trained bf16 parameter's fp32 master, under megatron-core's keys (stacked [L, ...])."""
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    def per_layer(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The tensors under ``prefix`` ("model." or "master.") by their per-layer names."""
+        weights = {}
+        for key, full in ((k[len(prefix):], t) for k, t in self.tensors.items() if k.startswith(prefix)):
+            if ".layers." not in key:
+                weights[key] = full
+                continue
+            before, after = key.split(".layers.", 1)
+            weights.update({f"{before}.layers.{layer}.{after}": full[layer] for layer in range(full.shape[0])})
+        return weights
+
+
+def megatron_bf16_run(tp: int = 2) -> MegatronBf16Fixture:
+    command = [str(SCRIPTS / "make_megatron_bf16_checkpoint.py"), "--tp", str(tp)]
+    return MegatronBf16Fixture(cached_fixture(f"megatron-bf16-tp{tp}", ("make_megatron_bf16_checkpoint.py",
+                                                                       *SCRIPTS_USED), command))

@@ -5,6 +5,7 @@ place (a value, a dtype, a missing or extra tensor)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import sys
@@ -376,3 +377,30 @@ def test_gguf_reference_comparison_accepts_right_bytes_and_refuses_one_changed(t
     data[spoiled.tensors[0].data_offset + 5] ^= 0x10
     (tmp_path / "spoiled.gguf").write_bytes(bytes(data))
     assert differing_tensors(tmp_path / "spoiled.gguf", plan, tmp_path / "reference.bin") == ["blocks.0.ffn.weight"]
+
+
+# megatron: benchmark_megatron.py's compare of megatron-core's stacked tensors with cogexport's per-layer ones ------
+FC2 = "decoder.layers.mlp.linear_fc2.weight"  # stacked [L, ...]: layer 3 spoiled
+
+
+@pytest.mark.parametrize("spoiled, message", [
+    (None, None),
+    (lambda t: {**t, FC2: torch.cat([t[FC2][:3], flip_first(t[FC2][3:])])}, "decoder.layers.3.mlp.linear_fc2.weight"),
+    (lambda t: {k: v for k, v in t.items() if k != "output_layer.weight"}, "output_layer.weight")],
+    ids=["right", "a layer's value", "a tensor missing"])
+def test_megatron_compare_takes_stacked_tensors_layer_by_layer(spoiled, message, tmp_path, monkeypatch, capsys):
+    from benchmark_megatron import COMPARE
+    from megatron_fixtures import megatron_run
+
+    run = megatron_run()
+    consolidate(run.run, tmp_path / "ours", dtype="fp32")
+    theirs = {key: run.tensors[f"iter10.{key}"] for key in run.truth["keys"]}  # what megatron-core's load gives
+    save_file(spoiled(theirs) if spoiled else theirs, tmp_path / "theirs.safetensors")
+    monkeypatch.setattr(sys, "argv", ["compare", str(tmp_path / "ours" / "model.safetensors"),
+                                      str(tmp_path / "theirs.safetensors")])
+    if message is None:
+        exec(COMPARE, {})  # the script the benchmark runs with python -c, in this process
+        assert int(capsys.readouterr().out) == len(run.per_layer(10))
+    else:
+        with pytest.raises((AssertionError, KeyError), match=re.escape(message)):
+            exec(COMPARE, {})

@@ -11,6 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+import torch
 from conftest import assert_refused, assert_same_tensors
 from megatron_fixtures import megatron_bridge_wan, megatron_run
 from safetensors.torch import load_file
@@ -152,3 +154,85 @@ def test_an_older_iteration_with_common_pt_beside_it_reads_the_same_weights(cli,
     assert_same_tensors(consolidated(cli, tmp_path / "out", folder), run.per_layer(5))
     report = json.loads(cli("inspect", folder, "--json").stdout)
     assert any("common.pt" in held for held in report["contents"]), report["contents"]
+
+
+def _refiled(folder: Path, refile) -> None:
+    """The iteration's .metadata re-pickled with keys filed under others (``refile``: its keys -> {old: new}), the
+    bytes untouched."""
+    import dataclasses
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    paths = refile(list(metadata.state_dict_metadata))
+    metadata.state_dict_metadata = {paths.get(k, k): v for k, v in metadata.state_dict_metadata.items()}
+    metadata.storage_data = {dataclasses.replace(i, fqn=paths.get(i.fqn, i.fqn)): where
+                             for i, where in metadata.storage_data.items()}
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+
+
+@pytest.mark.parametrize("refile, named", [
+    (lambda keys: {k: f"ema.{k}" for k in keys if not k.startswith(("optimizer", "rng_state", "common_state"))},
+     "the optimizer holds state for 'embedding.word_embeddings.weight'"),
+    (lambda keys: {"optimizer.state.exp_avg.output_layer.weight": "output_layer.weight.exp_avg"},
+     "'output_layer.weight.exp_avg' is filed under its tensor 'output_layer.weight'")],
+    ids=["the model under ema", "an optimizer state as a weight"])
+def test_key_sets_filed_under_the_wrong_kind_are_refused(refile, named, cli, tmp_path):
+    """The model moved under a group Megatron never saves, or an optimizer state among the model's keys: written as
+    the model, either would be wrong; the optimizer's own keys and the module tree give it away."""
+    run = copied_run(tmp_path)
+    folder = run / "iter_0000010"
+    _refiled(folder, refile)
+    assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out"], named, inputs=[run])
+
+
+def test_a_megatron_bridge_wan_exported_under_torchrun_is_exactly_the_diffusers_weights(tmp_path):
+    """Two ranks launched by torch's own launcher, each writing its share of the files (small shards: more files
+    than ranks), read from the bridge's TP=2 iteration: exactly the model, nothing left staged."""
+    from conftest import leftovers
+    from test_torchrun import torchrun
+
+    run = megatron_bridge_wan()
+    done = torchrun(2, run.run, tmp_path / "out", "--base", run.base(tmp_path / "base"), "--dtype", "fp32",
+                    "--max-shard-size", "40KB")
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted((tmp_path / "out").glob("*.safetensors"))
+    assert len(files) >= 3, files
+    assert_same_tensors({name: t for file in files for name, t in load_file(file).items()}, run.tensors)
+    assert leftovers(tmp_path) == []
+
+
+# -- a bf16 run's fp32 masters (optimizer.state.fp32_param.*): what the optimizer stepped, read as the weights ------
+def test_a_bf16_run_consolidates_to_its_fp32_masters_and_says_so(cli, tmp_path):
+    """Each trained bf16 parameter's fp32 master, bit for bit; the norms' fp32 weights (their own masters) and the
+    frozen bf16 output layer (never stepped, no master) as saved; the note names which is which."""
+    from megatron_fixtures import megatron_bf16_run
+
+    run = megatron_bf16_run()
+    result = cli("consolidate", run.run, tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    masters, saved = run.per_layer("master."), run.per_layer("model.")
+    expected = {name: masters.get(name, tensor.float()) for name, tensor in saved.items()}
+    assert_same_tensors(load_file(tmp_path / "out" / "model.safetensors"), expected)
+    assert masters and all(not torch.equal(masters[n], saved[n].float()) for n in masters)  # finer than bf16
+    assert "read the fp32 masters (optimizer.state.fp32_param.*) of 9 parameters" in result.stderr
+    assert "1 bf16 tensor without one (never stepped: frozen) read as saved: output_layer.weight" in result.stderr
+
+
+@pytest.mark.parametrize("refile, named", [
+    (lambda keys: {"optimizer.state.fp32_param.decoder.layers.mlp.linear_fc2.bias":
+                   "optimizer.state.fp32_param.decoder.layers.self_attention.linear_proj.bias",
+                   "optimizer.state.fp32_param.decoder.layers.self_attention.linear_proj.bias":
+                   "optimizer.state.fp32_param.decoder.layers.mlp.linear_fc2.bias"},
+     "does not round to the model's saved bf16 copy"),
+    (lambda keys: {"optimizer.state.fp32_param.embedding.word_embeddings.weight":
+                   "optimizer.state.main_param.embedding.word_embeddings.weight"},
+     "trained 'embedding.word_embeddings.weight' (bf16) but holds no fp32 master of it")],
+    ids=["two masters swapped", "a master missing"])
+def test_masters_that_do_not_fit_their_copies_are_refused(refile, named, cli, tmp_path):
+    from megatron_fixtures import megatron_bf16_run
+
+    run = Path(shutil.copytree(megatron_bf16_run().run, tmp_path / "run"))
+    _refiled(run / "iter_0000003", refile)
+    assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out"], named, inputs=[run])

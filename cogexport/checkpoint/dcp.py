@@ -234,14 +234,14 @@ class DcpFiles:
             return None
         parts = []
         for index in order:
-            archive, stored = self._open_chunk(key, entry, chunks[index])
+            archive, stored = self.open_chunk(key, entry, chunks[index])
             archive.close()  # the check of the bytes copied needs no open file
             if not stored.is_contiguous:
                 return None
             parts.append(stored.flat_range(0, stored.numel))
         return joined_ranges(parts)
 
-    def _open_chunk(self, key: str, entry: TensorEntry, chunk: Chunk) -> tuple[TorchArchive, StoredTensor]:
+    def open_chunk(self, key: str, entry: TensorEntry, chunk: Chunk) -> tuple[TorchArchive, StoredTensor]:
         """The archive of one chunk and the tensor it holds, once that is the dtype and shape .metadata says."""
         where = self.metadata.storage[(key, chunk.offsets)]
         self._check_file(where.file)
@@ -264,7 +264,7 @@ class DcpFiles:
         out = torch.empty(entry.size, dtype=entry.dtype)
         for chunk in chunks:
             where = self.metadata.storage[(key, chunk.offsets)]
-            archive, stored = self._open_chunk(key, entry, chunk)
+            archive, stored = self.open_chunk(key, entry, chunk)
             try:
                 box = out[tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes))]
                 if box.is_contiguous() and stored.is_contiguous:
@@ -293,7 +293,7 @@ class DcpFiles:
             if not first <= row < first + count:
                 continue
             where = self.metadata.storage[(key, chunk.offsets)]
-            archive, stored = self._open_chunk(key, entry, chunk)
+            archive, stored = self.open_chunk(key, entry, chunk)
             try:
                 box = out[tuple(slice(o, o + s) for o, s in zip(chunk.offsets[1:], chunk.sizes[1:]))]
                 per_row = stored.numel // count

@@ -28,11 +28,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from ..errors import CogExportError, quoted
 from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
 from .dcp_metadata import METADATA_FILE, TensorEntry
 from .locate import natural_sorted
+from .megatron_masters import MASTER_STATE, masters_of
 from .text_files import read_checkpoint_json
 from .training_state import is_training_state_group
 
@@ -44,6 +47,7 @@ RELEASE = "release"
 READ_BACKEND = "torch_dist"
 LAYERS = "layers"
 OPTIMIZER_STATE = re.compile(r"^optimizer\.state\.([^.]+)\.(.+)$")  # optimizer.state.<state>.<parameter key>
+LOW = (torch.bfloat16, torch.float16)  # the training dtypes whose parameters a mixed-precision run keeps masters of
 # Megatron-Bridge's training state beside the weights (the run folder's copy and each iteration's)
 BRIDGE_STATE = re.compile(r"^(latest_)?train_state\.pt$|^run_config\.yaml$")
 
@@ -135,6 +139,7 @@ class KeySets:
 
     model: dict[str, str] = field(default_factory=dict)
     optimized: dict[str, set[str]] = field(default_factory=dict)  # the model's key -> its states (exp_avg, ...)
+    masters: dict[str, str] = field(default_factory=dict)  # the model's key -> its fp32 master's key, read instead
     held: dict[str, int] = field(default_factory=dict)  # what else the save holds -> how many keys
 
 
@@ -171,7 +176,26 @@ def place_keys(files: DcpFiles) -> KeySets:
     if not sets.model:
         raise CogExportError(f"{files.folder} holds no model weights (only {', '.join(sorted(sets.held)) or 'nothing'})"
                              "; point at an iteration saved with the model")
+    check_optimized_keys(files, sets)
+    sets.masters = masters_of(files, sets.optimized)
     return sets
+
+
+def check_optimized_keys(files: DcpFiles, sets: KeySets) -> None:
+    """Megatron-Core keys each optimizer state by its parameter's own key, in the parameter's global shape: a state of
+    a key the model lacks, or of another shape, means keys filed under the wrong kind (a damaged .metadata, the model
+    moved under another group or a weight under the optimizer's); which tensors are the model cannot be told then."""
+    entries = files.metadata.entries
+    for key, states in sets.optimized.items():
+        state = f"optimizer.state.{sorted(states)[0]}.{key}"
+        if key not in sets.model:
+            raise CogExportError(f"{files.folder}: the optimizer holds state for {quoted(key)} ({quoted(state)}), "
+                                 "which is not among the model's keys: the save's keys are filed under the wrong "
+                                 "kind (a damaged .metadata?); copy the iteration folder again")
+        if entries[state].size != entries[key].size:
+            raise CogExportError(f"{files.folder}: {quoted(state)} is {tuple(entries[state].size)}, its parameter "
+                                 f"{quoted(key)} {tuple(entries[key].size)}: the .metadata is damaged; copy the "
+                                 "iteration folder again")
 
 
 def stacked_at(name: str) -> int | None:
@@ -228,15 +252,30 @@ class MegatronCheckpoint(LazyCheckpoint):
             self._check_stack(prefix, key, entry, stacks[prefix][0][0])
         for item in order:
             if isinstance(item, str):
-                self._add(sets.model[item], item, self.files.lazy(item, self.files.metadata.entries[item],
-                                                                   f"{sets.model[item]} (DCP chunks of {item})"))
+                read = sets.masters.get(item, item)  # its fp32 master, where the run kept one
+                self._add(sets.model[item], item, self.files.lazy(read, self.files.metadata.entries[read],
+                                                                   f"{sets.model[item]} (DCP chunks of {read})"))
                 continue
             members = stacks[item[1]]
             for layer in range(self.files.metadata.entries[members[0][0]].size[0]):
                 for key, name, at in members:
+                    read = sets.masters.get(key, key)
                     self._add(layer_name(name, at, layer), key, self.files.lazy_row(
-                        key, self.files.metadata.entries[key], layer, f"layer {layer} of {key} (DCP chunks)"))
+                        read, self.files.metadata.entries[read], layer, f"layer {layer} of {read} (DCP chunks)"))
         self.facts.stacked = [key for members in stacks.values() for key, _, _ in members]
+        self._check_nesting()
+
+    def _check_nesting(self) -> None:
+        """No name is another's module: a parameter has no children, so ``X.exp_avg`` beside ``X`` is a key filed
+        under the wrong kind (an optimizer state taken for the model's), never a weight."""
+        for name in self._tensors:
+            parts = name.split(".")
+            parent = next((".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in self._tensors),
+                          None)
+            if parent is not None:
+                raise CogExportError(f"{self.folder}: the model's {quoted(self._keys[name])} is filed under its "
+                                     f"tensor {quoted(parent)}, which no module can hold (an optimizer state or "
+                                     "other training state among the model's keys?); the .metadata is damaged")
 
     def _check_stack(self, prefix: str, key: str, entry, first: str) -> None:
         if not isinstance(entry, TensorEntry) or not len(entry.size):
@@ -262,14 +301,7 @@ class MegatronCheckpoint(LazyCheckpoint):
             info.buffers = [name for name, t in self._tensors.items() if not t.dtype.is_floating_point]
         else:
             info.trainable = list(self._tensors)
-        dtypes = sorted({dtype_name(t.dtype) for t in self._tensors.values() if t.dtype.is_floating_point})
-        info.weights_source = f"model weights as saved ({', '.join(dtypes) or 'no floating tensors'}, " \
-                              f"{self.facts.sharded_backend} shards)"
-        low = [dtype for dtype in dtypes if dtype != "fp32"]
-        if low:
-            info.notes.append(f"the saved model weights are {'/'.join(low)}, the training dtype; the fp32 masters of "
-                              "a mixed-precision run (optimizer.state.fp32_param.*) are not read: the export is exact "
-                              f"to the {'/'.join(low)} values, no finer")
+        self._say_what_is_read(sets)
         held = [f"model ({len(sets.model)} keys, {len(stacked)} stacked on a layer axis; {len(self._tensors)} tensors "
                 "by layer)"]
         held += [f"{what}: {count} key{'s' if count > 1 else ''}" for what, count in sets.held.items()]
@@ -280,6 +312,34 @@ class MegatronCheckpoint(LazyCheckpoint):
         if beside:
             held.append(f"beside it (not read: training state and the run's settings): {', '.join(beside)}")
         self.facts.contents = held
+
+    def _say_what_is_read(self, sets: KeySets) -> None:
+        """The weights' source, and a note where a mixed-precision run's masters are (or are not) what is read."""
+        info = self.info
+        saved = sorted({dtype_name(t.dtype) for name, t in self._tensors.items() if t.dtype.is_floating_point
+                        and self._keys[name] not in sets.masters})
+        if sets.masters:
+            info.weights_source = f"the optimizer's fp32 masters ({MASTER_STATE}) of {len(sets.masters)} parameters, " \
+                                  f"the rest as saved ({', '.join(saved) or 'none'}; " \
+                                  f"{self.facts.sharded_backend} shards)"
+            entries = self.files.metadata.entries
+            copies = sorted({dtype_name(entries[key].dtype) for key in sets.masters})
+            never = sorted(key for key in sets.model if key not in sets.masters and entries[key].dtype in LOW)
+            info.notes.append(f"read the fp32 masters (optimizer.state.{MASTER_STATE}.*) of {len(sets.masters)} "
+                              f"parameters, not their {'/'.join(copies)} copies (the optimizer stepped the masters; "
+                              "the copies are them rounded); fp32 parameters are their own masters" + (
+                                  f"; {len(never)} {'/'.join(copies)} tensor{'s' if len(never) > 1 else ''} without "
+                                  f"one (never stepped: frozen) read as saved: {', '.join(never[:4])}"
+                                  f"{', ...' if len(never) > 4 else ''}"
+                                  if never else ""))
+            return
+        info.weights_source = f"model weights as saved ({', '.join(saved) or 'no floating tensors'}, " \
+                              f"{self.facts.sharded_backend} shards)"
+        low = [dtype for dtype in saved if dtype != "fp32"]
+        if low:
+            info.notes.append(f"the saved model weights are {'/'.join(low)}, the training dtype, and the save holds no "
+                              f"fp32 masters in the model's shapes (optimizer.state.{MASTER_STATE}.*): the export is "
+                              f"exact to the {'/'.join(low)} values, no finer")
 
     def bytes_read(self) -> dict[str, int]:
         return {str(self.folder / name): count for name, count in self.files.bytes_read.items()}
