@@ -127,6 +127,13 @@ def load_source(path: str, name: str) -> types.ModuleType:
     return module
 
 
+class _Positional:
+    """tyro.conf.Positional[T]: T, the marking only tells tyro's parser the argument has no flag."""
+
+    def __class_getitem__(cls, item):
+        return item
+
+
 def tyro_stand_in() -> types.ModuleType:
     """What convert_distcp_to_pt.py asks of tyro: ``conf.Positional[T]`` (read as T) and ``cli(Args)``, its two
     positional arguments from the command line and ``ema`` left at its default (True), as tyro parses them."""
@@ -134,13 +141,6 @@ def tyro_stand_in() -> types.ModuleType:
     tyro.conf = types.SimpleNamespace(Positional=_Positional)
     tyro.cli = lambda cls, description=None: cls(input_dir=sys.argv[1], output_dir=Path(sys.argv[2]))
     return tyro
-
-
-class _Positional:
-    """tyro.conf.Positional[T]: T, the marking only tells tyro's parser the argument has no flag."""
-
-    def __class_getitem__(cls, item):
-        return item
 
 
 def run_nvidia_step(source: str, model_dir: str, output: str) -> None:
