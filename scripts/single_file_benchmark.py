@@ -209,6 +209,7 @@ class FamilyBenchmark:
     release_dtype: str = "bf16"
     reference_label: str = "reference path"
     cogexport_base: bool = True  # cogexport is given the config folder (--base); else it reads the release's own
+    cogexport_args: tuple[str, ...] = ()  # more of cogexport's options (the weights to read, say --ema)
 
     def helper(self, *args: str) -> dict:
         """Run the script's hidden helper mode in a child process (the harness never imports torch); its JSON."""
@@ -217,6 +218,7 @@ class FamilyBenchmark:
     def tools(self, setup: dict, work: Path) -> dict[str, tuple[list[str], Path]]:
         ours, reference = work / "out-cogexport", work / "out-reference"
         base = ["--base", setup["config_dir"], "--component", "transformer"] if self.cogexport_base else []
+        base += self.cogexport_args
         return {
             "cogexport": ([str(Path(sys.executable).parent / "cogexport"), setup["release"], str(ours), *base], ours),
             self.reference_label: ([sys.executable, str(self.script), *self.size_args, "--reference-path",
@@ -236,8 +238,9 @@ class FamilyBenchmark:
         if check["numel"] != setup["parameters"]:
             raise click.ClickException(f"outputs hold {check['numel']} elements, the model {setup['parameters']}")
         read = setup["parameters"] * DTYPE_BYTES[self.release_dtype]  # the transformer's bytes in the release
-        commands, variants, written = self.with_floor_and_scaling(commands, Path(setup["weights"]), read, work,
-                                                                  scaling)
+        weights = setup["weights"]  # one file, or the files the weights are spread over (a DCP folder's)
+        files = [Path(path) for path in (weights if isinstance(weights, list) else [weights])]
+        commands, variants, written = self.with_floor_and_scaling(commands, files, read, work, scaling)
         samples = time_alternately(commands, runs)
         scaled = summarize(time_alternately(variants, runs), 4 * setup["parameters"]) if variants else []
         harness_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # a floor under every measurement
@@ -266,9 +269,9 @@ class FamilyBenchmark:
             print_scaling(scaled)
 
     @staticmethod
-    def with_floor_and_scaling(commands: dict, release: Path, read: int, work: Path,
+    def with_floor_and_scaling(commands: dict, release: list[Path], read: int, work: Path,
                                scaling: bool) -> tuple[dict, dict, int]:
-        """The tools with cogexport --workers 1 and the I/O floor (dd reading ``read`` bytes of the release and
+        """The tools with cogexport --workers 1 and the I/O floor (dd reading ``read`` bytes of the release's files and
         writing as many as cogexport's output holds) beside them, and the scaling runs; every cogexport run first
         checked (untimed) to write the bytes of cogexport's output, which is then removed."""
         ours_command, ours_output = commands["cogexport"]
@@ -277,7 +280,7 @@ class FamilyBenchmark:
         uncached = without_diffusers_cache(retarget(ours_command, ours_output, work / "out-uncached"))
         rows = {"cogexport": commands["cogexport"], WORKERS_1: (workers_1, work / "out-w1"),
                 NO_CACHE: (uncached, work / "out-uncached"),
-                **floor_rows(floor_reads([release], read), written, work / "out-floor"),
+                **floor_rows(floor_reads(release, read), written, work / "out-floor"),
                 START: (start_tool(ours_command), work / "out-start"),
                 **{name: tool for name, tool in commands.items() if name != "cogexport"}}
         variants = scaling_tools(ours_command, ours_output, work / "out-scaling") if scaling else {}

@@ -114,10 +114,11 @@ def test_a_lora_file_without_alpha_gets_the_documented_default_and_a_warning(tmp
 def test_inspect_reports_the_adapter(cli, tmp_path):
     run = finetune("t2v", 2, 2, lora_rank=4)
     tiny = run.root / "pytorch_lora_weights.safetensors"
-    # By names alone this adapter (attn1's to_q, to_k, to_v, to_out.0) could be LTX-Video's as well; at the tiny test
-    # width no published model's layer sizes tell which, and inspect says so. At CogVideoX-2B's width (1920) they do.
+    # By names alone this adapter (attn1's to_q, to_k, to_v, to_out.0) could be LTX-Video's or Cosmos's as well; at
+    # the tiny test width no published model's layer sizes tell which, and inspect says so. At CogVideoX-2B's width
+    # (1920) they do.
     problem = json.loads(cli("inspect", tiny, "--json").stdout)["models"]["lora"]["problem"]
-    assert "CogVideoX, LTX-2 and LTX-Video" in problem and "pass --base" in problem
+    assert "CogVideoX, Cosmos, LTX-2 and LTX-Video" in problem and "pass --base" in problem
     generator = torch.Generator().manual_seed(0)
     save_file({name: torch.randn((4, 1920) if ".lora_A." in name else (1920, 4), generator=generator)
                for name in load_file(tiny)}, tmp_path / "pytorch_lora_weights.safetensors")

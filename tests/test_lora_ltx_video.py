@@ -224,23 +224,28 @@ def test_inspect_says_what_each_file_is(synthetic, base, tmp_path, cli):
 
 
 def test_names_cogvideox_shares_are_told_apart_by_the_published_sizes(base, tmp_path, cli):
-    """transformer_blocks.N.attn1.to_q and friends are CogVideoX's names too: a Diffusers file adapting only those
-    is LTX-Video's or CogVideoX's by the layer sizes of the published models (2048 wide: LTX-Video 2B); at a size
-    no release has, --base says which."""
+    """transformer_blocks.N.attn1.to_q and friends are CogVideoX's (and Cosmos's) names too: a Diffusers file adapting
+    those is LTX-Video's by the layer sizes of the published models (2048 wide: LTX-Video 2B) once they tell it from
+    Cosmos 2B's, as 2048 wide: its cross-attention's keys come from 2048-wide captions, Cosmos's from 1024-wide text;
+    at a size no release has, --base says which."""
     folder, config, weights = base
     layers = [f"transformer_blocks.{i}.attn1.{p}" for i in range(2) for p in ("to_q", "to_k", "to_v", "to_out.0")]
     generator = torch.Generator().manual_seed(8)
-    released = {f"transformer.{m}.lora_{part}.weight": torch.randn(shape, generator=generator)
-                for m in layers for part, shape in (("A", (4, 2048)), ("B", (2048, 4)))}
-    save_file(released, tmp_path / "released.safetensors")
-    lora = json.loads(cli("inspect", tmp_path / "released.safetensors", "--json").stdout)["models"]["lora"]
-    assert lora["family"] == "LTX-Video"
+
+    def inspected(modules: list[str]) -> dict:
+        save_file({f"transformer.{m}.lora_{part}.weight": torch.randn(shape, generator=generator)
+                   for m in modules for part, shape in (("A", (4, 2048)), ("B", (2048, 4)))},
+                  tmp_path / "released.safetensors")
+        return json.loads(cli("inspect", tmp_path / "released.safetensors", "--json").stdout)["models"]["lora"]
+
+    assert "Cosmos" in inspected(layers)["problem"]  # LTX-Video 2B's self-attention is Cosmos 2B's size
+    assert inspected([*layers, "transformer_blocks.0.attn2.to_k"])["family"] == "LTX-Video"
 
     tiny = make_adapter(weights, layers, seed=9)
     path = write_diffusers(tmp_path / "tiny", tiny)
     problem = json.loads(cli("inspect", path, "--json").stdout)["models"]["lora"]["problem"]
     # SimpleTuner's SanaVideo targets are these very layers too
-    assert "CogVideoX, LTX-2, LTX-Video and SanaVideo" in problem and "pass --base" in problem
+    assert "CogVideoX, Cosmos, LTX-2, LTX-Video and SanaVideo" in problem and "pass --base" in problem
     assert export(path, tmp_path / "out", base=folder).family == "LTX-Video"
     assert_all_equal(diffusers_judged(tmp_path / "out" / OUTPUT_FILE["diffusers"], config, weights),
                      tiny.truth(weights))

@@ -506,8 +506,8 @@ def test_bad_wan_lora_input(cli, tmp_path, synthetic):
     both = {"transformer.proj_out.lora_A.weight": torch.ones(4, 32), "transformer.proj_out.lora_B.weight": torch.ones(16, 4)}
     save_file(both, tmp_path / "proj_out.safetensors")
     assert_refusal(cli(tmp_path / "proj_out.safetensors", tmp_path / "o7"),
-                   "adapts layers that CogVideoX, HunyuanVideo, HunyuanVideo 1.5, HunyuanVideo FramePack, LTX-2, "
-                   "LTX-Video, MiniMax-H3, SanaVideo and Wan",
+                   "adapts layers that CogVideoX, Cosmos, HunyuanVideo, HunyuanVideo 1.5, HunyuanVideo FramePack, "
+                   "LTX-2, LTX-Video, MiniMax-H3, SanaVideo and Wan",
                    "pass --base")
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 8))
     assert snapshot(musubi.parent) == before

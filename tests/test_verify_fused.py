@@ -126,8 +126,8 @@ def test_a_quantized_file_of_a_lora_run_verifies_against_the_adapter_and_base(cl
 
 
 def test_an_adapter_whose_names_several_families_share_verifies_with_base(cli, tmp_path):
-    """finetune/'s adapter file fits CogVideoX, LTX-2 and LTX-Video by its names: --base says which, as it did for
-    the export; without it the refusal names --base, which verify takes."""
+    """finetune/'s adapter file fits CogVideoX, Cosmos, LTX-2 and LTX-Video by its names: --base says which, as it did
+    for the export; without it the refusal names --base, which verify takes."""
     run = finetune("t2v", 2, 2, lora_rank=4)
     lora_file = run.root / "pytorch_lora_weights.safetensors"
     assert cli(lora_file, tmp_path / "adapter", "--base", run.base).exit_code == 0
