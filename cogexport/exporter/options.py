@@ -123,7 +123,9 @@ def checked_format(options: ExportOptions, to: str) -> tuple[OutputFormat, Expor
 
 
 def is_pipeline_folder(path: Path | None) -> bool:
-    return path is not None and (Path(path) / "model_index.json").is_file()
+    """A pipeline folder: a classic pipeline's model_index.json, or a modular pipeline's modular_model_index.json."""
+    return path is not None and any((Path(path) / index).is_file()
+                                    for index in ("model_index.json", "modular_model_index.json"))
 
 
 def default_component(options: ExportOptions, direction: str = "diffusers") -> str:
