@@ -131,3 +131,19 @@ def test_a_ref2va_transformer_goes_to_transformer_ref(exported, cli, tmp_path):
         (exported["out"] / "transformer" / WEIGHTS).read_bytes()
     assert (tmp_path / "out" / "transformer" / WEIGHTS).read_bytes() == \
         (exported["base"] / "transformer" / WEIGHTS).read_bytes()
+
+
+def test_a_base_whose_index_names_another_class_for_the_folder_is_refused(exported, cli, tmp_path):
+    """The index is kept as it is, so it must name the exported class where the export goes: else one line, exit 2,
+    nothing written."""
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(exported["base"], base)
+    for name in ("modular_model_index.json", "model_index.json"):
+        index = json.loads((base / name).read_text())
+        index["transformer"][1] = index["transformer"][2]["type_hint"][1] = "WanTransformer3DModel"
+        (base / name).write_text(json.dumps(index))
+    result = cli(exported["release"], tmp_path / "out", "--base", base)
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+    assert result.stderr.count("\n") == 1 and "WanTransformer3DModel" in result.stderr, result.stderr
