@@ -71,7 +71,8 @@ def test_the_audio_vae_exports_as_it_is_and_comes_back_byte_for_byte(cli, tmp_pa
                  "--base", tmp_path / "base")
     assert result.exit_code == 0, result.stderr
     exported = AutoencoderKLMiniMaxH3Audio.from_pretrained(tmp_path / "audio_vae").eval()
-    assert json.loads((tmp_path / "audio_vae" / "config.json").read_text())["encoder_rates"] == AUDIO_VAE["encoder_rates"]
+    config = json.loads((tmp_path / "audio_vae" / "config.json").read_text())
+    assert config["encoder_rates"] == AUDIO_VAE["encoder_rates"]
     waveform = torch.randn(1, 1, 64, generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         assert torch.equal(exported.encode(waveform).latent_dist.mode(), model.encode(waveform).latent_dist.mode())
