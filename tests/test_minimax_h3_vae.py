@@ -82,3 +82,25 @@ def test_the_audio_vae_exports_as_it_is_and_comes_back_byte_for_byte(cli, tmp_pa
     # the same names in the release's file: it is the release's layout already (one file, no Diffusers config beside it)
     refused = cli(release / "model.safetensors", tmp_path / "again", "--to", "original", "--component", "audio_vae")
     assert refused.exit_code == 2 and "already in the original MiniMax-H3 layout" in refused.stderr, refused.stderr
+
+
+def test_the_published_vaes_configs_and_release_names_run_both_ways():
+    """The published VAEs at full size, on the meta device: their configs carry the release's latent statistics, and
+    the release table makes the video VAE's Diffusers names from the release's (its levels without a downsampler, the
+    shortcuts where the width changes, 32 heads of [q k v] per decoder layer) and back."""
+    from cogexport.keymap.plan import translate_shapes
+    from cogexport.keymap.table import load_table
+    from cogexport.models.family import family_named
+    from cogexport.models.target import build_target
+
+    family = family_named("MiniMax-H3")
+    for variant in family.variants:
+        vae, audio = family.component_config("vae", variant), family.component_config("audio_vae", variant)
+        assert len(vae["latents_mean"]) == len(vae["latents_std"]) == 24 and vae["latents_std"][0] != 1.0
+        assert len(audio["latents_mean"]) == len(audio["latents_std"]) == 32
+    target = build_target("AutoencoderKLMiniMaxH3", family.component_config("vae", family.variants[0]))
+    table = load_table("minimax_h3/release_video_vae")
+    release = translate_shapes(table.inverted(), target.schema, target.counts)
+    assert release["decoder.transformer_blocks.35.attn.to_qkv.weight"] == (3 * 32 * 64, 2048)
+    assert "encoder.down.3.downsample.conv.weight" in release and "encoder.down.4.downsample.conv.weight" not in release
+    assert translate_shapes(table, {**release, MASK_TOKEN: (1, 1, 2048)}, target.counts) == dict(target.schema)
