@@ -120,6 +120,14 @@ def test_the_way_back_from_the_pipeline_folder_is_the_release_partition_byte_for
         json.loads((exported["release"] / index).read_text())["weight_map"]
     assert json.loads((tmp_path / "back" / "config.json").read_text()) == \
         json.loads((exported["release"] / "config.json").read_text())
+    # Diffusers' own conversion writes modular_model_index.json alone: the folder is read as the pipeline all the same
+    import shutil
+
+    shutil.copytree(exported["out"], tmp_path / "modular_only", symlinks=True)
+    (tmp_path / "modular_only" / "model_index.json").unlink()
+    result = cli(tmp_path / "modular_only", tmp_path / "back2", "--to", "original", "--max-shard-size", "20kB")
+    assert result.exit_code == 0, result.stderr
+    assert all((tmp_path / "back2" / name).read_bytes() == (exported["release"] / name).read_bytes() for name in shards)
 
 
 def test_a_ref2va_transformer_goes_to_transformer_ref(exported, cli, tmp_path):
