@@ -48,6 +48,8 @@ def linked_from_base(parts: list[ModelExport], variant: Variant) -> tuple[str, .
 def pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant, inputs: ExportInputs,
                     options: ExportOptions, adapter: LoraAdapter | None) -> FolderPlan:
     family = parts[0].family
+    if base.modular_index:
+        return modular_pipeline_folder(parts, base, variant, inputs, options, adapter)
     if not family.scheduler_class:  # a family whose Diffusers pipeline no model_index.json describes
         raise CogExportError(f"{base.path} is a pipeline folder, but cogexport writes no {family.name} pipeline (its "
                              "family.toml declares no [pipeline] scheduler); give --base the transformer's own "
@@ -67,6 +69,32 @@ def pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant
     components.update(scheduler=["diffusers", scheduler_class])
     components.update({part.component: model_index_entry(part.target.class_name) for part in parts})
     folder.add(model_index_file(pipeline_signature(task.pipeline), task.pipeline, components, variant.pipeline),
+               TextFile("README.md", model_folder_card(parts, variant, options, inputs.source, adapter)))
+    folder.check()
+    return folder
+
+
+def modular_pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant, inputs: ExportInputs,
+                            options: ExportOptions, adapter: LoraAdapter | None) -> FolderPlan:
+    """A modular pipeline (Diffusers' ModularPipeline), whose index gives every component's class and loading spec:
+    the exported models in their folders, every other component of the base's index linked from it, and the base's
+    index files as they are. The exported models keep the classes the index names, and a ModularPipeline loads a
+    component whose files are in the folder from the folder, so the index still says how to load them all."""
+    task = parts[0].family.task(variant.task)
+    folders = {part.component: task.transformer_folder if part.component == "transformer" else part.component
+               for part in parts}
+    for part in parts:
+        named = base.components.get(folders[part.component], [None, None])[1]
+        if named != part.target.class_name:
+            raise CogExportError(f"--base {base.path}/{base.modular_index[0]} names {named} for "
+                                 f"{folders[part.component]}/, not the exported {part.target.class_name}; give the "
+                                 f"base pipeline of this model ({variant.name})")
+    folder = FolderPlan()
+    for part in parts:
+        folder.add(*part_files(part, folders[part.component]))
+    folder.add(*(LinkedFolder(name, base.component_dir(name)) for name in base.components
+                 if name not in folders.values()))
+    folder.add(*(TextFile(name, (base.path / name).read_text(encoding="utf-8")) for name in base.modular_index),
                TextFile("README.md", model_folder_card(parts, variant, options, inputs.source, adapter)))
     folder.check()
     return folder

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import CogExportError
 from ..lora.formats import writable_format, writable_formats
+from ..models.base_folder import MODULAR_INDEX
 from ..models.family import families
 from ..write.diffusers_folders import check_variant_name
 from ..write.shards import parse_size
@@ -123,7 +124,8 @@ def checked_format(options: ExportOptions, to: str) -> tuple[OutputFormat, Expor
 
 
 def is_pipeline_folder(path: Path | None) -> bool:
-    return path is not None and (Path(path) / "model_index.json").is_file()
+    """A pipeline folder: a classic pipeline's model_index.json, or a modular pipeline's modular_model_index.json."""
+    return path is not None and any((Path(path) / index).is_file() for index in ("model_index.json", MODULAR_INDEX))
 
 
 def default_component(options: ExportOptions, direction: str = "diffusers") -> str:

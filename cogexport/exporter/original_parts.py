@@ -18,7 +18,7 @@ from ..keymap.plan import plan_translation
 from ..keymap.table import load_table
 from ..lazy import LazyTensor
 from ..lora import LoraAdapter
-from ..models.base_folder import open_base, read_json
+from ..models.base_folder import MODULAR_INDEX, open_base, read_json
 from ..models.family import ModelFamily, ModelSpec, OriginalLayout, component_title
 from ..models.recognize import choose_table
 from .adapters import adapters_to_fuse
@@ -50,13 +50,17 @@ def open_way_back(checkpoint, options: ExportOptions, component: str, stack) -> 
 
 
 def _model_folders(paths: list[Path], component: str) -> dict[str, list[Path]]:
-    if len(paths) != 1 or not (paths[0] / "model_index.json").is_file():
+    # a classic pipeline's model_index.json, or a modular pipeline's index (Diffusers' own conversion of MiniMax-H3
+    # writes modular_model_index.json alone)
+    index_file = next((paths[0] / name for name in ("model_index.json", MODULAR_INDEX)
+                       if len(paths) == 1 and (paths[0] / name).is_file()), None)
+    if index_file is None:
         return {component: paths}
-    index = read_json(paths[0] / "model_index.json")
+    index = read_json(index_file)
     wanted = _EXPERTS if component == "transformer" else (component,)
     found = {name: [paths[0] / name] for name in wanted if isinstance(index.get(name), list) and index[name][0]}
     if not found:
-        raise CogExportError(f"{paths[0]}/model_index.json names no {component} to write back")
+        raise CogExportError(f"{index_file} names no {component} to write back")
     return found
 
 

@@ -33,6 +33,9 @@ class BaseFolder:
     components: dict[str, list] = field(default_factory=dict)  # model_index.json entries: name -> [library, class]
     configs: dict[str, dict] = field(default_factory=dict)  # component name -> its config.json
     settings: dict = field(default_factory=dict)  # the pipeline's own config values (boundary_ratio, ...)
+    # a modular pipeline's index files (modular_model_index.json, and model_index.json when it has one too): each
+    # component's loading spec is in them, so an export into the pipeline keeps them as they are
+    modular_index: tuple[str, ...] = ()
 
     @property
     def is_pipeline(self) -> bool:
@@ -86,10 +89,18 @@ def _known_classes() -> str:
     return ", ".join(dict.fromkeys(spec.class_name for f in families() for spec in f.components.values()))
 
 
+# A modular pipeline's index (Diffusers' ModularPipeline: MiniMax-H3) names each component as [library, class,
+# loading spec]; a classic pipeline's model_index.json as [library, class].
+MODULAR_INDEX = "modular_model_index.json"
+
+
 def _open_pipeline(path: Path) -> BaseFolder:
-    index = read_json(path / "model_index.json")
+    modular = (path / MODULAR_INDEX).is_file()
+    index_name = MODULAR_INDEX if modular else "model_index.json"
+    index = read_json(path / index_name)
     if not isinstance(index.get("_class_name"), str):
-        raise CogExportError(f"--base {path}/model_index.json names no pipeline class (_class_name)")
+        raise CogExportError(f"--base {path}/{index_name} names no pipeline class (_class_name)")
+    index = {k: v[:2] if isinstance(v, list) and len(v) == 3 and modular else v for k, v in index.items()}
     # every Diffusers model component's config (transformer, transformer_2, vae, ...): what cogexport exports into
     # (Diffusers' own models, and a pipeline's own models a family exports: LTX-2's ["ltx2", "LTX2TextConnectors"])
     configs = {component: read_json(path / component / "config.json") for component, entry in index.items()
@@ -100,9 +111,12 @@ def _open_pipeline(path: Path) -> BaseFolder:
     if family is None:
         raise CogExportError(f"--base {path} is a {index['_class_name']}, which cogexport does not export into "
                              f"(its models: {_known_classes()})")
+    index_files = (MODULAR_INDEX, *(["model_index.json"] if (path / "model_index.json").is_file() else [])) \
+        if modular else ()
     return BaseFolder(path, family, index["_class_name"],
                       {k: v for k, v in index.items() if not k.startswith("_") and isinstance(v, list)}, configs,
-                      {k: v for k, v in index.items() if not k.startswith("_") and not isinstance(v, list)})
+                      {k: v for k, v in index.items() if not k.startswith("_") and not isinstance(v, list)},
+                      index_files)
 
 
 def _open_model(path: Path) -> BaseFolder:
@@ -130,7 +144,7 @@ def open_base(path: Path) -> BaseFolder:
     path = Path(path)
     if not path.is_dir():
         raise CogExportError(f"--base {path} is not a folder (give a local Diffusers pipeline or model folder)")
-    if (path / "model_index.json").is_file():
+    if (path / "model_index.json").is_file() or (path / MODULAR_INDEX).is_file():
         return _open_pipeline(path)
     if (path / "config.json").is_file():
         return _open_model(path)

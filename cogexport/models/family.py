@@ -90,6 +90,7 @@ class Task:
     from_base: tuple[str, ...]
     scheduler: str | None = None  # the task's own scheduler class, when not the family's
     scheduler_config: Mapping[str, Any] | None = None
+    transformer_folder: str = "transformer"  # where a pipeline folder holds this task's transformer
 
 
 @dataclass(frozen=True, eq=False)  # one object per family: compared and hashed by identity
@@ -339,7 +340,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
     components = {"transformer": components.pop("transformer"), **components}
     tasks = {name: Task(name, spec.pipeline, spec.pipeline_tag,
                         spec.from_base if spec.from_base is not None else pipeline.from_base,
-                        spec.scheduler, spec.scheduler_config)
+                        spec.scheduler, spec.scheduler_config, spec.transformer_folder)
              for name, spec in data.tasks.items()}
     variants = tuple(_variant(v, index, key, components, tasks) for index, v in enumerate(data.variant))
     names = [v.name.lower() for v in variants]

@@ -105,6 +105,9 @@ class TaskSection:
         "the scheduler class of this task's pipeline, when not `[pipeline] scheduler`", None)
     scheduler_config: dict[str, Any] | None = declared(
         "that scheduler's config values (with `scheduler`; default: `[pipeline] scheduler_config`)", None)
+    transformer_folder: str = declared(
+        "the pipeline folder's subfolder this task's transformer goes to, when its pipeline holds the transformers of "
+        "several tasks (MiniMax-H3's `transformer_ref`)", "transformer")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -138,18 +138,23 @@ def _variant_of_config(family: ModelFamily, config: Mapping[str, Any], published
         return published  # a release whose own config is its published variant's config is that release
     # T2V and I2V models whose configs are alike (Kandinsky 5): a --base pipeline's class says which, else
     # --model-type (a --base pipeline of the other task is a contradiction, reported by _check_agreement)
-    wanted = _task_of_pipeline(family, base, variant) if base is not None and base.is_pipeline else \
-        request.model_type
+    wanted = _task_of_pipeline(family, base, variant, request.model_type) if base is not None and base.is_pipeline \
+        else request.model_type
     if wanted and wanted != variant.task:
         return _sibling(family, variant, wanted) or variant
     return variant
 
 
-def _task_of_pipeline(family: ModelFamily, base: BaseFolder | None, variant: Variant) -> str | None:
-    """The task a --base pipeline's class names, when it is the only task of that class and not the variant's."""
+def _task_of_pipeline(family: ModelFamily, base: BaseFolder | None, variant: Variant,
+                      asked: str | None) -> str | None:
+    """The task a --base pipeline's class names, when it is the only task of that class and not the variant's; of a
+    class that serves several tasks (MiniMax-H3's modular pipeline, which holds both partitions), the one
+    --model-type asks for."""
     if base is None or not base.is_pipeline:
         return None
     tasks = [task.name for task in family.tasks.values() if task.pipeline == base.pipeline_class]
+    if len(tasks) > 1:
+        return asked if asked in tasks else None
     return tasks[0] if len(tasks) == 1 and variant.task not in tasks else None
 
 
