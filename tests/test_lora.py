@@ -118,7 +118,7 @@ def test_inspect_reports_the_adapter(cli, tmp_path):
     # the tiny test width no published model's layer sizes tell which, and inspect says so. At CogVideoX-2B's width
     # (1920) they do.
     problem = json.loads(cli("inspect", tiny, "--json").stdout)["models"]["lora"]["problem"]
-    assert "CogVideoX, Cosmos, LTX-2 and LTX-Video" in problem and "pass --base" in problem
+    assert "CogVideoX, Cosmos, LTX-2, LTX-Video and SanaVideo" in problem and "pass --base" in problem
     generator = torch.Generator().manual_seed(0)
     save_file({name: torch.randn((4, 1920) if ".lora_A." in name else (1920, 4), generator=generator)
                for name in load_file(tiny)}, tmp_path / "pytorch_lora_weights.safetensors")

@@ -82,5 +82,5 @@ def test_a_lora_without_base_names_the_families_it_could_be(adapters, cli, tmp_p
     families have too: without --base the file is refused with the families named, never guessed."""
     modules, paths = adapters
     assert_refused(cli, tmp_path, [paths["diffusers"], tmp_path / "out"],
-                   "adapts layers that LTX-2, LTX-Video and SanaVideo models all have", "pass --base",
+                   "adapts layers that Cosmos, LTX-2, LTX-Video and SanaVideo models all have", "pass --base",
                    inputs=[paths["diffusers"]])
