@@ -148,3 +148,27 @@ def test_a_musubi_lora_written_back_is_the_trainers_file(base, cli, tmp_path):
     result = cli(lora, tmp_path / "again", "--base", base, "--lora-format", "musubi")
     assert result.exit_code == 0, result.stderr
     assert_all_equal(load_file(next((tmp_path / "again").glob("*.safetensors"))), load_file(lora))
+
+
+@pytest.mark.parametrize("gate_first", [True, "true", False])
+def test_a_simpletuner_lora_recording_gate_first_swiglu_is_refused_not_fused_in_the_wrong_order(gate_first, base, cli,
+                                                                                              tmp_path):
+    """SimpleTuner records swiglu_gate_first in lora_adapter_metadata (true for its ComfyUI-format LoRAs): its
+    ff.net.0.proj rows are then [gate; value], not Diffusers' order, which no layout reads; read as Diffusers' they
+    would fuse into a silently wrong model. Recorded as false, the file is Diffusers' own layout."""
+    from safetensors import safe_open
+
+    from conftest import assert_refused
+
+    write, stacks, strengths = TRAINERS["simpletuner"]
+    lora = write(tmp_path / "simpletuner", make_adapter(stacks, strengths, seed=1))
+    with safe_open(lora, "pt") as handle:
+        metadata, tensors = handle.metadata(), {key: handle.get_tensor(key) for key in handle.keys()}
+    recorded = json.loads(metadata["lora_adapter_metadata"])
+    recorded["transformer.swiglu_gate_first"] = gate_first
+    save_file(tensors, lora, metadata={**metadata, "lora_adapter_metadata": json.dumps(recorded)})
+    if gate_first is False:
+        assert cli(lora, tmp_path / "out", "--base", base, "--lora", "fuse").exit_code == 0
+        return
+    assert_refused(cli, tmp_path, [lora, tmp_path / "out", "--base", base, "--lora", "fuse"],
+                   "records swiglu_gate_first", "gate first", inputs=[lora])

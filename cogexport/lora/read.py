@@ -24,7 +24,7 @@ from .fuse import misfits
 from .modules import rule_of, translate_modules
 from .names import blocks_needed, decode_kohya, names_counts, names_schema
 from .parts import ALPHA, BASE_BIAS, BASE_WEIGHT
-from .strength import Strength, recorded_config, set_strengths, whole_w2_rule
+from .strength import Recorded, Strength, recorded_config, set_strengths, whole_w2_rule
 from .tables import LoraTable, lora_tables
 from .unread import unread_adapter
 
@@ -270,6 +270,7 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
     layout = _choose(source, where, family)
     table = layout.table
     recorded = recorded_config(metadata, folders)
+    _refuse_unread_settings(recorded, table.family, where)
     for option, what in (("use_dora", "DoRA magnitudes"), ("lora_bias", "LoRA biases")):
         if recorded.config.get(option) and not _has(layout, option):
             raise CogExportError(f"{where} was trained with {option} ({recorded.where}), but the file holds no "
@@ -303,6 +304,17 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
         adapter.warnings.append(f"{where} does not record its LoRA alpha; using {adapter.alpha:g} ({alpha_source}); "
                                 "pass --lora-alpha if the run used another")
     return adapter
+
+
+def _refuse_unread_settings(recorded: Recorded, family: ModelFamily, where: str) -> None:
+    """A setting the run recorded that changes what the matrices mean (SimpleTuner's swiglu_gate_first: the
+    feed-forward's halves in the other order) and that no layout reads: read as if unset, the adapter would fuse
+    into a silently wrong model."""
+    for setting, meaning in family.lora_unread_settings.items():
+        value = recorded.config.get(setting)
+        if value is True or value == 1 or (isinstance(value, str) and value.strip().lower() == "true"):
+            raise CogExportError(f"{where} records {setting} = {value!r} ({recorded.where}), which cogexport does "
+                                 f"not read for {family.name}: {meaning}")
 
 
 def _alpha_values(layout: _Layout, where: str) -> dict[str, tuple[str, float]]:
