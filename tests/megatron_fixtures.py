@@ -26,15 +26,20 @@ class MegatronFixture(GroundTruth):
     def per_layer(self, number: int) -> dict[str, torch.Tensor]:
         """The model at iteration ``number`` as its per-layer names call it: a stacked key's layer n is
         ``...layers.n...`` (the truth's own stacking, taken apart by index)."""
-        weights = {}
-        for key in self.truth["keys"]:
-            full = self.tensors[f"iter{number}.{key}"]
-            if ".layers." not in key:
-                weights[key] = full
-                continue
-            before, after = key.split(".layers.", 1)
-            weights.update({f"{before}.layers.{layer}.{after}": full[layer] for layer in range(full.shape[0])})
-        return weights
+        return unstacked({key: self.tensors[f"iter{number}.{key}"] for key in self.truth["keys"]})
+
+
+def unstacked(stacked: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Megatron-Core's stacked keys ([L, ...] under ``...layers...``) by their per-layer names: layer n of a stacked
+    key is ``...layers.n...``; the other keys as they are."""
+    weights = {}
+    for key, full in stacked.items():
+        if ".layers." not in key:
+            weights[key] = full
+            continue
+        before, after = key.split(".layers.", 1)
+        weights.update({f"{before}.layers.{layer}.{after}": full[layer] for layer in range(full.shape[0])})
+    return weights
 
 
 def megatron_run(tp: int = 2, pp: int = 2) -> MegatronFixture:
@@ -75,14 +80,7 @@ class MegatronBf16Fixture(GroundTruth):
 
     def per_layer(self, prefix: str) -> dict[str, torch.Tensor]:
         """The tensors under ``prefix`` ("model." or "master.") by their per-layer names."""
-        weights = {}
-        for key, full in ((k[len(prefix):], t) for k, t in self.tensors.items() if k.startswith(prefix)):
-            if ".layers." not in key:
-                weights[key] = full
-                continue
-            before, after = key.split(".layers.", 1)
-            weights.update({f"{before}.layers.{layer}.{after}": full[layer] for layer in range(full.shape[0])})
-        return weights
+        return unstacked({k[len(prefix):]: t for k, t in self.tensors.items() if k.startswith(prefix)})
 
 
 def megatron_bf16_run(tp: int = 2) -> MegatronBf16Fixture:
