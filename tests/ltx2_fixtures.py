@@ -28,6 +28,14 @@ def release() -> Path:
     return RELEASE
 
 
+def reference_io() -> dict[str, torch.Tensor]:
+    """The inputs and outputs the LTX-2 repository's own model gave on the shared fixture (skipped without it)."""
+    path = FIXTURE / "reference_io.safetensors"
+    if not path.is_file():
+        pytest.skip(f"the LTX-2 repository's reference inputs are not at {path} (set COGEXPORT_SHARED)")
+    return load_file(path)
+
+
 def release_tensors() -> dict[str, torch.Tensor]:
     return load_file(release())
 

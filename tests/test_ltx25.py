@@ -13,7 +13,7 @@ import torch
 from conftest import assert_refused, assert_same_tensors
 from ltx25_fixtures import (FLAGS, SIZES, diffsynth_duration_head, diffsynth_transformer, diffusion_decoder_base,
                             diffusion_vae_release, duration_head_base, duration_head_release, transformer_release)
-from ltx2_fixtures import FIXTURE
+from ltx2_fixtures import reference_io
 from safetensors.torch import load_file
 
 from cogexport.exporter import export, export_original
@@ -74,7 +74,7 @@ def test_the_exported_2_5_transformer_gives_the_original_forward(exported):
     it, uniform timesteps give the same to float rounding (per-token ones differ: docs/families/ltx2.md)."""
     from diffusers import LTX2VideoTransformer3DModel
 
-    io = load_file(FIXTURE / "reference_io.safetensors")
+    io = reference_io()
     generator = torch.Generator().manual_seed(1)
     contexts = (torch.randn(2, 6, 32, generator=generator), torch.randn(2, 6, 16, generator=generator))
     ours = LTX2VideoTransformer3DModel.from_pretrained(exported[1]).eval()
