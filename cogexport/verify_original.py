@@ -55,6 +55,7 @@ def planned_way_back(request: VerifyRequest, stack: ExitStack, beside: bool = Fa
     (original_parts.LayoutChoice)."""
     from .exporter.options import ExportOptions
     from .exporter.original_parts import add_components_beside, open_way_back, plan_way_back
+    from .exporter.original_writers import WRITES_BESIDE
 
     options = ExportOptions(base=request.base, dtype="fp32", tag=request.choice.tag, ema=request.choice.ema,
                             role=request.choice.role)
@@ -63,7 +64,7 @@ def planned_way_back(request: VerifyRequest, stack: ExitStack, beside: bool = Fa
         if lora_key(list(source)) is not None:
             refuse_adapter_alone(source, inputs.where_of(name), request)
     parts = plan_way_back(inputs, "transformer", options, refuse_original=refuse_original, layout_of=layout_of)
-    if beside and parts[0].layout.writer == "single_file":  # the release's file holds the pipeline's other models
+    if beside and parts[0].layout.writer in WRITES_BESIDE:  # the release's file holds the pipeline's other models
         add_components_beside(parts[0], options, inputs)
     return parts
 

@@ -217,6 +217,22 @@ def kept_beside(layout: OriginalLayout, folder: Path | None, inputs: ExportInput
     return kept, notes
 
 
+def _not_written_twice(transformer: OriginalPart, part: OriginalPart, folder: Path) -> dict[str, LazyTensor]:
+    """The model's tensors for the transformer's file, less the names the transformer writes itself: where the
+    original network has one module that Diffusers gives both models a copy of (Cosmos Transfer's embedders, which
+    its control net holds too), the file keeps one, and both copies must be equal or one of them would be lost."""
+    own, written = transformer.prefixed(), {}
+    for name, tensor in part.prefixed().items():
+        if name not in own:
+            written[name] = tensor
+        elif not torch.equal(tensor.load(), own[name].load()):
+            raise CogExportError(f"{folder} holds its own copy of {name}, which differs from the transformer's; the "
+                                 f"original layout keeps one: make the {component_title(part.component)}'s copy "
+                                 "equal to the transformer's (or write the transformer alone, --component "
+                                 "transformer)")
+    return written
+
+
 def add_components_beside(transformer: OriginalPart, options: ExportOptions, inputs: ExportInputs) -> None:
     """From a pipeline folder: its other models in the family's original names, each under its prefix, in the
     transformer's file, for a layout that keeps them there (LTX-Video's VAE, LTX-2's four other models). Each model's
@@ -237,7 +253,7 @@ def add_components_beside(transformer: OriginalPart, options: ExportOptions, inp
         source = inputs.open_more([folder], options.tag)
         part = _component_part(source, component, inputs, options, str(folder), search_folders([folder], source),
                                folder)
-        transformer.beside.update(part.prefixed())
+        transformer.beside.update(_not_written_twice(transformer, part, folder))
         transformer.beside_components += (component,)
         transformer.beside_configs[component] = part.config
         transformer.notes += part.notes

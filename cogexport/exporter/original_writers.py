@@ -70,8 +70,9 @@ def _model_states(folder: str, part: OriginalPart, max_shard_size: str | int) ->
 
 def _torch(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:
     """One plain state dict, as torch.save(model.state_dict()) writes it, or that dict under the entry the layout
-    names (torch.save({"state_dict": ...}))."""
-    return [TensorFile(_join(folder, part.layout.file), part.prefixed(), container="torch",
+    names (torch.save({"state_dict": ...})); from a pipeline, with the models the network holds beside the
+    transformer (Cosmos Transfer's control branch)."""
+    return [TensorFile(_join(folder, part.layout.file), {**part.prefixed(), **part.beside}, container="torch",
                        under=part.layout.under or None)]
 
 
@@ -96,6 +97,11 @@ ORIGINAL_WRITERS: dict[str, Callable[[str, OriginalPart, str | int], list[Planne
     "torch": _torch,
     "single_file": _single_file,
 }
+
+
+# the writers of a file that keeps, from a pipeline, the models the release holds beside the transformer (each
+# component whose own `original` names no writer)
+WRITES_BESIDE = frozenset({"single_file", "torch"})
 
 
 def original_files(folder: str, part: OriginalPart, max_shard_size: str | int) -> list[PlannedFile]:

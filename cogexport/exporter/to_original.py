@@ -20,7 +20,7 @@ from ..write.folder_plan import FolderPlan, TextFile
 from .cards import original_card
 from .options import ExportOptions, checked_format
 from .original_parts import add_components_beside, open_way_back, plan_way_back, release_folder
-from .original_writers import OriginalPart, original_files
+from .original_writers import WRITES_BESIDE, OriginalPart, original_files
 from .output_formats import OutputFormat
 from .result import ExportResult
 from .way_back import publish_way_back
@@ -37,7 +37,7 @@ def export_original(checkpoint, output, options: ExportOptions | None = None, **
     with ExitStack() as stack:
         inputs = open_way_back(checkpoint, options, component, stack)
         parts = plan_way_back(inputs, component, options)
-        if component == "transformer" and parts[0].layout.writer == "single_file":
+        if component == "transformer" and parts[0].layout.writer in WRITES_BESIDE:
             add_components_beside(parts[0], options, inputs)
         folder = FolderPlan()
         for part in parts:

@@ -1,6 +1,7 @@
-"""The NVIDIA Cosmos Predict 2 / 2.5 facts that need code: what a Diffusers-named CosmosTransformer3DModel's shapes
-say about it (width, depth, channels, whether it projects a Qwen2.5-VL text encoder's states as 2.5 does), its task,
-and which published variant a custom config is built like. Everything else is data in key_maps/cosmos/family.toml.
+"""The NVIDIA Cosmos Predict 2 / 2.5 and Transfer 2.5 facts that need code: what a Diffusers-named
+CosmosTransformer3DModel's shapes say about it (width, depth, channels, whether it projects a Qwen2.5-VL text encoder's
+states as 2.5 does, whether it attends to a reference image as Transfer 2.5's base does), its task, and which
+published variant a custom config is built like. Everything else is data in key_maps/cosmos/family.toml.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ _NEEDED = ("patch_embed.proj.weight", "proj_out.weight", "time_embed.norm.weight
 # shapes alone cannot tell the patch from the channels.
 _PATCH_ELEMENTS = 4
 _TEXT_PROJECTION = "crossattn_proj.0.weight"
+_IMAGE_CONTEXT = "img_context_proj.0.weight"  # Transfer 2.5's base: the reference image's projection
 
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
@@ -33,11 +35,14 @@ def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
         "out_channels": shapes["proj_out.weight"][0] // _PATCH_ELEMENTS,
         "text_dim": shapes["transformer_blocks.0.attn2.to_k.weight"][1],
         "text_projection": _TEXT_PROJECTION in shapes,
+        "image_context": _IMAGE_CONTEXT in shapes,
         "learnable_positions": "learnable_pos_embed.pos_emb_t" in shapes,
     }
 
 
 def task_of(facts: Mapping[str, Any]) -> str:
+    if facts["image_context"]:
+        return "transfer"  # Transfer 2.5's base, which its control branch steers
     if facts["text_projection"]:
         return "world"  # Predict 2.5: text, image and video to world in one model
     # Predict 2 Video2World: the conditioning frames' mask is one more input channel
@@ -45,8 +50,8 @@ def task_of(facts: Mapping[str, Any]) -> str:
 
 
 def describe(facts: Mapping[str, Any]) -> str:
-    version = "2.5" if facts["text_projection"] else "2"
-    return (f"Cosmos Predict {version} transformer, hidden size {facts['hidden']} ({facts['heads']} heads), "
+    version = "Transfer 2.5" if facts["image_context"] else "Predict 2.5" if facts["text_projection"] else "Predict 2"
+    return (f"Cosmos {version} transformer, hidden size {facts['hidden']} ({facts['heads']} heads), "
             f"{facts['layers']} layers, in_channels {facts['in_channels']}")
 
 
@@ -54,6 +59,8 @@ def layout_variant(config: Mapping[str, Any], experts: Sequence[str] = (),
                    pipeline: Mapping[str, Any] | None = None) -> str:
     """The published variant a custom config is built like: the 14B models are 5120 wide, the 2B ones 2048."""
     size = "14B" if config.get("num_attention_heads", 32) * config.get("attention_head_dim", 128) >= 5120 else "2B"
+    if config.get("img_context_dim_in"):
+        return "Cosmos-Transfer2.5-2B"  # the one Transfer size published
     if config.get("use_crossattn_projection"):
         return f"Cosmos-Predict2.5-{size}"
     if config.get("in_channels", 16) > config.get("out_channels", 16):
