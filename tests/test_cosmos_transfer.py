@@ -186,6 +186,26 @@ def test_a_control_net_whose_copy_of_the_base_embedders_differs_is_refused(tiny,
                    "holds its own copy of net.x_embedder.proj.1.weight, which differs from the transformer's")
 
 
+def test_imaginaire_run_gives_the_newest_iterations_ema_for_both_models(tiny, cli, tmp_path):
+    """A Transfer run's iteration (model/ with net.* and net_ema.*, saved here by dcp.save in one process; an older
+    iteration beside it): --ema reads the EMA of the iteration latest_checkpoint.txt names, for the base and for the
+    control branch alike."""
+    import torch.distributed.checkpoint as dcp
+
+    checkpoints = tmp_path / "job" / "checkpoints"
+    older, ema = build_models(seed=2), build_models(seed=1)
+    for iteration, (net, net_ema) in (("iter_000000001", (older, older)), ("iter_000000002", ((tiny["transformer"],
+                                                                                               tiny["controlnet"]), ema))):
+        weights = {**release_state_dict(*net), **release_state_dict(*net_ema, prefix="net_ema.")}
+        dcp.save(weights, checkpoint_id=str(checkpoints / iteration / "model"))
+    (checkpoints / "latest_checkpoint.txt").write_text("iter_000000002\n")
+    for index, name in enumerate(("transformer", "controlnet")):
+        result = cli(tmp_path / "job", tmp_path / name, "--base", tiny["folder"] / name, "--component", name,
+                     "--ema", "--dtype", "fp32")
+        assert result.exit_code == 0, result.stderr
+        assert_same_tensors(load_file(tmp_path / name / WEIGHTS), ema[index].state_dict())
+
+
 def _never_read() -> torch.Tensor:
     raise AssertionError("planning must not read tensor data")
 
