@@ -194,8 +194,8 @@ def test_imaginaire_run_gives_the_newest_iterations_ema_for_both_models(tiny, cl
 
     checkpoints = tmp_path / "job" / "checkpoints"
     older, ema = build_models(seed=2), build_models(seed=1)
-    for iteration, (net, net_ema) in (("iter_000000001", (older, older)), ("iter_000000002", ((tiny["transformer"],
-                                                                                               tiny["controlnet"]), ema))):
+    newest = (tiny["transformer"], tiny["controlnet"])
+    for iteration, (net, net_ema) in (("iter_000000001", (older, older)), ("iter_000000002", (newest, ema))):
         weights = {**release_state_dict(*net), **release_state_dict(*net_ema, prefix="net_ema.")}
         dcp.save(weights, checkpoint_id=str(checkpoints / iteration / "model"))
     (checkpoints / "latest_checkpoint.txt").write_text("iter_000000002\n")

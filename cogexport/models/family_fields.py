@@ -39,7 +39,8 @@ class OriginalLayout:
     writer: str = declared(
         "a name in cogexport/exporter/original_writers.py: `safetensors` (single or sharded files with the family's "
         "config.json), `sat` (a SAT folder: latest + 1/mp_rank_00_model_states.pt), `model_states` (one torch.save "
-        "file `file` holding {\"module\": state dict}), `torch` (one torch.save state dict, e.g. Wan2.1_VAE.pth), "
+        "file `file` holding {\"module\": state dict}), `torch` (one torch.save state dict, e.g. Wan2.1_VAE.pth; from "
+        "a pipeline, with the components written into it), "
         "`single_file` (one safetensors file holding the transformer and, from a pipeline, the components the release "
         "keeps beside it, each under its prefix: LTX-Video), or `\"\"` for a component written into the transformer's "
         "file", "")
