@@ -86,6 +86,11 @@ def test_release_exports_both_models_as_save_pretrained_does_and_keeps_what_diff
     assert sorted(kept) == ["control_blocks.0.cross_attn.attn_op._extra_state",
                             "control_blocks.1.cross_attn.attn_op._extra_state"]
     assert not [name for name in load_file(tmp_path / "transformer" / BUFFERS) if name.startswith("control_")]
+    # verify passes for both; Diffusers' single-file converter, which would rename the branch's blocks too, is not
+    # asked for the base of a file holding the branch
+    for name in ("transformer", "controlnet"):
+        verified = cli("verify", tmp_path / name, "--against", tiny["model_ema_fp32.pt"])
+        assert verified.exit_code == 0 and verified.stdout.startswith("ok:"), verified.stdout + verified.stderr
 
 
 def resize_without_torchvision(monkeypatch) -> None:
