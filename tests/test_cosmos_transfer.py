@@ -25,6 +25,7 @@ from cogexport.exporter import ExportOptions
 from cogexport.exporter.parts import plan_component, plan_transformer
 from cogexport.lazy import LazyTensor
 from cogexport.models.family import family_named
+from cogexport.models.recognize import component_tables, fitting_tables
 
 sys.path.insert(0, str(SCRIPTS))
 from make_tiny_cosmos_transfer import build_models, control_name, release_state_dict, write_release  # noqa: E402
@@ -233,3 +234,18 @@ def test_published_transfer_is_read_off_the_release_shapes():
     assert len(branch.tensors) == len(controlnet.state_dict()) == \
         len([n for n in controlnet.state_dict() if control_name(n)]) + 8  # the base's embedders it copies
     assert FAMILY.task(variant.task).pipeline == "Cosmos2_5_TransferPipeline"
+
+
+def test_each_layout_is_recognised_by_its_own_table_alone(tiny):
+    """NVIDIA's file: the base's table among every family's transformer tables, the control net's among every
+    controlnet table; the control net's Diffusers names by its Diffusers table alone, and the base's by none of
+    them."""
+    release = list(release_state_dict(tiny["transformer"], tiny["controlnet"]))
+
+    def fitting(keys, component):
+        return {table.name for _, table in fitting_tables(keys, component_tables(component))}
+
+    assert fitting(release, "transformer") == {"cosmos/original_transformer"}
+    assert fitting(release, "controlnet") == {"cosmos/original_controlnet"}
+    assert fitting(list(tiny["controlnet"].state_dict()), "controlnet") == {"cosmos/diffusers_controlnet"}
+    assert fitting(list(tiny["transformer"].state_dict()), "controlnet") == set()
