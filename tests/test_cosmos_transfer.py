@@ -212,6 +212,20 @@ def test_imaginaire_run_gives_the_newest_iterations_ema_for_both_models(tiny, cl
         assert_same_tensors(load_file(tmp_path / name / WEIGHTS), ema[index].state_dict())
 
 
+def test_transfer_and_predict_are_never_taken_for_each_other(tiny, cli, tmp_path):
+    """A Transfer file with a Predict 2.5 model as --base, and a control net asked of a Predict file: one line each,
+    nothing written."""
+    from make_tiny_cosmos import build_transformer, write_release_files
+
+    build_transformer("2.5", seed=0).save_pretrained(tmp_path / "predict")
+    predict = write_release_files(tmp_path / "predict-release", *(build_transformer("2.5", seed=s) for s in (0, 1)))
+    assert_refused(cli, tmp_path, [tiny["model_ema_fp32.pt"], tmp_path / "out", "--base", tmp_path / "predict"],
+                   "is a Cosmos TRANSFER model", "is a Cosmos-Predict2.5-2B-layout WORLD model")
+    assert_refused(cli, tmp_path, [predict["model_ema_fp32.pt"], tmp_path / "out", "--component", "controlnet",
+                                   "--base", tiny["folder"] / "controlnet"],
+                   "holds a transformer (Cosmos), not a controlnet")
+
+
 def _never_read() -> torch.Tensor:
     raise AssertionError("planning must not read tensor data")
 
