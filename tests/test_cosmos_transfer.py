@@ -248,6 +248,8 @@ def test_published_transfer_is_read_off_the_release_shapes():
     assert len(branch.tensors) == len(controlnet.state_dict()) == \
         len([n for n in controlnet.state_dict() if control_name(n)]) + 8  # the base's embedders it copies
     assert FAMILY.task(variant.task).pipeline == "Cosmos2_5_TransferPipeline"
+    # the fp32 allowlist is the class's own (the learnable embedding, which no release has)
+    assert FAMILY.components["controlnet"].keep_fp32 == tuple(CosmosControlNetModel._keep_in_fp32_modules)
 
 
 def test_each_layout_is_recognised_by_its_own_table_alone(tiny):
