@@ -68,8 +68,14 @@ def test_the_vocoder_with_bwe_exports_exactly_and_gives_the_originals_waveform(e
     assert waveform.abs().max() < 1  # not a clamped (and so trivially equal) output
 
 
-def test_the_way_back_rewrites_the_vocoder_byte_for_byte(exported, tmp_path):
+def test_verify_checks_it_and_the_way_back_rewrites_it_byte_for_byte(exported, tmp_path):
+    """verify knows the class (no converter in Diffusers' package to ask: it says so) and Diffusers loads the folder;
+    --to original gives the release's file back."""
+    from cogexport.verify import verify
+
     release, _, folder = exported
+    (report,) = verify(folder, release)
+    assert report.ok and report.loads_with_diffusers and report.judge is None and "no converter" in report.judge_note
     export_original(folder, tmp_path / "back", component="vocoder", dtype="fp32", progress=False)
     assert (tmp_path / "back" / "vocoder.safetensors").read_bytes() == release.read_bytes()
 
