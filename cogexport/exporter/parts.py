@@ -169,7 +169,8 @@ def component_class(family: ModelFamily, component: str, table: KeyMapTable, var
                              f"{family.component_class(component, variant)}; give the {title} of that model, or the "
                              "--model-name or --base of the model this one belongs to")
     named = (base.config(component) or {}).get("_class_name") if base else None
-    if named is not None and named != found:
+    # only another class of this component: a config naming some other class is checked against the weights as before
+    if named != found and named in family.components[component].classes:
         raise CogExportError(f"--base {base.config_file(component)} describes {named}, but {where} holds {found} "
                              f"weights ({table.source}); give as --base the pipeline (or model folder) the checkpoint "
                              "belongs to")
