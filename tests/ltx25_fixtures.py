@@ -61,13 +61,14 @@ def transformer_release(folder: Path, seed: int = 0, metadata: bool = True, **fl
     return path
 
 
-# a tiny diffusion decoder: five stages (the release's count) of one block each, widths a multiple of the head size
-DECODER = dict(in_channels=8, out_channels=3, patch_size=2, head_dim=16, stage_channels=(128, 64, 32, 32, 16),
+# a tiny diffusion decoder: five stages (the release's count) of one block each, widths a multiple of the head size;
+# the release's patch size (4), which with the upsamples' 8x makes the 32x spatial factor DiffSynth's decode assumes
+DECODER = dict(in_channels=8, out_channels=3, patch_size=4, head_dim=16, stage_channels=(128, 64, 32, 32, 16),
                stage_depths=(1, 1, 1, 1, 1), stage_kernels=((3, 3, 3),) * 5, stage5_kernel=(3, 3, 3), t_emb_dim=16,
                upsamples=(((1, 2, 2), 2), ((2, 1, 1), 2), ((2, 2, 2), 1), ((2, 2, 2), 2)),
                timestep_scale_multiplier=1000.0, default_num_inference_steps=1, model_output_type="x0")
 # the same decoder as LTX2VideoDiffusionDecoderModel's config (Diffusers' conversion script's names for each setting)
-DECODER_CONFIG = dict(latent_channels=8, out_channels=3, patch_size=2, decoder_head_dim=16,
+DECODER_CONFIG = dict(latent_channels=8, out_channels=3, patch_size=4, decoder_head_dim=16,
                       decoder_stage_channels=(128, 64, 32, 32, 16), decoder_stage_depths=(1, 1, 1, 1, 1),
                       decoder_stage_kernels=((3, 3, 3),) * 4, decoder_stage5_kernel=(3, 3, 3),
                       decoder_upsample_strides=((1, 2, 2), (2, 1, 1), (2, 2, 2), (2, 2, 2)),
@@ -102,6 +103,28 @@ def diffusion_vae_release(folder: Path, seed: int = 0) -> Path:
     path = folder / "ltx-2.5-video-vae-tiny.safetensors"
     save_file(tensors, path)
     return path
+
+
+def diffsynth_diffusion_decoder(release: Path) -> torch.nn.Module:
+    """DiffSynth-Studio's LTX25DiffusionVideoDecoder with the weights of a release file (diffusion_vae_release's):
+    the decoder's names without decoder., the timestep MLP as DiffSynth's converter renames it, the statistics its
+    decode un-normalises latents with."""
+    from diffsynth_models import diffsynth_module
+    from safetensors.torch import load_file
+
+    decoder = diffsynth_module("ltx25_diffusion_video_vae").LTX25DiffusionVideoDecoder(**DECODER)
+    state = {}
+    for name, tensor in load_file(release).items():
+        if name.startswith("decoder.") and name != "decoder.type_emb":  # the keyframe tag: no keyframes decoded here
+            name = name.removeprefix("decoder.")
+            for ours, theirs in DIFFSYNTH_NAMES:
+                name = name.replace(theirs, ours)
+            state[name] = tensor
+    state.update({f"per_channel_statistics.{s}": load_file(release)[f"per_channel_statistics.{s}"]
+                  for s in ("mean-of-means", "std-of-means")})
+    missing, unexpected = decoder.load_state_dict(state, strict=False)
+    assert missing == ["type_emb"] and not unexpected, (missing, unexpected)
+    return decoder.eval()
 
 
 def diffusion_decoder_base(folder: Path) -> Path:

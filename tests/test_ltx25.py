@@ -11,8 +11,9 @@ import json
 import pytest
 import torch
 from conftest import assert_refused, assert_same_tensors
-from ltx25_fixtures import (FLAGS, SIZES, diffsynth_duration_head, diffsynth_transformer, diffusion_decoder_base,
-                            diffusion_vae_release, duration_head_base, duration_head_release, transformer_release)
+from ltx25_fixtures import (FLAGS, SIZES, diffsynth_diffusion_decoder, diffsynth_duration_head, diffsynth_transformer,
+                            diffusion_decoder_base, diffusion_vae_release, duration_head_base, duration_head_release,
+                            transformer_release)
 from ltx2_fixtures import reference_io
 from safetensors.torch import load_file
 
@@ -171,6 +172,34 @@ def test_the_diffusion_decoder_exports_exactly_and_back(decoder_release, tmp_pat
     assert_same_tensors(load_file(tmp_path / "back" / "diffusion_decoder.safetensors"),
                         {name: t for name, t in tensors.items()
                          if not name.startswith("encoder.") and name != "decoder.type_emb"})
+
+
+def test_the_exported_diffusion_decoder_decodes_as_the_original(decoder_release, tmp_path):
+    """DiffSynth's port of the release decoder and Diffusers' LTX2VideoDiffusionDecoderModel on the exported folder,
+    one latent each (3 latent frames, 3 x 3: the least each stage's 3x3x3 window takes): the same pixels. DiffSynth's
+    decode seeds its own generator (42 + seed) and un-normalises the latents itself; Diffusers takes them
+    un-normalised (the pipeline does it) and a generator. Not to the bit: the neighborhood attention sums its window
+    in another order in each (a FlexAttention mask here, a gathered window there; the contexts agree to 4e-7, the
+    pixels to 6e-8 on the machine that wrote this). A 2-frame latent is not compared: DiffSynth decodes it on a
+    17-frame canvas and crops to 9, Diffusers decodes 9 frames (docs/families/ltx2.md)."""
+    from diffusers import LTX2VideoDiffusionDecoderModel
+
+    release, base = decoder_release
+    export(release, tmp_path / "decoder", component="diffusion_decoder", base=base, dtype="fp32", progress=False)
+    ours = LTX2VideoDiffusionDecoderModel.from_pretrained(tmp_path / "decoder").eval()
+    theirs = diffsynth_diffusion_decoder(release)
+    latent = torch.randn(1, 8, 3, 3, 3, generator=torch.Generator().manual_seed(0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            expected = theirs.decode(latent, seed=1)
+            un_normalised = theirs.per_channel_statistics.un_normalize(latent)
+            actual = ours(un_normalised, generator=torch.Generator().manual_seed(43), return_dict=False)[0]
+    finally:
+        torch.set_num_threads(threads)
+    assert actual.shape == expected.shape == (1, 3, 17, 96, 96)
+    assert torch.allclose(actual, expected, atol=1e-6, rtol=0)
 
 
 def test_a_conv_vae_asked_of_the_diffusion_decoder_file_is_refused(decoder_release, tmp_path, cli):

@@ -246,7 +246,7 @@ def add_components_beside(transformer: OriginalPart, options: ExportOptions, inp
         if component == "transformer" or not written_beside or not (folder / "config.json").is_file():
             continue
         found = read_json(folder / "config.json").get("_class_name")
-        if found != spec.class_name:  # a variant's other class (LTX-2.3's vocoder): no original layout known
+        if found not in spec.classes:  # not a class of the family's: no original layout known
             transformer.notes.append(f"{folder} is a {found}, whose original layout cogexport does not know; the "
                                      f"release file is written without the {component_title(component)}")
             continue

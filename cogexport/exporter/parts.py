@@ -136,14 +136,14 @@ def _base_transformer_weights(inputs: ExportInputs, family: ModelFamily, target:
 
 
 # -- the other components (VAE, ...) ---------------------------------------------------------------------------
-def _fitting_config(family: ModelFamily, component: str, table: KeyMapTable, source: Mapping[str, LazyTensor],
-                    where: str) -> dict:
-    """The one config among the family's variants that this component's weights fit."""
-    spec = family.components[component]
+def _fitting_config(family: ModelFamily, component: str, class_name: str, table: KeyMapTable,
+                    source: Mapping[str, LazyTensor], where: str) -> dict:
+    """The one config among those of the family's variants with this class that this component's weights fit."""
+    variants = [v for v in family.variants if family.component_class(component, v) == class_name]
     fitting = []
-    configs = (family.component_config(component, v) for v in family.variants)
+    configs = (family.component_config(component, v) for v in variants)
     for config in {repr(c): c for c in configs}.values():
-        target = build_target(spec.class_name, config)
+        target = build_target(class_name, config)
         try:
             plan_translation(table, source, target.schema, target.counts, what=where)
         except CogExportError:
@@ -151,10 +151,30 @@ def _fitting_config(family: ModelFamily, component: str, table: KeyMapTable, sou
         fitting.append(config)
     if len(fitting) == 1:
         return fitting[0]
-    names = ", ".join(v.name for v in family.variants)
+    names = ", ".join(v.name for v in variants)
     raise CogExportError(f"a {component} alone does not say which {family.name} it belongs to (the variants' "
                          f"{component} configs differ, e.g. in latent scaling); pass --model-name (one of {names}) "
                          "or --base")
+
+
+def component_class(family: ModelFamily, component: str, table: KeyMapTable, variant: Variant | None,
+                    base: BaseFolder | None, where: str) -> str:
+    """The class the weights' layout translates into, refused when the variant or --base says the component is
+    another of its classes (LTX-2.0's vocoder where 2.3's, with bandwidth extension, is expected, or the other way
+    round): the weights' names say which, and a model of the other class would not load them."""
+    found = family.components[component].class_of(table)
+    title = component_title(component)
+    if variant is not None and family.component_class(component, variant) != found:
+        raise CogExportError(f"{where} holds {found} weights ({table.source}), but {variant.name}'s {title} is "
+                             f"{family.component_class(component, variant)}; give the {title} of that model, or the "
+                             "--model-name or --base of the model this one belongs to")
+    named = (base.config(component) or {}).get("_class_name") if base else None
+    # only another class of this component: a config naming some other class is checked against the weights as before
+    if named != found and named in family.components[component].classes:
+        raise CogExportError(f"--base {base.config_file(component)} describes {named}, but {where} holds {found} "
+                             f"weights ({table.source}); give as --base the pipeline (or model folder) the checkpoint "
+                             "belongs to")
+    return found
 
 
 def plan_component(source: Mapping[str, LazyTensor], component: str, family: ModelFamily | None,
@@ -164,16 +184,17 @@ def plan_component(source: Mapping[str, LazyTensor], component: str, family: Mod
     the weights (a save_pretrained folder), else the published variant's (or the one variant config it fits)."""
     family, table = choose_table(source, component, component_title(component), where, family)
     spec = family.components[component]
+    class_name = component_class(family, component, table, variant, base, where)
     config = base.config(component) if base else None
     if base is not None and config is None:
         raise CogExportError(f"--base {base.path} has no {component} config.json (give a pipeline folder with "
                              f"{component}/, or a {component} folder)")
     if config is None and variant is None:
-        config = diffusers_config_beside(spec.class_name, folders)
+        config = diffusers_config_beside(class_name, folders)
     if config is None:
         config = family.component_config(component, variant) if variant is not None else \
-            _fitting_config(family, component, table, source, where)
-    target = build_target(spec.class_name, config)
+            _fitting_config(family, component, class_name, table, source, where)
+    target = build_target(class_name, config)
     told = dict(target=f"the {component_title(component)} --base describes ({base.config_file(component)})",
                 remedy="give as --base the pipeline (or model folder) the checkpoint belongs to, if this is not "
                        "it") if base else {}

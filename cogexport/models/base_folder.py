@@ -86,7 +86,7 @@ def _family_of_pipeline(pipeline_class: str) -> ModelFamily | None:
 
 
 def _known_classes() -> str:
-    return ", ".join(dict.fromkeys(spec.class_name for f in families() for spec in f.components.values()))
+    return ", ".join(dict.fromkeys(name for f in families() for spec in f.components.values() for name in spec.classes))
 
 
 # A modular pipeline's index (Diffusers' ModularPipeline: MiniMax-H3) names each component as [library, class,

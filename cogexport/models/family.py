@@ -54,6 +54,7 @@ class Variant:
     pipeline: Mapping[str, Any] = field(default_factory=dict)  # pipeline config values (boundary_ratio, ...)
     experts: Mapping[str, str] = field(default_factory=dict)  # pipeline component -> the release's subfolder
     from_base: tuple[str, ...] | None = None  # components taken from --base, when not the task's
+    classes: Mapping[str, str] = field(default_factory=dict)  # component -> its class here, when not the usual one
 
     @property
     def transformer(self) -> Mapping[str, Any]:
@@ -76,10 +77,21 @@ class ModelSpec:
     originals: tuple[OriginalLayout, ...] = ()
     # whether the tasks' pipelines hold it (LTX-2.5's diffusion decoder and duration head belong to other pipelines)
     in_pipeline: bool = True
+    # the classes it is in some variants instead (LTX-2.3's vocoder with bandwidth extension)
+    other_classes: tuple[str, ...] = ()
 
     @property
     def original(self) -> OriginalLayout | None:
         return self.originals[0] if self.originals else None
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return (self.class_name, *self.other_classes)
+
+    def class_of(self, table: Any) -> str:
+        """The class a table of this component translates into: the one its target names, when that is one of the
+        component's other classes."""
+        return table.target if table.target in self.other_classes else self.class_name
 
 
 @dataclass(frozen=True)
@@ -180,9 +192,13 @@ class ModelFamily:
         return published == given
 
     # -- configs -------------------------------------------------------------------------------------------
+    def component_class(self, component: str, variant: Variant) -> str:
+        """The Diffusers class of one of the variant's models."""
+        return variant.classes.get(component) or self.components[component].class_name
+
     def component_config(self, component: str, variant: Variant) -> dict:
-        """The published config of one of the variant's models: the class's defaults and the variant's values."""
-        return {**class_defaults(self.components[component].class_name), **variant.configs.get(component, {})}
+        """The published config of one of the variant's models: its class's defaults and the variant's values."""
+        return {**class_defaults(self.component_class(component, variant)), **variant.configs.get(component, {})}
 
     def transformer_config(self, variant: Variant) -> dict:
         return self.component_config("transformer", variant)
@@ -232,7 +248,7 @@ def model_class(class_name: str) -> type:
     if found is not None:
         return found
     modules = {spec.module for family in families() for spec in family.components.values()
-               if spec.class_name == class_name and spec.module}
+               if class_name in spec.classes and spec.module}
     for module in modules:
         found = getattr(importlib.import_module(f"diffusers.{module}"), class_name, None)
         if found is not None:
@@ -282,6 +298,7 @@ def _model_spec(data: ComponentSection, key: str, component: str) -> ModelSpec:
         keep_fp32=data.keep_fp32,
         originals=tuple(replace(o, table=table_name(key, o.table)) for o in originals),
         in_pipeline=data.in_pipeline,
+        other_classes=data.other_classes,
     )
 
 
@@ -301,8 +318,12 @@ def _variant(data: VariantEntry, index: int, key: str, components: Mapping[str, 
     except SchemaError as error:
         raise FamilyError(f"family {key}: {error}") from None
     variant = Variant(data.name, data.hub_id, data.task, data.shapes, configs, data.scheduler, data.pipeline,
-                      data.experts, data.from_base)
+                      data.experts, data.from_base, data.classes)
     _require(variant.task in tasks, key, f"variant {variant.name} has unknown task {variant.task!r}")
+    for component, class_name in data.classes.items():
+        _require(class_name in (components[component].other_classes if component in components else ()), key,
+                 f"variant {variant.name}'s classes give {component} {class_name}, which is not one of that "
+                 "component's other_classes")
     return variant
 
 
@@ -398,7 +419,7 @@ def family_of_class(class_name: str) -> tuple[ModelFamily, str] | None:
     """The family and pipeline component (transformer, vae, ...) a Diffusers class belongs to; of families that
     share a model (Wan's VAE, which its variants list with Wan's tables), the one whose own tables translate it."""
     found = [(family, component) for family in families() for component, spec in family.components.items()
-             if spec.class_name == class_name]
+             if class_name in spec.classes]
     owners = [(family, component) for family, component in found
               if any(table.split("/", 1)[0] == family.key for table in family.components[component].tables)]
     return (owners or found or [None])[0]

@@ -64,6 +64,9 @@ class ComponentSection:
         "where the class lives when Diffusers does not export it at the top level (a pipeline's own model: "
         "`pipelines.ltx2`)", "")
     keep_fp32: tuple[str, ...] = declared("globs on dotted name components kept in fp32; say why in a comment", ())
+    other_classes: tuple[str, ...] = declared(
+        "other Diffusers classes this component is in some variants (LTX-2.3's vocoder with bandwidth extension): "
+        "each table translates into the class its `target` names, a variant's `classes` says which it has", ())
     in_pipeline: bool = declared(
         "whether the tasks' pipelines hold it (false: a model of another pipeline of the family, exported with "
         "--component alone and never taken from --base: LTX-2.5's diffusion decoder)", True)
@@ -130,6 +133,9 @@ class VariantEntry:
         "pipeline component -> the release's subfolder, for a release of several experts", {})
     from_base: tuple[str, ...] | None = declared(
         "the components `--base` supplies for this variant, when not its task's", None)
+    classes: dict[str, str] = declared(
+        "component -> its Diffusers class in this variant, when not the component's `class` (one of its "
+        "`other_classes`)", {})
     null: dict[str, tuple[str, ...]] = declared(
         "component -> its config keys whose published value is null (TOML has no null)", {})
     # any value here, so that a key naming no component is refused as unknown (family.py) before its type is checked

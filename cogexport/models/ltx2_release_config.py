@@ -152,12 +152,40 @@ def _audio_vae_section(config: Mapping[str, Any]) -> dict:
 
 
 def _vocoder_section(config: Mapping[str, Any]) -> dict:
+    if "bwe_hidden_channels" in config:
+        return _vocoder_with_bwe_section(config)
     return {"resblock_kernel_sizes": list(config["resnet_kernel_sizes"]),
             "upsample_rates": list(config["upsample_factors"]),
             "upsample_kernel_sizes": list(config["upsample_kernel_sizes"]),
             "resblock_dilation_sizes": [list(d) for d in config["resnet_dilations"]],
             "upsample_initial_channel": config["hidden_channels"], "stereo": config["out_channels"] == 2,
             "resblock": "1", "output_sample_rate": config["output_sampling_rate"]}
+
+
+def _vocoder_with_bwe_section(config: Mapping[str, Any]) -> dict:
+    """2.3's and later's vocoder with bandwidth extension (LTX2VocoderWithBWE): the two generators' sections nested
+    as ltx_core's VocoderConfigurator reads them ("vocoder" and "bwe", the latter with the mel front end and the two
+    sampling rates). No 2.3 release was at hand: the keys are those its reader takes, in the order it reads them."""
+    if config["window_length"] != config["filter_length"]:
+        raise CogExportError(f"an LTX-2 release's vocoder has one STFT length (n_fft, its window too); this "
+                             f"LTX2VocoderWithBWE's window_length {config['window_length']} is not its filter_length "
+                             f"{config['filter_length']}")
+    bwe = {**_generator_keys(config, "bwe_"), "input_sampling_rate": config["input_sampling_rate"],
+           "output_sampling_rate": config["output_sampling_rate"], "n_fft": config["filter_length"],
+           "hop_length": config["hop_length"], "num_mels": config["num_mel_channels"]}
+    return {"vocoder": _generator_keys(config, ""), "bwe": bwe}
+
+
+def _generator_keys(config: Mapping[str, Any], prefix: str) -> dict:
+    """One generator of a vocoder with bandwidth extension (BigVGAN-like: anti-aliased SnakeBeta residual blocks)."""
+    return {"resblock_kernel_sizes": list(config[f"{prefix}resnet_kernel_sizes"]),
+            "upsample_rates": list(config[f"{prefix}upsample_factors"]),
+            "upsample_kernel_sizes": list(config[f"{prefix}upsample_kernel_sizes"]),
+            "resblock_dilation_sizes": [list(d) for d in config[f"{prefix}resnet_dilations"]],
+            "upsample_initial_channel": config[f"{prefix}hidden_channels"],
+            "resblock": "AMP1", "stereo": config[f"{prefix}out_channels"] == 2,
+            "activation": config[f"{prefix}act_fn"], "use_tanh_at_final": config[f"{prefix}final_act_fn"] == "tanh",
+            "use_bias_at_final": config[f"{prefix}final_bias"]}
 
 
 # -- the way in: the release's transformer section as LTX2VideoTransformer3DModel's config ---------------------------

@@ -16,7 +16,7 @@ from ..keymap.plan import translate_shapes
 from ..keymap.table import KeyMapTable, load_table
 from ..lazy import LazyTensor
 from .base_folder import read_json
-from .family import ModelFamily, Variant, component_title, families, family_of_class
+from .family import ModelFamily, Variant, class_defaults, component_title, families, family_of_class
 from .target import build_target
 from .told_apart import told_apart
 
@@ -148,16 +148,17 @@ def _names_fit(fitting: list[tuple[ModelFamily, KeyMapTable]], source: Mapping[s
     shapes = {name: tensor.shape for name, tensor in source.items()}
     return [(family, table) for family, table in fitting
             if {_INDEX.sub("#", name) for name in translate_shapes(table, shapes)}
-            <= _class_names(family.key, component)]
+            <= _class_names(family.key, component, family.components[component].class_of(table))]
 
 
 @cache
-def _class_names(family_key: str, component: str) -> frozenset[str]:
-    """The tensor names (block indices as #) of the family's component class at its first variant's config."""
+def _class_names(family_key: str, component: str, class_name: str) -> frozenset[str]:
+    """The tensor names (block indices as #) of one of the family's component classes at the config of its first
+    variant with that class (the class's defaults if none has it)."""
     family = next(each for each in families() if each.key == family_key)
-    spec = family.components[component]
-    schema = build_target(spec.class_name, family.component_config(component, family.variants[0])).schema
-    return frozenset(_INDEX.sub("#", name) for name in schema)
+    variant = next((v for v in family.variants if family.component_class(component, v) == class_name), None)
+    config = family.component_config(component, variant) if variant else class_defaults(class_name)
+    return frozenset(_INDEX.sub("#", name) for name in build_target(class_name, config).schema)
 
 
 @dataclass
