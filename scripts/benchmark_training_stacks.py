@@ -55,7 +55,8 @@ class Stack:
     check: object  # check(outputs by tool name) -> one line saying what was compared
     floor_reads: object  # floor_reads(written bytes) -> the floor's reads
     model_bytes: int
-    extra_floors: dict = field(default_factory=dict)  # row name -> command(written bytes, output)
+    # row name -> (the tool whose output's size it writes, command(written bytes, output))
+    extra_floors: dict = field(default_factory=dict)
 
 
 # -- checks (in child processes: the harness never imports torch) --------------------------------------------------
@@ -162,8 +163,8 @@ def autotp_stack(work: Path) -> Stack:
                DS_TO_UNIVERSAL: (ds_to_universal, {**os.environ, "DS_ACCELERATOR": "cpu"})},
         ours="cogexport consolidate", others=[DS_TO_UNIVERSAL], check=check, model_bytes=model_bytes,
         floor_reads=lambda written: floor_reads(optimizer_files, model_bytes),
-        extra_floors={"universal I/O floor (dd)": lambda written, out: floor_tool(
-            floor_reads(universal_files, written), written, out)[0]})
+        extra_floors={"universal I/O floor (dd)": ("cogexport universal", lambda written, out: floor_tool(
+            floor_reads(universal_files, written), written, out)[0])})
 
 
 def trainer_stack(work: Path) -> Stack:
@@ -204,8 +205,8 @@ def _truth_bytes(truth: Path, prefix: str = "") -> int:
 
 
 # -- running them --------------------------------------------------------------------------------------------------
-def checked_outputs(stack: Stack, work: Path) -> tuple[str, int]:
-    """Each tool once, untimed, into an output of its own; the outputs checked; cogexport's output size."""
+def checked_outputs(stack: Stack, work: Path) -> tuple[str, dict[str, int]]:
+    """Each tool once, untimed, into an output of its own; the outputs checked; each output's size."""
     outputs = {}
     for index, (name, (command, env)) in enumerate(stack.tools.items()):
         output = stack.output.with_name(f"{stack.output.name}-check-{index}")
@@ -214,7 +215,7 @@ def checked_outputs(stack: Stack, work: Path) -> tuple[str, int]:
                        stderr=subprocess.DEVNULL)
         outputs[name] = output
     summary = stack.check(outputs)
-    written = tree_bytes(outputs[stack.ours])
+    written = {name: tree_bytes(output) for name, output in outputs.items()}
     for output in outputs.values():
         shutil.rmtree(output, ignore_errors=True)
     return summary, written
@@ -224,12 +225,13 @@ def _retarget(command: list[str], output: Path, elsewhere: Path) -> list[str]:
     return [part.replace(str(output), str(elsewhere)) for part in command]
 
 
-def timed(stack: Stack, written: int, runs: int) -> dict[str, list]:
-    output = stack.output
+def timed(stack: Stack, sizes: dict[str, int], runs: int) -> dict[str, list]:
+    output, written = stack.output, sizes[stack.ours]
     commands = dict(stack.tools)
     commands.update({name: (command, dict(os.environ)) for name, (command, _) in
                      floor_rows(stack.floor_reads(written), written, output).items()})
-    commands.update({name: (make(written, output), dict(os.environ)) for name, make in stack.extra_floors.items()})
+    commands.update({name: (make(sizes[tool], output), dict(os.environ))
+                     for name, (tool, make) in stack.extra_floors.items()})
     commands[START] = (start_tool(commands[stack.ours][0]), dict(os.environ))
     samples: dict[str, list] = {name: [] for name in commands}
     for _ in range(runs):
@@ -270,9 +272,9 @@ def main(work_dir: Path, stacks: tuple[str, ...], runs: int, fastvideo_python: s
     compile_cogexport_bytecode()
     for name in stacks:
         stack = builders(fastvideo_python, fastvideo_src)[name](work_dir)
-        summary, written = checked_outputs(stack, work_dir)
+        summary, sizes = checked_outputs(stack, work_dir)
         before = load_average()
-        samples = timed(stack, written, runs)
+        samples = timed(stack, sizes, runs)
         click.echo(f"\n{stack.title}; median of {runs} runs\n{summary}\n{before} before, {load_average()} after")
         results = summarize(samples, stack.model_bytes, stack=name)
         print_table(results, "tool", 34, lambda row: row["tool"])
