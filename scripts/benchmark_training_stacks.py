@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,11 +53,11 @@ class Stack:
     tools: dict[str, tuple[list[str], dict]]
     ours: str
     others: list[str]
-    check: object  # check(outputs by tool name) -> one line saying what was compared
-    floor_reads: object  # floor_reads(written bytes) -> the floor's reads
+    check: Callable[[dict[str, Path]], str]  # the outputs by tool name -> one line saying what was compared
+    floor_reads: Callable[[int], list]  # the bytes written -> the floor's reads
     model_bytes: int
     # row name -> (the tool whose output's size it writes, command(written bytes, output))
-    extra_floors: dict = field(default_factory=dict)
+    extra_floors: dict[str, tuple[str, Callable[[int, Path], list[str]]]] = field(default_factory=dict)
 
 
 # -- checks (in child processes: the harness never imports torch) --------------------------------------------------
@@ -268,6 +269,7 @@ def builders(fastvideo_python: str | None, fastvideo_src: str | None) -> dict:
 @click.option("--fastvideo-src", envvar="FASTVIDEO_SRC", help="A checkout of FastVideo's source.")
 def main(work_dir: Path, stacks: tuple[str, ...], runs: int, fastvideo_python: str | None,
          fastvideo_src: str | None) -> None:
+    """Time cogexport beside each training stack's own converter (the module docstring says which)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     compile_cogexport_bytecode()
     for name in stacks:
@@ -286,5 +288,4 @@ def main(work_dir: Path, stacks: tuple[str, ...], runs: int, fastvideo_python: s
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(SCRIPTS))
     main()
