@@ -1,7 +1,7 @@
 """Make a FastVideo training run's checkpoints on CPU, laid out as FastVideo's CheckpointManager saves them, with the
 ground truth taken inside training.
 
-    python scripts/make_fastvideo_checkpoint.py OUT --world-size 2 --steps 2
+    python scripts/make_fastvideo_checkpoint.py OUT --world-size 2 --steps 2 [--size bench]
 
 FastVideo (hao-ai-lab/FastVideo) cannot be installed beside this torch, so the run is made here from its facts
 (docs: the FastVideo section of training-stacks.md): a tiny Diffusers ``WanTransformer3DModel`` whose parameters are
@@ -60,6 +60,9 @@ from wan_tiny_configs import build_tiny_transformer, transformer_forward_inputs 
 EMA_ROLE_DECAY = 0.5
 CALLBACK_DECAY = 0.75
 LEARNING_RATE = 1e-2
+# --size bench: Wan2.1-1.3B's widths (12 heads of 128, ffn 8960) at 2 of its 30 blocks (0.38 GB fp32), the tiny text
+# and latent widths kept: the benchmark's bytes are in the blocks (scripts/benchmark_training_stacks.py)
+SIZES = {"tiny": {}, "bench": {"num_attention_heads": 12, "attention_head_dim": 128, "ffn_dim": 8960, "num_layers": 2}}
 # Diffusers name prefix -> FastVideo name prefix (``#`` a block index); every other name is the same in both.
 RENAMED_PREFIXES = (
     ("patch_embedding.", "patch_embedding.proj."),
@@ -102,9 +105,9 @@ def to_diffusers_names(weights: dict) -> dict:
 
 
 # -- the roles ------------------------------------------------------------------------------------------------------
-def fastvideo_module(seed: int, trainable: bool) -> OriginalLayoutModule:
+def fastvideo_module(seed: int, trainable: bool, size: str = "tiny") -> OriginalLayoutModule:
     """A tiny Wan transformer's parameters under FastVideo's names; its forward is the Diffusers model's."""
-    diffusers_model = build_tiny_transformer("t2v", seed=seed).train()
+    diffusers_model = build_transformer(seed, size).train()
     state = {rename(name, to_fastvideo=True): tensor.detach().clone() for name, tensor in
              diffusers_model.state_dict().items()}
     back = to_diffusers_names(state)
@@ -112,6 +115,19 @@ def fastvideo_module(seed: int, trainable: bool) -> OriginalLayoutModule:
         raise RuntimeError("the FastVideo naming does not run back to every Diffusers name")
     module = OriginalLayoutModule(state, diffusers_model, to_diffusers_names)
     return module.requires_grad_(trainable)
+
+
+def build_transformer(seed: int, size: str):
+    """The seeded tiny t2v Wan transformer, or (``bench``) the same with wider blocks."""
+    if size == "tiny":
+        return build_tiny_transformer("t2v", seed=seed)
+    from diffusers import WanTransformer3DModel
+
+    from tiny_models import randomize_
+    from wan_tiny_configs import tiny_transformer_config
+
+    torch.manual_seed(seed)
+    return randomize_(WanTransformer3DModel(**{**tiny_transformer_config("t2v"), **SIZES[size]}), seed).eval()
 
 
 class RoleContainer(nn.Module):
@@ -125,9 +141,9 @@ class RoleContainer(nn.Module):
 class TrainableRole:
     """A trainable role as the run keeps it: its module, AdamW, a LambdaLR scheduler and its own data."""
 
-    def __init__(self, name: str, seed: int, world_size: int) -> None:
+    def __init__(self, name: str, seed: int, world_size: int, size: str = "tiny") -> None:
         self.name, self.seed = name, seed
-        self.module = shard_blocks(fastvideo_module(seed, trainable=True), [], world_size)
+        self.module = shard_blocks(fastvideo_module(seed, trainable=True, size=size), [], world_size)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=LEARNING_RATE)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0 / (1 + step))
 
@@ -289,8 +305,9 @@ def write_truth(out: Path, roles: dict[str, dict], spec: dict, config: dict) -> 
 
 def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     with gloo_group(rendezvous, rank, world_size):
-        student, critic = TrainableRole("student", 0, world_size), TrainableRole("critic", 1, world_size)
-        ema = shard_blocks(fastvideo_module(0, trainable=False), [], world_size)
+        size = spec.get("size", "tiny")
+        student, critic = (TrainableRole("student", 0, world_size, size), TrainableRole("critic", 1, world_size, size))
+        ema = shard_blocks(fastvideo_module(0, trainable=False, size=size), [], world_size)
         callback, callback_truth = {}, {}
         update_callback(callback, student.module)
         update_full_callback(callback_truth, student.module)
@@ -316,6 +333,8 @@ def train_and_save(rank: int, world_size: int, rendezvous: str, spec: dict) -> N
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--world-size", type=click.IntRange(1, 16), default=2, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--size", type=click.Choice(sorted(SIZES)), default="tiny", show_default=True,
+              help="bench: Wan2.1-1.3B's block widths at 2 blocks (the training-stacks benchmark).")
 def main(out: Path, **spec) -> None:
     """Train a tiny Wan as a FastVideo run on CPU ranks; write OUT/run/checkpoint-N and the truth."""
     launch(train_and_save, out, **spec)
