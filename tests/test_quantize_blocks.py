@@ -35,6 +35,17 @@ def test_random_weights_match_the_reference(type_name):
         assert np.array_equal(quantize_tensor(tensor, type_name).numpy(), reference_bytes(tensor, type_name)), seed
 
 
+def test_q8_0_rounds_half_away_from_zero_at_the_edges_of_its_rounding():
+    """A block whose largest magnitude is 127 is stored with scale 1, so each value is rounded as it is: the
+    float32 just below one half (which an added 0.5 would round up to 1), exact halves of every magnitude, and
+    the floats just beside them, each sign."""
+    below_half = 0.5 - 2.0 ** -25
+    values = [127.0, below_half, 0.5, 1.5, 2.5, 63.5, 126.5, 1.0 - 2.0 ** -24, 2.5 - 2.0 ** -22, 2.5 + 2.0 ** -22,
+              126.5 - 2.0 ** -17, 3.0 * 2.0 ** -25, 0.0, 1e-40, 64.5, 100.49999]
+    block = torch.tensor(values + [-v for v in values], dtype=torch.float32)[None]
+    assert np.array_equal(quantize_tensor(block, "Q8_0").numpy(), reference_bytes(block, "Q8_0"))
+
+
 def test_bfloat16_and_float16_inputs_are_quantized_from_their_exact_values():
     weights = random_weights(7, 16, 128, 0.02).to(torch.bfloat16)
     ours = quantize_tensor(weights, "Q8_0").numpy()
@@ -57,11 +68,12 @@ def test_tensors_of_other_ranks_are_stored_by_their_last_dimension():
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_non_finite_values_are_refused_naming_the_tensor(bad):
+@pytest.mark.parametrize("type_name", ["Q8_0", "BF16", "F32"])  # F32 and BF16 hold any finite magnitude
+def test_non_finite_values_are_refused_naming_the_tensor(bad, type_name):
     tensor = torch.zeros(4, 64)
     tensor[2, 5] = bad
     with pytest.raises(CogExportError, match="'blocks.0.ffn.0.weight' holds NaN or infinite values"):
-        quantize_tensor(tensor, "Q8_0", "blocks.0.ffn.0.weight")
+        quantize_tensor(tensor, type_name, "blocks.0.ffn.0.weight")
 
 
 def test_values_beyond_float16_are_refused_where_float16_holds_them():

@@ -20,13 +20,21 @@ def pool():
         yield processes
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "BF16", "F16"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
 def test_pieces_quantized_in_processes_are_the_one_process_bytes(pool, type_name):
     tensor = random_weights(7, 37, 1024, 0.02)  # 37 rows: pieces of unequal size
     for stored in (tensor, tensor.to(torch.bfloat16)):
         expected = quantize_tensor(stored, type_name)
         assert torch.equal(pool.quantize(lambda: stored, type_name, "w"), expected)
     assert pool._pool is not None  # the pieces went to the workers
+
+
+def test_types_cheaper_than_the_copies_to_a_worker_are_quantized_here():
+    tensor = random_weights(10, 37, 1024, 0.02)
+    with QuantizingProcesses(2, min_piece_values=1 << 12) as processes:
+        for type_name in ("Q8_0", "Q4_0", "Q5_1", "BF16", "F16"):
+            assert torch.equal(processes.quantize(lambda: tensor, type_name, "w"), quantize_tensor(tensor, type_name))
+        assert processes._pool is None
 
 
 def test_a_value_a_worker_cannot_quantize_raises_the_in_process_error(pool):

@@ -28,12 +28,6 @@ def half_bytes(values: torch.Tensor) -> torch.Tensor:
     return values.to(torch.float16).view(torch.uint8)
 
 
-def _round_half_away(values: torch.Tensor) -> torch.Tensor:
-    magnitude = values.abs()
-    floored = torch.floor(magnitude)
-    return torch.sign(values) * (floored + torch.floor(2 * (magnitude - floored)))
-
-
 def _nibbles(q: torch.Tensor) -> torch.Tensor:
     """(blocks, 32) values < 16 -> 16 bytes: value j in the low half of byte j, value j + 16 in the high half."""
     return q[:, :16] | (q[:, 16:] << 4)
@@ -68,10 +62,21 @@ def quantize_bf16(values: torch.Tensor) -> torch.Tensor:
     return values.to(torch.bfloat16).contiguous().view(torch.uint8)
 
 
+# The float32 just below one half. For every |v| < 256, v + copysign(it, v) truncated toward zero is C's roundf(v)
+# (half away from zero; checked for every such float32): adding 0.5 itself would round 0.49999997 + 0.5 up to 1.
+# Q8_0's scaled values lie within about 127. Two passes and the cast, where the gguf package's floor(2 * fraction)
+# way takes eight.
+_BELOW_HALF = torch.tensor(0.5 - 2.0 ** -25, dtype=torch.float32)
+
+
 def quantize_q8_0(blocks: torch.Tensor) -> torch.Tensor:
     d = blocks.abs().amax(dim=1, keepdim=True) / 127
-    q = _round_half_away(blocks * inverse(d)).to(torch.int8).view(torch.uint8)
-    return torch.cat([half_bytes(d), q], dim=1)
+    scaled = blocks * inverse(d)
+    scaled.add_(torch.copysign(_BELOW_HALF, scaled))
+    out = torch.empty(blocks.shape[0], 34, dtype=torch.uint8)
+    out[:, :2] = half_bytes(d)
+    out[:, 2:].view(torch.int8).copy_(scaled)  # a float's cast to an integer truncates toward zero
+    return out
 
 
 def quantize_q4_0(blocks: torch.Tensor) -> torch.Tensor:

@@ -25,8 +25,14 @@ import torch.multiprocessing  # noqa: F401  (registers the reductions that pass 
 from .rows import quantize_tensor
 
 # Values a piece holds at least: sending one costs about a millisecond (a copy into shared memory and a message),
-# quantizing 2^19 values takes 20-50 ms (Q8_0) to 50 ms and more (the K types); smaller tensors stay here.
+# quantizing 2^19 values takes 30 ms and more (the K types); smaller tensors stay here.
 MIN_PIECE_VALUES = 1 << 19
+# The types worth a worker: the K types' scale searches, 60-250 ns a value on one core. The others (the float
+# types, Q8_0 and the 32-value types) are a few passes over the values (Q8_0 about 5 ns a value), not much more than
+# the copies into and out of shared memory and the workers' start cost on their own: they are quantized here, by the
+# job's worker threads (their few large torch operations release Python's lock). Q8_0 of Wan 2.1 1.3B took 51.5 s
+# with two worker processes against 40.4 s with one (docs/benchmarks.md, a loaded machine).
+SEARCHED_TYPES = frozenset({"Q6_K", "Q5_K", "Q4_K"})
 
 
 def _ignore_interrupts() -> None:
@@ -66,7 +72,7 @@ class QuantizingProcesses:
         workers quantize their copies."""
         values = load()
         rows = values.reshape(-1, values.shape[-1] if values.dim() else 1)
-        pieces = self._piece_count(rows)
+        pieces = self._piece_count(rows, type_name)
         if pieces <= 1:
             return quantize_tensor(values, type_name, name)
         # in the stored dtype (a bf16 piece is half the bytes to copy): the quantizer casts a chunk at a time
@@ -78,8 +84,8 @@ class QuantizingProcesses:
             return quantize_tensor(torch.cat(shared), type_name, name)  # raises what went wrong, as here
         return torch.cat(results)
 
-    def _piece_count(self, rows: torch.Tensor) -> int:
-        if self.count <= 1 or self._broken:
+    def _piece_count(self, rows: torch.Tensor, type_name: str) -> int:
+        if self.count <= 1 or self._broken or type_name not in SEARCHED_TYPES:
             return 1
         return min(self.count, rows.shape[0], rows.numel() // self.min_piece_values)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Callable
 
@@ -43,9 +44,11 @@ def quantize_tensor(tensor: torch.Tensor, type_name: str, name: str = "tensor",
     with _one_thread():
         for start in range(0, rows.shape[0], step):
             chunk = rows[start:start + step].to(torch.float32)
-            if not (allow_nonfinite and kind.is_float) and not torch.isfinite(chunk).all():
-                raise _nonfinite(tensor, type_name, name)
-            _check_range(chunk, kind, name)
+            refuse_nonfinite = not (allow_nonfinite and kind.is_float)
+            if not (refuse_nonfinite and _plainly_fits(chunk, kind)):  # else the exact checks find the error
+                if refuse_nonfinite and not torch.isfinite(chunk).all():
+                    raise _nonfinite(tensor, type_name, name)
+                _check_range(chunk, kind, name)
             out[start:start + step] = _quantize_rows(chunk, kind)
     return out
 
@@ -78,6 +81,19 @@ def _quantize_rows(rows: torch.Tensor, kind: GgmlType) -> torch.Tensor:
         return quantizer(rows).reshape(rows.shape[0], -1)
     blocks = rows.reshape(-1, kind.block)
     return quantizer(blocks).reshape(rows.shape[0], -1)
+
+
+def _plainly_fits(chunk: torch.Tensor, kind: GgmlType) -> bool:
+    """Whether every value of ``chunk`` is finite and, for a type storing float16, within its range: one pass
+    (``aminmax``: NaN makes both extremes NaN, which fails either comparison) where ``isfinite(...).all()`` made
+    four (an equality, an absolute value, an inequality, a reduction: 18 ns a value here, twice llama.cpp's whole
+    Q8_0). When it says no, the exact checks below find which error to raise."""
+    if not chunk.numel():
+        return True
+    low, high = (float(extreme) for extreme in torch.aminmax(chunk))
+    if kind.name in _BOUNDLESS:
+        return -math.inf < low and high < math.inf
+    return -_HALF_LIMIT <= low and high <= _HALF_LIMIT
 
 
 def _check_range(chunk: torch.Tensor, kind: GgmlType, name: str) -> None:
