@@ -24,11 +24,17 @@ timestep MLP, the output heads and ``rope.inv_freq`` fp32, the rest bf16), in on
   path: ``from_single_file(FILE, config=CONFIG_DIR, torch_dtype=bfloat16)`` (its default qkv_layout, "stacked"),
   then ``save_pretrained``.
 
-Both write a bf16 Diffusers folder with 5GB shards (the reference casts every tensor; cogexport keeps the release's
-fp32 tensors fp32, as the class's _keep_in_fp32_modules names them), compared tensor by tensor before anything is
-timed (single_file_benchmark.compare_outputs: same names, shapes and config; equal values after rounding cogexport's
-fp32 tensors to bf16); any difference fails the benchmark. Then --runs rounds, alternating, beside cogexport
---workers 1, the I/O floors and cogexport's start (single_file_benchmark.FamilyBenchmark).
+For the release layout a second reference runs beside it: Diffusers' conversion script for the release folder
+(``scripts/convert_minimax_h3_to_diffusers.py`` of its repository, --diffusers-repo: a checkout or a git directory,
+whose HEAD's file is extracted into --work-dir), its transformer steps as its ``main`` calls them (streaming the
+shards a tensor at a time); it keeps the release's fp32 tensors fp32 and writes its 5 GiB shards with an index.
+
+The tools write a bf16 Diffusers folder with 5GB shards (from_single_file casts every tensor; cogexport and the
+conversion script keep the release's fp32 tensors fp32, as the class's _keep_in_fp32_modules names them), each
+compared with cogexport's tensor by tensor before anything is timed (single_file_benchmark.compare_outputs: same
+names, shapes and config; equal values, cogexport's fp32 tensors rounded where the other tool wrote bf16); any
+difference fails the benchmark. Then --runs rounds, alternating, beside cogexport --workers 1, the I/O floors and
+cogexport's start (single_file_benchmark.FamilyBenchmark).
 """
 
 from __future__ import annotations
@@ -50,7 +56,10 @@ COMFY_FILE = "minimax_h3_fl2va_bf16.safetensors"
 # the release's fp32 tensors (Diffusers' conversion script checks the same prefixes); everything else is bf16
 RELEASE_FP32 = ("video_patch_proj.", "audio_patch_proj.", "time_embedder.", "final_layer.video_out.",
                 "final_layer.audio_out.", "rope.")
-QKV_LAYOUT = {"release": "interleaved", "comfy": "stacked"}  # what each layout's rows are, as Diffusers' converter names it
+QKV_LAYOUT = {"release": "interleaved", "comfy": "stacked"}  # each layout's row order, as Diffusers' converter says
+CONVERSION_SCRIPT = "scripts/convert_minimax_h3_to_diffusers.py"  # in Diffusers' repository, not its package
+DEFAULT_DIFFUSERS_REPO = Path("/work/.mirror/huggingface+diffusers/repo")
+SCRIPT_LABEL = "Diffusers convert_minimax_h3_to_diffusers.py"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -118,12 +127,17 @@ def write_release(root: Path, layout: str, config: dict, shard_size: str = "2GB"
     return path, [path]
 
 
-def prepare(work: Path, layout: str, blocks: int, shard_size: str) -> dict:
+def prepare(work: Path, layout: str, blocks: int, shard_size: str, diffusers_repo: Path) -> dict:
     config = published_config(blocks)
     release, weights = write_release(work / f"minimax-h3-{blocks}b-{layout}", layout, config, shard_size)
     model = meta_model(CLASS, config)
     config_dir = work / f"minimax-h3-{blocks}b-config"
     model.save_config(config_dir)
+    if layout == "release":  # the conversion script, from Diffusers' repository at its HEAD
+        from benchmark_cosmos import extract_source
+
+        source = extract_source(diffusers_repo, CONVERSION_SCRIPT, work / "reference-sources")
+        (config_dir / "conversion-script.json").write_text(json.dumps(source))
     return {"release": str(release), "weights": [str(path) for path in weights],
             "release_bytes": sum(path.stat().st_size for path in weights), "config_dir": str(config_dir),
             "parameters": parameter_count(model)}
@@ -152,6 +166,35 @@ def sharded_reference_export(partition: Path, config_dir: Path, output: Path) ->
     model.save_pretrained(output, max_shard_size="5GB")
 
 
+def conversion_script_export(partition: Path, config_dir: Path, output: Path) -> None:
+    """Diffusers' conversion script for the release folder (``--checkpoint_path FL2VA``): the transformer steps of its
+    ``main`` as it calls them (``convert_transformer``, streaming the shards, then ``write_transformer_config``), its
+    config table's keys given the release's values (it knows the published 50 blocks). Not run: its VAE, scheduler and
+    index steps (the benchmark's release holds the transformer only). It keeps the release's fp32 tensors fp32."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from benchmark_cosmos import load_source
+    from diffusers import __version__
+
+    source = json.loads((config_dir / "conversion-script.json").read_text())["path"]
+    converter = load_source(source, "convert_minimax_h3_to_diffusers")
+    given = json.loads((config_dir / "config.json").read_text())
+    config = {key: given[key] for key in converter.MINIMAX_H3_TRANSFORMER_CONFIG}  # its keys, at the release's size
+    converter.convert_transformer(str(partition.parent), str(output), config, 5 * 1024**3)  # its default shard size
+    converter.write_transformer_config(str(output), config, __version__)
+
+
+def conversion_script_tool(script: Path, size_args: list[str]):
+    """The conversion script's row (the release layout's second reference), run by this script's hidden mode."""
+    def tool(setup: dict, work: Path) -> dict:
+        output = work / "out-conversion-script"
+        return {SCRIPT_LABEL: ([sys.executable, str(script), *size_args, "--conversion-script", setup["release"],
+                                setup["config_dir"], str(output)], output)}
+
+    return tool
+
+
 def layout_reference(layout: str):
     if layout == "release":
         return sharded_reference_export
@@ -165,22 +208,33 @@ def layout_reference(layout: str):
 @click.option("--blocks", type=click.IntRange(1, RELEASE_BLOCKS), default=2, show_default=True)
 @click.option("--release-shard-size", default="2GB", show_default=True,
               help="Where the release partition's shards are cut (huggingface_hub's splitter).")
+@click.option("--diffusers-repo", type=click.Path(path_type=Path), default=DEFAULT_DIFFUSERS_REPO,
+              show_default=True, help="huggingface/diffusers (a checkout or a git directory): its conversion script "
+                                      "is the release layout's second reference.")
+@click.option("--conversion-script", nargs=3, type=click.Path(path_type=Path), default=None, hidden=True)
 @benchmark_options
-def main(layout: str, blocks: int, release_shard_size: str, **options) -> None:
+def main(layout: str, blocks: int, release_shard_size: str, diffusers_repo: Path, conversion_script: tuple | None,
+         **options) -> None:
+    if conversion_script:
+        return conversion_script_export(*conversion_script)
     depth = "at full depth" if blocks == RELEASE_BLOCKS else \
         f"but NOT full depth: {blocks} blocks (the release has {RELEASE_BLOCKS})"
     kind = {"release": f"release partition (FL2VA/transformer/: shards of {release_shard_size}, index, config.json; "
                        "qkv interleaved per head)",
             "comfy": f"Comfy-Org single file ({COMFY_FILE}; qkv stacked)"}[layout]
+    script = Path(__file__).resolve()
+    size_args = ["--layout", layout, "--blocks", str(blocks), "--release-shard-size", release_shard_size,
+                 "--diffusers-repo", str(diffusers_repo.resolve())]
     FamilyBenchmark(
-        script=Path(__file__).resolve(),
-        size_args=["--layout", layout, "--blocks", str(blocks), "--release-shard-size", release_shard_size],
-        prepare=lambda work: prepare(work, layout, blocks, release_shard_size),
+        script=script,
+        size_args=size_args,
+        prepare=lambda work: prepare(work, layout, blocks, release_shard_size, diffusers_repo.resolve()),
         reference=layout_reference(layout),
         title=f"MiniMax-H3 transformer at full width (hidden 5376, 56 heads of 128, FFN 14336) {depth}",
         release_kind=kind,
         reference_label=f"Diffusers from_single_file (qkv_layout={QKV_LAYOUT[layout]})",
         cogexport_base=layout == "comfy",
+        more_tools=conversion_script_tool(script, size_args) if layout == "release" else None,
     ).main(**options)
 
 
