@@ -59,7 +59,8 @@ def test_the_comparison_sees_the_other_qkv_order(config_dir, tmp_path):
     compare_outputs(tmp_path / "cogexport", tmp_path / "stacked")
 
 
-@pytest.mark.skipif(not DEFAULT_DIFFUSERS_REPO.exists(), reason="Diffusers' repository (its conversion script) is absent")
+@pytest.mark.skipif(not DEFAULT_DIFFUSERS_REPO.exists(),
+                    reason="Diffusers' repository (its conversion script) is not on this machine")
 def test_the_conversion_scripts_row_writes_the_same_model_keeping_fp32(config_dir, tmp_path):
     """The release layout's second reference: Diffusers' conversion script streams the partition into the model
     cogexport writes, the release's fp32 tensors kept fp32 by both (compared as they are, not rounded)."""
