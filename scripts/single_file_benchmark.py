@@ -151,7 +151,8 @@ def reference_export(release: Path, class_name: str, config_dir: Path, output: P
 
 def compare_outputs(ours: Path, reference: Path) -> dict:
     """Streamed tensor-by-tensor comparison of cogexport's folder with the reference path's; raises on any
-    difference. The reference casts everything to bf16, so a tensor cogexport keeps in fp32 must round to it."""
+    difference. A reference that casts everything to bf16 has a tensor cogexport keeps in fp32 rounded, which ours
+    must round to; one that keeps it fp32 too (a conversion script keeping the release's dtypes) must equal it."""
     import torch
     from safetensors import safe_open
 
@@ -179,9 +180,9 @@ def compare_outputs(ours: Path, reference: Path) -> dict:
             numel += a.numel()
             if a.shape != b.shape:
                 problems.append(f"{name}: shape {tuple(a.shape)} (cogexport) vs {tuple(b.shape)} (reference)")
-            elif b.dtype != torch.bfloat16 or a.dtype not in (torch.bfloat16, torch.float32):
+            elif a.dtype != b.dtype and (b.dtype, a.dtype) != (torch.bfloat16, torch.float32):
                 problems.append(f"{name}: dtype {a.dtype} (cogexport) vs {b.dtype} (reference)")
-            elif not torch.equal(a.to(torch.bfloat16), b):
+            elif not torch.equal(a.to(b.dtype), b):
                 problems.append(f"{name}: values differ")
             else:
                 kept_fp32 += a.dtype == torch.float32
@@ -210,6 +211,8 @@ class FamilyBenchmark:
     reference_label: str = "reference path"
     cogexport_base: bool = True  # cogexport is given the config folder (--base); else it reads the release's own
     cogexport_args: tuple[str, ...] = ()  # more of cogexport's options (the weights to read, say --ema)
+    # more other tools beside the reference path, made from the setup and the work dir: {name: (command, output)}
+    more_tools: Callable[[dict, Path], dict[str, tuple[list[str], Path]]] | None = None
 
     def helper(self, *args: str) -> dict:
         """Run the script's hidden helper mode in a child process (the harness never imports torch); its JSON."""
@@ -223,6 +226,7 @@ class FamilyBenchmark:
             "cogexport": ([str(Path(sys.executable).parent / "cogexport"), setup["release"], str(ours), *base], ours),
             self.reference_label: ([sys.executable, str(self.script), *self.size_args, "--reference-path",
                                     setup["release"], setup["config_dir"], str(reference)], reference),
+            **(self.more_tools(setup, work) if self.more_tools else {}),
         }
 
     def run(self, work: Path, runs: int, as_json: bool, scaling: bool = True) -> None:
@@ -234,9 +238,11 @@ class FamilyBenchmark:
         for command, output in commands.values():  # untimed: the outputs are compared before anything is timed
             shutil.rmtree(output, ignore_errors=True)
             measure(command)
-        check = self.helper("--compare", *(str(output) for _, output in commands.values()))
-        if check["numel"] != setup["parameters"]:
-            raise click.ClickException(f"outputs hold {check['numel']} elements, the model {setup['parameters']}")
+        others = [name for name in commands if name != "cogexport"]
+        for name in reversed(others):  # every other tool's output against cogexport's; the reference path's reported
+            check = self.helper("--compare", str(commands["cogexport"][1]), str(commands[name][1]))
+            if check["numel"] != setup["parameters"]:
+                raise click.ClickException(f"outputs hold {check['numel']} elements, the model {setup['parameters']}")
         read = setup["parameters"] * DTYPE_BYTES[self.release_dtype]  # the transformer's bytes in the release
         weights = setup["weights"]  # one file, or the files the weights are spread over (a DCP folder's)
         files = [Path(path) for path in (weights if isinstance(weights, list) else [weights])]
@@ -247,7 +253,7 @@ class FamilyBenchmark:
 
         model_bytes = 4 * setup["parameters"]
         results = summarize(samples, model_bytes)
-        goals = goal_lines(results, [self.reference_label])
+        goals = goal_lines(results, others)
         if as_json:
             click.echo(json.dumps({"model": self.title, **setup, "fp32_model_bytes": model_bytes,
                                    "harness_peak_rss_bytes": harness_rss, "check": check, "read_bytes": read,

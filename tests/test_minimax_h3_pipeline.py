@@ -155,3 +155,17 @@ def test_a_base_whose_index_names_another_class_for_the_folder_is_refused(export
     result = cli(exported["release"], tmp_path / "out", "--base", base)
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert result.stderr.count("\n") == 1 and "WanTransformer3DModel" in result.stderr, result.stderr
+
+
+def test_the_way_back_of_a_ref2va_pipeline_is_its_transformer_ref(exported, cli, tmp_path):
+    """--to original --model-type ref2va of a pipeline folder writes the partition its transformer_ref/ holds (the
+    Ref2VA transformer), byte for byte, not its transformer/ (here the base's other model)."""
+    result = cli(exported["release"], tmp_path / "out", "--base", exported["base"], "--model-type", "ref2va")
+    assert result.exit_code == 0, result.stderr
+    result = cli(tmp_path / "out", tmp_path / "back", "--to", "original", "--model-type", "ref2va",
+                 "--max-shard-size", "20kB")
+    assert result.exit_code == 0, result.stderr
+    shards = sorted(p.name for p in exported["release"].glob("model-*.safetensors"))
+    assert sorted(p.name for p in (tmp_path / "back").glob("model-*.safetensors")) == shards
+    for name in shards:
+        assert (tmp_path / "back" / name).read_bytes() == (exported["release"] / name).read_bytes(), name

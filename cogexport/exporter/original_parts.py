@@ -19,7 +19,7 @@ from ..keymap.table import load_table
 from ..lazy import LazyTensor
 from ..lora import LoraAdapter
 from ..models.base_folder import MODULAR_INDEX, open_base, read_json
-from ..models.family import ModelFamily, ModelSpec, OriginalLayout, component_title
+from ..models.family import ModelFamily, ModelSpec, OriginalLayout, component_title, families
 from ..models.recognize import choose_table
 from .adapters import adapters_to_fuse
 from .inputs import ExportInputs, open_weights, search_folders
@@ -41,7 +41,7 @@ def open_way_back(checkpoint, options: ExportOptions, component: str, stack) -> 
     """The input: a pipeline folder stands for its transformer(s) or its ``component``; anything else is the model's
     own checkpoint (a training run, a model folder, a LoRA run)."""
     paths = as_paths(checkpoint)
-    folders = _model_folders(paths, component)
+    folders = _model_folders(paths, component, options.model_type)
     sources = {name: stack.enter_context(open_weights(where, options))
                for name, where in folders.items()}
     # a pipeline folder's models are read from their own subfolders (messages name those)
@@ -49,7 +49,7 @@ def open_way_back(checkpoint, options: ExportOptions, component: str, stack) -> 
     return ExportInputs(paths, open_base(options.base) if options.base else None, experts, sources, stack)
 
 
-def _model_folders(paths: list[Path], component: str) -> dict[str, list[Path]]:
+def _model_folders(paths: list[Path], component: str, task: str | None) -> dict[str, list[Path]]:
     # a classic pipeline's model_index.json, or a modular pipeline's index (Diffusers' own conversion of MiniMax-H3
     # writes modular_model_index.json alone)
     index_file = next((paths[0] / name for name in ("model_index.json", MODULAR_INDEX)
@@ -57,11 +57,28 @@ def _model_folders(paths: list[Path], component: str) -> dict[str, list[Path]]:
     if index_file is None:
         return {component: paths}
     index = read_json(index_file)
-    wanted = _EXPERTS if component == "transformer" else (component,)
-    found = {name: [paths[0] / name] for name in wanted if isinstance(index.get(name), list) and index[name][0]}
+    held = _task_transformer_folder(index, task) if component == "transformer" else None
+    if held is not None:  # the pipeline holds several tasks' transformers: the one --model-type names is written
+        found = {component: [paths[0] / held]} if _names(index, held) else {}
+    else:
+        found = {name: [paths[0] / name] for name in (_EXPERTS if component == "transformer" else (component,))
+                 if _names(index, name)}
     if not found:
-        raise CogExportError(f"{index_file} names no {component} to write back")
+        raise CogExportError(f"{index_file} names no {held or component} to write back")
     return found
+
+
+def _names(index: dict, component: str) -> bool:
+    return isinstance(index.get(component), list) and bool(index[component][0])
+
+
+def _task_transformer_folder(index: dict, task: str | None) -> str | None:
+    """The folder of a pipeline holding several tasks' transformers (MiniMax-H3's transformer_ref/ for Ref2VA) where
+    ``task``'s is, when not transformer/: the family's task of the index's pipeline class says."""
+    pipeline = index.get("_class_name")
+    folders = {spec.transformer_folder for family in families() for spec in family.tasks.values()
+               if spec.pipeline == pipeline and spec.name == task}
+    return next((folder for folder in folders if folder != "transformer"), None)
 
 
 def release_folder(part: OriginalPart, experts: int) -> str:
