@@ -103,6 +103,28 @@ def write_random_safetensors(path: Path, parts: list[tuple[str, dict]], metadata
                                                       metadata))
 
 
+def write_random_shards(folder: Path, stem: str, names: dict, shards: int, dtype: str = "bfloat16") -> list[Path]:
+    """A sharded ``save_pretrained``-style release of random weights: ``shards`` safetensors files named as Diffusers
+    names them (``<stem>-00001-of-00002.safetensors``), the names split in order, and their index; made once."""
+    import torch
+
+    from cogexport.write.safetensors_file import write_safetensors
+
+    tensors = random_tensors([("", names)], getattr(torch, dtype))
+    ordered, per_shard = list(tensors), -(-len(tensors) // shards)
+    paths, weight_map = [], {}
+    for index in range(shards):
+        path = folder / f"{stem}-{index + 1:05d}-of-{shards:05d}.safetensors"
+        chunk = {name: tensors[name] for name in ordered[index * per_shard:(index + 1) * per_shard]}
+        make_once(path, lambda partial, chunk=chunk: write_safetensors(partial, chunk, {"format": "pt"}))
+        weight_map.update(dict.fromkeys(chunk, path.name))
+        paths.append(path)
+    total = sum(tensor.shape.numel() * tensor.dtype.itemsize for tensor in tensors.values())
+    index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index_file, indent=2, sort_keys=True) + "\n")
+    return paths
+
+
 def save_random_model_states(path: Path, names: dict) -> None:
     """A ``torch.save({"module": state dict})`` release of random bf16 weights, made once."""
     import torch
