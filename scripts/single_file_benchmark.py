@@ -19,7 +19,9 @@ from __future__ import annotations
 import json
 import resource
 import shutil
+import subprocess
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -166,6 +168,36 @@ def reference_export(release: Path, class_name: str, config_dir: Path, output: P
                                                              torch_dtype=torch.bfloat16, local_files_only=True)
     del source
     model.save_pretrained(output, max_shard_size="5GB")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Another project's script as the reference (a converter Diffusers keeps in its repository, not in the package)
+
+MIRRORS = Path("/work/.mirror")
+DIFFUSERS_REPO = MIRRORS / "huggingface+diffusers" / "repo"  # a git directory of huggingface/diffusers
+
+
+def extract_source(repo: Path, path: str, into: Path) -> dict:
+    """``path`` of ``repo``'s HEAD (a checkout's working file, or a git directory's blob) into ``into``; its commit."""
+    git = ["git", f"--git-dir={repo / '.git'}"] if (repo / ".git").exists() else ["git", f"--git-dir={repo}"]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    target = into / commit[:12] / Path(path).name
+    if not target.exists():
+        source = (repo / path).read_bytes() if (repo / ".git").exists() else subprocess.run(
+            [*git, "show", f"HEAD:{path}"], check=True, capture_output=True).stdout
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source)
+    return {"path": str(target), "commit": commit}
+
+
+def load_source(path: str, name: str) -> types.ModuleType:
+    """The other project's script as a module (its ``__main__`` block not run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # --------------------------------------------------------------------------------------------------------------
