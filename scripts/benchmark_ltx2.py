@@ -34,9 +34,9 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from single_file_benchmark import (DIFFUSERS_REPO, FamilyBenchmark, benchmark_options, extract_source,  # noqa: E402
-                                   load_source, original_names, reference_export, release_setup,
-                                   write_random_safetensors)
+from single_file_benchmark import (DIFFUSERS_REPO, FamilyBenchmark, benchmark_options,  # noqa: E402
+                                   keep_reference_source, kept_reference_source, load_source, original_names,
+                                   reference_export, release_setup, take_subfolder, write_random_safetensors)
 
 VARIANT = "LTX-2-19B-dev"
 VARIANT_25 = "LTX-2.5-22B-dev"
@@ -89,15 +89,14 @@ def prepare_25(work: Path, layers: int, diffusers_repo: Path) -> dict:
     write_random_safetensors(release, [(layout.prefix, original_names(model, layout.table))],
                              ltx2.original_metadata(config, "t2v", {}))
     setup = release_setup(release, release, work / f"ltx-2.5-22b-{layers}-layers-config", model)
-    source = extract_source(diffusers_repo, CONVERTER, work / "reference-sources")
-    (Path(setup["config_dir"]) / "reference-source.json").write_text(json.dumps(source))
+    source = keep_reference_source(diffusers_repo, CONVERTER, work, Path(setup["config_dir"]))
     return {**setup, "layers": layers, "source": source}
 
 
 def converter_export(release: Path, config_dir: Path, output: Path) -> None:
     """Diffusers' conversion script on the transformer file, as a user runs it (see the module docstring)."""
-    source = json.loads((config_dir / "reference-source.json").read_text())
-    converter = load_source(source["path"], "convert_ltx2_to_diffusers")
+    source = kept_reference_source(config_dir)
+    converter = load_source(source, "convert_ltx2_to_diffusers")
     layers = json.loads((config_dir / "config.json").read_text())["num_layers"]
     published = converter.get_ltx2_transformer_config
 
@@ -107,15 +106,11 @@ def converter_export(release: Path, config_dir: Path, output: Path) -> None:
         return config, renames, special
 
     converter.get_ltx2_transformer_config = told_the_depth
-    sys.argv = [source["path"], "--version", "2.5", "--dit", "--original_state_dict_repo_id", "none",
+    sys.argv = [source, "--version", "2.5", "--dit", "--original_state_dict_repo_id", "none",
                 "--checkpoint_path", str(release), "--combined_filename", release.name, "--dit_dtype", "bf16",
                 "--output_path", str(output / "script")]
     converter.main(converter.get_args())
-    written = output / "script" / "transformer"
-    for path in written.iterdir():
-        path.rename(output / path.name)
-    written.rmdir()
-    written.parent.rmdir()
+    take_subfolder(output / "script" / "transformer", output)
 
 
 @click.command()

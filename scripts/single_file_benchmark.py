@@ -127,13 +127,13 @@ def write_random_shards(folder: Path, stem: str, names: dict, shards: int, dtype
     return paths
 
 
-def save_random_model_states(path: Path, names: dict) -> None:
-    """A ``torch.save({"module": state dict})`` release of random bf16 weights, made once."""
+def save_random_model_states(path: Path, names: dict, under: str = "module", dtype: str = "bfloat16") -> None:
+    """A ``torch.save({under: state dict})`` release of random weights, made once."""
     import torch
 
     def write(partial: Path) -> None:
-        module = {name: tensor.load() for name, tensor in random_tensors([("", names)], torch.bfloat16).items()}
-        torch.save({"module": module}, partial)
+        state = {name: tensor.load() for name, tensor in random_tensors([("", names)], getattr(torch, dtype)).items()}
+        torch.save({under: state}, partial)
 
     make_once(path, write)
 
@@ -188,6 +188,28 @@ def extract_source(repo: Path, path: str, into: Path) -> dict:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(source)
     return {"path": str(target), "commit": commit}
+
+
+def keep_reference_source(repo: Path, path: str, work: Path, config_dir: Path) -> dict:
+    """``extract_source`` into ``work``, its place noted in the config folder the reference path is handed."""
+    source = extract_source(repo, path, work / "reference-sources")
+    (config_dir / "reference-source.json").write_text(json.dumps(source))
+    return source
+
+
+def kept_reference_source(config_dir: Path) -> str:
+    """The script ``keep_reference_source`` extracted for this config folder."""
+    return json.loads((config_dir / "reference-source.json").read_text())["path"]
+
+
+def take_subfolder(written: Path, output: Path) -> None:
+    """Move the files a script wrote into ``written`` (its OUT/transformer) up into ``output`` (a rename each), and
+    remove the emptied folders up to ``output``."""
+    for path in written.iterdir():
+        path.rename(output / path.name)
+    while written != output:
+        written.rmdir()
+        written = written.parent
 
 
 def load_source(path: str, name: str) -> types.ModuleType:

@@ -29,6 +29,7 @@ from benchmark_export import check_export, meta_model, reference_export, write_r
 from benchmark_universal import TruthMismatch as UniversalMismatch  # noqa: E402
 from benchmark_universal import check_universal  # noqa: E402
 from check_against_truth import TruthMismatch, check_consolidated  # noqa: E402
+from single_file_benchmark import DIFFUSERS_REPO  # noqa: E402
 
 TOY = DeepSpeedVariant(3, "bf16", 2)  # frozen, tied, float and int buffers, Adam states, flat ZeRO-3 partitions
 
@@ -349,6 +350,24 @@ def test_framepack_release_read_alike_by_both_tools(tmp_path):
     framepack_reference(tmp_path / "release", tmp_path / "unused", tmp_path / "reference")
     checked = compare_outputs(tmp_path / "ours", tmp_path / "reference")
     assert checked["numel"] == parameter_count(model) and checked["kept_fp32"] > 0  # the q/k norms, the refiner's
+
+
+@pytest.mark.skipif(not DIFFUSERS_REPO.exists(), reason="needs a huggingface/diffusers git directory (its scripts/)")
+def test_sana_video_release_read_alike_by_cogexport_and_diffusers_script(tmp_path):
+    """benchmark_sana_video.py's release (a torch.save of the state_dict in SanaMSVideo's names) exports with
+    cogexport to what Diffusers' conversion script (run by sana_video_judge, bf16, its init_empty_weights) writes."""
+    from benchmark_sana_video import CONVERTER, converter_export
+    from benchmark_sana_video import write_release as write_sana_release
+    from make_tiny_sana_video import tiny_config as tiny_sana_config
+    from single_file_benchmark import compare_outputs, keep_reference_source, parameter_count, release_setup
+
+    model = write_sana_release(tmp_path / "release.pth", tiny_sana_config())
+    setup = release_setup(tmp_path / "release.pth", tmp_path / "release.pth", tmp_path / "config", model)
+    keep_reference_source(DIFFUSERS_REPO, CONVERTER, tmp_path, tmp_path / "config")
+    export(tmp_path / "release.pth", tmp_path / "ours", base=tmp_path / "config")
+    converter_export(tmp_path / "release.pth", tmp_path / "config", tmp_path / "reference")
+    assert compare_outputs(tmp_path / "ours", tmp_path / "reference")["numel"] == parameter_count(model)
+    assert setup["parameters"] == parameter_count(model)
 
 
 # the benchmark at scale: benchmark_at_scale.judge, against the release by Diffusers' converter's names -------------
