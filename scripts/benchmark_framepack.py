@@ -28,8 +28,8 @@ from pathlib import Path
 import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from single_file_benchmark import (FamilyBenchmark, benchmark_options, meta_model, release_setup,  # noqa: E402
-                                   write_random_shards)
+from single_file_benchmark import (FamilyBenchmark, benchmark_options, from_pretrained_export,  # noqa: E402
+                                   meta_model, release_setup, write_random_shards)
 
 VARIANT = "FramePackI2V_HY"
 RELEASE_DOUBLE, RELEASE_SINGLE = 20, 40  # the release's blocks
@@ -72,14 +72,7 @@ def prepare(work: Path, double_blocks: int, single_blocks: int) -> dict:
 
 def reference_export(release: Path, config_dir: Path, output: Path) -> None:
     """Diffusers' FramePack example's load of the release folder, then save_pretrained."""
-    import os
-
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    import torch
-    from diffusers import HunyuanVideoFramepackTransformer3DModel
-
-    transformer = HunyuanVideoFramepackTransformer3DModel.from_pretrained(release, torch_dtype=torch.bfloat16)
-    transformer.save_pretrained(output, max_shard_size="5GB")
+    from_pretrained_export("HunyuanVideoFramepackTransformer3DModel", release, output)
 
 
 @click.command()

@@ -170,6 +170,19 @@ def reference_export(release: Path, class_name: str, config_dir: Path, output: P
     model.save_pretrained(output, max_shard_size="5GB")
 
 
+def from_pretrained_export(class_name: str, release: Path, output: Path) -> None:
+    """What a user of Diffusers runs on a release folder that is already in Diffusers' names (a save_pretrained
+    folder, its config.json beside): from_pretrained in bf16, then save_pretrained."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import diffusers
+    import torch
+
+    model = getattr(diffusers, class_name).from_pretrained(release, torch_dtype=torch.bfloat16)
+    model.save_pretrained(output, max_shard_size="5GB")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Another project's script as the reference (a converter Diffusers keeps in its repository, not in the package)
 
@@ -227,7 +240,9 @@ def load_source(path: str, name: str) -> types.ModuleType:
 
 def compare_outputs(ours: Path, reference: Path) -> dict:
     """Streamed tensor-by-tensor comparison of cogexport's folder with the reference path's; raises on any
-    difference. The reference casts everything to bf16, so a tensor cogexport keeps in fp32 must round to it."""
+    difference. The reference casts everything to bf16 (from_single_file, converters) or all but its class's
+    _keep_in_fp32_modules (from_pretrained): a tensor cogexport keeps in fp32 must round to the reference's bf16 one,
+    or equal the reference's fp32 one."""
     import torch
     from safetensors import safe_open
 
@@ -255,9 +270,10 @@ def compare_outputs(ours: Path, reference: Path) -> dict:
             numel += a.numel()
             if a.shape != b.shape:
                 problems.append(f"{name}: shape {tuple(a.shape)} (cogexport) vs {tuple(b.shape)} (reference)")
-            elif b.dtype != torch.bfloat16 or a.dtype not in (torch.bfloat16, torch.float32):
+            elif not (b.dtype == torch.bfloat16 and a.dtype in (torch.bfloat16, torch.float32)
+                      or b.dtype == a.dtype == torch.float32):
                 problems.append(f"{name}: dtype {a.dtype} (cogexport) vs {b.dtype} (reference)")
-            elif not torch.equal(a.to(torch.bfloat16), b):
+            elif not torch.equal(a.to(b.dtype), b):
                 problems.append(f"{name}: values differ")
             else:
                 kept_fp32 += a.dtype == torch.float32

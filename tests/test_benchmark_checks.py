@@ -352,6 +352,21 @@ def test_framepack_release_read_alike_by_both_tools(tmp_path):
     assert checked["numel"] == parameter_count(model) and checked["kept_fp32"] > 0  # the q/k norms, the refiner's
 
 
+def test_kandinsky6_release_read_alike_by_both_tools(tmp_path):
+    """benchmark_kandinsky6.py's published transformer folder (bf16 shards of Diffusers' names with their index and
+    config.json) exports with cogexport, nothing else given, to what from_pretrained then save_pretrained writes."""
+    from benchmark_kandinsky6 import reference_export as kandinsky6_reference
+    from benchmark_kandinsky6 import write_release as write_kandinsky6_release
+    from kandinsky6_fixtures import TINY_CONFIG
+    from single_file_benchmark import compare_outputs, parameter_count
+
+    shards, model = write_kandinsky6_release(tmp_path / "transformer", TINY_CONFIG)
+    export(tmp_path / "transformer", tmp_path / "ours")
+    kandinsky6_reference(tmp_path / "transformer", tmp_path / "unused", tmp_path / "reference")
+    checked = compare_outputs(tmp_path / "ours", tmp_path / "reference")
+    assert len(shards) == 2 and checked["numel"] == parameter_count(model) and checked["kept_fp32"] > 0
+
+
 @pytest.mark.skipif(not DIFFUSERS_REPO.exists(), reason="needs a huggingface/diffusers git directory (its scripts/)")
 def test_sana_video_release_read_alike_by_cogexport_and_diffusers_script(tmp_path):
     """benchmark_sana_video.py's release (a torch.save of the state_dict in SanaMSVideo's names) exports with
