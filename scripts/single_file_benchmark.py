@@ -1,11 +1,14 @@
-"""What the family benchmarks (benchmark_wan.py, benchmark_hunyuanvideo.py, benchmark_ltx_video.py,
-benchmark_mochi.py) share: a full-width release of random weights in the original layout, the reference path
-(Diffusers' ``from_single_file`` with a local config, then ``save_pretrained``), the comparison of the two outputs,
-and the run.
+"""What the family benchmarks (benchmark_wan.py, benchmark_wan_variants.py, benchmark_hunyuanvideo.py,
+benchmark_ltx_video.py, benchmark_ltx2.py, benchmark_mochi.py, benchmark_framepack.py, benchmark_sana_video.py,
+benchmark_kandinsky6.py, ...) share: a full-width release of random weights in its published layout (one file, or
+shards with their index), the reference path (Diffusers' ``from_single_file`` with a local config, or
+``from_pretrained`` of a release already in Diffusers' names, then ``save_pretrained``; or another project's script,
+extracted from its repository), the comparison of the two outputs, and the run.
 
 The run: each tool exports once, untimed, in a fresh process, and the two outputs are compared tensor by tensor
-(same names, shapes and config; equal values, the tensors cogexport keeps in fp32 compared after rounding to bf16,
-since the reference path casts every tensor); any difference fails the benchmark before anything is timed. Then
+(same names, shapes and config; equal values, the tensors cogexport keeps in fp32 compared after rounding to the
+reference's bf16, or exactly where the reference keeps them in fp32 too); any difference fails the benchmark before
+anything is timed. Then
 each tool runs --runs times, alternating, each in a fresh process: peak PSS and RSS of its process tree and wall time
 (scripts/benchmarking.py), medians. The harness never imports torch: making the release and comparing run in
 helper processes (the script's hidden --prepare and --compare modes).
