@@ -43,14 +43,13 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmarking import SCRIPTS  # noqa: E402
-from single_file_benchmark import FamilyBenchmark, benchmark_options  # noqa: E402
+from single_file_benchmark import (DIFFUSERS_REPO, MIRRORS, FamilyBenchmark, benchmark_options,  # noqa: E402
+                                   extract_source, load_source)
 
 FULL_LAYERS = 28
 NVIDIA_SCRIPT, DIFFUSERS_SCRIPT = "scripts/convert_distcp_to_pt.py", "scripts/convert_cosmos_to_diffusers.py"
 TRANSFORMER_TYPE = "Cosmos-2.5-Predict-Base-2B"  # the Diffusers converter's name for the 2B model
-MIRRORS = Path("/work/.mirror")
-DEFAULT_REPOS = {"nvidia": MIRRORS / "nvidia-cosmos+cosmos-predict2.5" / "repo",
-                 "diffusers": MIRRORS / "huggingface+diffusers" / "repo"}
+DEFAULT_REPOS = {"nvidia": MIRRORS / "nvidia-cosmos+cosmos-predict2.5" / "repo", "diffusers": DIFFUSERS_REPO}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -66,19 +65,6 @@ def make_run(work: Path, layers: int) -> Path:
                         str(layers)], check=True, stdout=subprocess.DEVNULL)
         done.write_text("")
     return folder
-
-
-def extract_source(repo: Path, path: str, into: Path) -> dict:
-    """``path`` of ``repo``'s HEAD (a checkout's working file, or a git directory's blob) into ``into``; its commit."""
-    git = ["git", f"--git-dir={repo / '.git'}"] if (repo / ".git").exists() else ["git", f"--git-dir={repo}"]
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    target = into / commit[:12] / Path(path).name
-    if not target.exists():
-        source = (repo / path).read_bytes() if (repo / ".git").exists() else subprocess.run(
-            [*git, "show", f"HEAD:{path}"], check=True, capture_output=True).stdout
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(source)
-    return {"path": str(target), "commit": commit}
 
 
 def prepare(work: Path, layers: int, repos: dict[str, Path]) -> dict:
@@ -115,16 +101,6 @@ def reference_export(run: Path, config_dir: Path, output: Path) -> None:
     for step in steps:
         if subprocess.run(step).returncode != 0:
             raise click.ClickException(f"{shlex.join(step)} failed")
-
-
-def load_source(path: str, name: str) -> types.ModuleType:
-    """The other project's script as a module (its ``__main__`` block not run)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Positional:

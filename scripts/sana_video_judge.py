@@ -37,26 +37,34 @@ def _replace_once(source: str, old: str, new: str) -> str:
     return source.replace(old, new)
 
 
-def tiny_main(script: str, config: dict[str, Any]):
-    """The script's main() with the release's sizes replaced by ``config``'s."""
+def tiny_main(script: str, config: dict[str, Any], weight_dtype: torch.dtype = torch.float32,
+              empty_init: bool = False):
+    """The script's main() with the release's sizes replaced by ``config``'s; ``weight_dtype`` the one its --dtype
+    names, ``empty_init`` builds the model in accelerate's init_empty_weights, as the script's own CTX does."""
     source = _replace_once(_main_source(script), "layer_num = 20", f"layer_num = {config['num_layers']}")
     source = _replace_once(source, "transformer = SanaVideoTransformer3DModel(**transformer_kwargs)",
                            "transformer = SanaVideoTransformer3DModel(**{**transformer_kwargs, **TINY})")
+    from accelerate import init_empty_weights
     from diffusers import SanaVideoTransformer3DModel
 
     namespace = {"torch": torch, "os": __import__("os"), "SanaVideoTransformer3DModel": SanaVideoTransformer3DModel,
-                 "CTX": nullcontext, "colored": lambda text, *args, **kwargs: text, "ckpt_ids": [],
-                 "weight_dtype": torch.float32, "TINY": {key: config[key] for key in _KWARGS}}
+                 "CTX": init_empty_weights if empty_init else nullcontext,
+                 "colored": lambda text, *args, **kwargs: text, "ckpt_ids": [], "weight_dtype": weight_dtype,
+                 "TINY": {key: config[key] for key in _KWARGS}}
     exec(compile(source, "convert_sana_video_to_diffusers.py", "exec"), namespace)
     return namespace["main"]
 
 
-def convert(script: Path, release: Path, config: dict[str, Any], out: Path) -> Path:
-    """The script's conversion of ``release`` (transformer only, fp32) into ``out``/transformer."""
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def convert(script: Path, release: Path, config: dict[str, Any], out: Path, dtype: str = "fp32",
+            empty_init: bool = False) -> Path:
+    """The script's conversion of ``release`` (transformer only, in ``dtype``) into ``out``/transformer."""
     args = SimpleNamespace(orig_ckpt_path=str(release), video_size=480, model_type="SanaVideo",
                            scheduler_type="flow-euler", vae_type="wan", vae_path=None, task="t2v", dump_path=str(out),
-                           save_full_pipeline=False, dtype="fp32")
-    tiny_main(script.read_text(), config)(args)
+                           save_full_pipeline=False, dtype=dtype)
+    tiny_main(script.read_text(), config, DTYPES[dtype], empty_init)(args)
     return out / "transformer"
 
 

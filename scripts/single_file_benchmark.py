@@ -1,11 +1,14 @@
-"""What the family benchmarks (benchmark_wan.py, benchmark_hunyuanvideo.py, benchmark_ltx_video.py,
-benchmark_mochi.py) share: a full-width release of random weights in the original layout, the reference path
-(Diffusers' ``from_single_file`` with a local config, then ``save_pretrained``), the comparison of the two outputs,
-and the run.
+"""What the family benchmarks (benchmark_wan.py, benchmark_wan_variants.py, benchmark_hunyuanvideo.py,
+benchmark_ltx_video.py, benchmark_ltx2.py, benchmark_mochi.py, benchmark_framepack.py, benchmark_sana_video.py,
+benchmark_kandinsky6.py, ...) share: a full-width release of random weights in its published layout (one file, or
+shards with their index), the reference path (Diffusers' ``from_single_file`` with a local config, or
+``from_pretrained`` of a release already in Diffusers' names, then ``save_pretrained``; or another project's script,
+extracted from its repository), the comparison of the two outputs, and the run.
 
 The run: each tool exports once, untimed, in a fresh process, and the two outputs are compared tensor by tensor
-(same names, shapes and config; equal values, the tensors cogexport keeps in fp32 compared after rounding to bf16,
-since the reference path casts every tensor); any difference fails the benchmark before anything is timed. Then
+(same names, shapes and config; equal values, the tensors cogexport keeps in fp32 compared after rounding to the
+reference's bf16, or exactly where the reference keeps them in fp32 too); any difference fails the benchmark before
+anything is timed. Then
 each tool runs --runs times, alternating, each in a fresh process: peak PSS and RSS of its process tree and wall time
 (scripts/benchmarking.py), medians. The harness never imports torch: making the release and comparing run in
 helper processes (the script's hidden --prepare and --compare modes).
@@ -19,7 +22,9 @@ from __future__ import annotations
 import json
 import resource
 import shutil
+import subprocess
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -103,13 +108,35 @@ def write_random_safetensors(path: Path, parts: list[tuple[str, dict]], metadata
                                                       metadata))
 
 
-def save_random_model_states(path: Path, names: dict) -> None:
-    """A ``torch.save({"module": state dict})`` release of random bf16 weights, made once."""
+def write_random_shards(folder: Path, stem: str, names: dict, shards: int, dtype: str = "bfloat16") -> list[Path]:
+    """A sharded ``save_pretrained``-style release of random weights: ``shards`` safetensors files named as Diffusers
+    names them (``<stem>-00001-of-00002.safetensors``), the names split in order, and their index; made once."""
+    import torch
+
+    from cogexport.write.safetensors_file import write_safetensors
+
+    tensors = random_tensors([("", names)], getattr(torch, dtype))
+    ordered, per_shard = list(tensors), -(-len(tensors) // shards)
+    paths, weight_map = [], {}
+    for index in range(shards):
+        path = folder / f"{stem}-{index + 1:05d}-of-{shards:05d}.safetensors"
+        chunk = {name: tensors[name] for name in ordered[index * per_shard:(index + 1) * per_shard]}
+        make_once(path, lambda partial, chunk=chunk: write_safetensors(partial, chunk, {"format": "pt"}))
+        weight_map.update(dict.fromkeys(chunk, path.name))
+        paths.append(path)
+    total = sum(tensor.shape.numel() * tensor.dtype.itemsize for tensor in tensors.values())
+    index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index_file, indent=2, sort_keys=True) + "\n")
+    return paths
+
+
+def save_random_model_states(path: Path, names: dict, under: str = "module", dtype: str = "bfloat16") -> None:
+    """A ``torch.save({under: state dict})`` release of random weights, made once."""
     import torch
 
     def write(partial: Path) -> None:
-        module = {name: tensor.load() for name, tensor in random_tensors([("", names)], torch.bfloat16).items()}
-        torch.save({"module": module}, partial)
+        state = {name: tensor.load() for name, tensor in random_tensors([("", names)], getattr(torch, dtype)).items()}
+        torch.save({under: state}, partial)
 
     make_once(path, write)
 
@@ -146,13 +173,79 @@ def reference_export(release: Path, class_name: str, config_dir: Path, output: P
     model.save_pretrained(output, max_shard_size="5GB")
 
 
+def from_pretrained_export(class_name: str, release: Path, output: Path) -> None:
+    """What a user of Diffusers runs on a release folder that is already in Diffusers' names (a save_pretrained
+    folder, its config.json beside): from_pretrained in bf16, then save_pretrained."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import diffusers
+    import torch
+
+    model = getattr(diffusers, class_name).from_pretrained(release, torch_dtype=torch.bfloat16)
+    model.save_pretrained(output, max_shard_size="5GB")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Another project's script as the reference (a converter Diffusers keeps in its repository, not in the package)
+
+MIRRORS = Path("/work/.mirror")
+DIFFUSERS_REPO = MIRRORS / "huggingface+diffusers" / "repo"  # a git directory of huggingface/diffusers
+
+
+def extract_source(repo: Path, path: str, into: Path) -> dict:
+    """``path`` of ``repo``'s HEAD (a checkout's working file, or a git directory's blob) into ``into``; its commit."""
+    git = ["git", f"--git-dir={repo / '.git'}"] if (repo / ".git").exists() else ["git", f"--git-dir={repo}"]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    target = into / commit[:12] / Path(path).name
+    if not target.exists():
+        source = (repo / path).read_bytes() if (repo / ".git").exists() else subprocess.run(
+            [*git, "show", f"HEAD:{path}"], check=True, capture_output=True).stdout
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source)
+    return {"path": str(target), "commit": commit}
+
+
+def keep_reference_source(repo: Path, path: str, work: Path, config_dir: Path) -> dict:
+    """``extract_source`` into ``work``, its place noted in the config folder the reference path is handed."""
+    source = extract_source(repo, path, work / "reference-sources")
+    (config_dir / "reference-source.json").write_text(json.dumps(source))
+    return source
+
+
+def kept_reference_source(config_dir: Path) -> str:
+    """The script ``keep_reference_source`` extracted for this config folder."""
+    return json.loads((config_dir / "reference-source.json").read_text())["path"]
+
+
+def take_subfolder(written: Path, output: Path) -> None:
+    """Move the files a script wrote into ``written`` (its OUT/transformer) up into ``output`` (a rename each), and
+    remove the emptied folders up to ``output``."""
+    for path in written.iterdir():
+        path.rename(output / path.name)
+    while written != output:
+        written.rmdir()
+        written = written.parent
+
+
+def load_source(path: str, name: str) -> types.ModuleType:
+    """The other project's script as a module (its ``__main__`` block not run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Comparing the two outputs (in a helper process)
 
 def compare_outputs(ours: Path, reference: Path) -> dict:
     """Streamed tensor-by-tensor comparison of cogexport's folder with the reference path's; raises on any
-    difference. A reference that casts everything to bf16 has a tensor cogexport keeps in fp32 rounded, which ours
-    must round to; one that keeps it fp32 too (a conversion script keeping the release's dtypes) must equal it."""
+    difference. The reference casts everything to bf16 (from_single_file, converters), or keeps some tensors fp32
+    (from_pretrained's _keep_in_fp32_modules, a conversion script keeping the release's dtypes): a tensor cogexport
+    keeps in fp32 must round to the reference's bf16 one, or equal the reference's fp32 one."""
     import torch
     from safetensors import safe_open
 

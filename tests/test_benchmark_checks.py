@@ -29,6 +29,7 @@ from benchmark_export import check_export, meta_model, reference_export, write_r
 from benchmark_universal import TruthMismatch as UniversalMismatch  # noqa: E402
 from benchmark_universal import check_universal  # noqa: E402
 from check_against_truth import TruthMismatch, check_consolidated  # noqa: E402
+from single_file_benchmark import DIFFUSERS_REPO  # noqa: E402
 
 TOY = DeepSpeedVariant(3, "bf16", 2)  # frozen, tied, float and int buffers, Adam states, flat ZeRO-3 partitions
 
@@ -303,6 +304,85 @@ def test_single_file_compare_refuses_a_difference(single_file_exports, tmp_path,
         (ours / "config.json").write_text(json.dumps({**config, "num_layers": 3}))
     with pytest.raises(click.ClickException, match=message):
         compare_outputs(ours, reference)
+
+
+# the family benchmarks' releases: each made as published, both tools reading it to the same model -----------------
+
+# Wan-Animate-2 at toy size: two blocks, 2 heads of 8 (the CLIP projection, 1280 wide, is a constant of the class)
+TINY_ANIMATE2 = {"dim": 16, "ffn_dim": 32, "freq_dim": 8, "text_dim": 12, "num_heads": 2, "num_layers": 2,
+                 "in_dim": 36, "out_dim": 16, "text_len": 8}
+
+
+@pytest.mark.parametrize("variant", ["chronoedit-14b", "animate2-14b"])
+def test_wan_variant_releases_read_alike_by_both_tools(variant, tmp_path):
+    """benchmark_wan_variants.py's ChronoEdit release (Wan's names, the WanModel config.json recording the RoPE skip
+    beside them) and Wan-Animate-2 release (its one bf16 file, no config: cogexport given --base) export with
+    cogexport to what from_single_file then save_pretrained writes; ChronoEdit stays ChronoEdit, its RoPE kept."""
+    from benchmark_wan_variants import VARIANTS, write_release
+    from single_file_benchmark import compare_outputs, release_setup
+    from single_file_benchmark import reference_export as single_file_reference
+    from wan_tiny_configs import tiny_transformer_config as tiny_wan_config
+
+    chronoedit = variant == "chronoedit-14b"
+    config = {**tiny_wan_config("i2v"), "rope_temporal_skip_len": 4} if chronoedit else TINY_ANIMATE2
+    release, weights, model = write_release(tmp_path / "release", variant, config)
+    setup = release_setup(release, weights, tmp_path / "config", model)
+    export(release, tmp_path / "ours", base=None if chronoedit else tmp_path / "config")
+    single_file_reference(weights, VARIANTS[variant].class_name, tmp_path / "config", tmp_path / "reference")
+    assert compare_outputs(tmp_path / "ours", tmp_path / "reference")["numel"] == setup["parameters"]
+    written = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert written["_class_name"] == VARIANTS[variant].class_name
+    assert written.get("rope_temporal_skip_len") == (4 if chronoedit else None)
+
+
+def test_framepack_release_read_alike_by_both_tools(tmp_path):
+    """benchmark_framepack.py's release folder (bf16 shards with their index, the Packed class's config.json)
+    exports with cogexport, nothing else given, to what Diffusers' from_pretrained then save_pretrained writes."""
+    from benchmark_framepack import reference_export as framepack_reference
+    from benchmark_framepack import write_release as write_framepack_release
+    from framepack_tiny import PACKED_CLASS, tiny_config
+    from single_file_benchmark import compare_outputs, parameter_count
+
+    shards, model = write_framepack_release(tmp_path / "release", tiny_config())
+    assert len(shards) == 2 and json.loads((tmp_path / "release" / "config.json").read_text())["_class_name"] == \
+        PACKED_CLASS
+    export(tmp_path / "release", tmp_path / "ours")
+    framepack_reference(tmp_path / "release", tmp_path / "unused", tmp_path / "reference")
+    checked = compare_outputs(tmp_path / "ours", tmp_path / "reference")
+    assert checked["numel"] == parameter_count(model) and checked["kept_fp32"] > 0  # the q/k norms, the refiner's
+
+
+def test_kandinsky6_release_read_alike_by_both_tools(tmp_path):
+    """benchmark_kandinsky6.py's published transformer folder (bf16 shards of Diffusers' names with their index and
+    config.json) exports with cogexport, nothing else given, to what from_pretrained then save_pretrained writes."""
+    from benchmark_kandinsky6 import reference_export as kandinsky6_reference
+    from benchmark_kandinsky6 import write_release as write_kandinsky6_release
+    from kandinsky6_fixtures import TINY_CONFIG
+    from single_file_benchmark import compare_outputs, parameter_count
+
+    shards, model = write_kandinsky6_release(tmp_path / "transformer", TINY_CONFIG)
+    export(tmp_path / "transformer", tmp_path / "ours")
+    kandinsky6_reference(tmp_path / "transformer", tmp_path / "unused", tmp_path / "reference")
+    checked = compare_outputs(tmp_path / "ours", tmp_path / "reference")
+    assert len(shards) == 2 and checked["numel"] == parameter_count(model) and checked["kept_fp32"] > 0
+
+
+@pytest.mark.skipif(not DIFFUSERS_REPO.exists(), reason="needs a huggingface/diffusers git directory (its scripts/)")
+def test_sana_video_release_read_alike_by_cogexport_and_diffusers_script(tmp_path):
+    """benchmark_sana_video.py's release (a torch.save of the state_dict in SanaMSVideo's names) exports with
+    cogexport to what Diffusers' conversion script (run by sana_video_judge, bf16, its init_empty_weights) writes."""
+    from benchmark_sana_video import CONVERTER, converter_export
+    from benchmark_sana_video import write_release as write_sana_release
+    from make_tiny_sana_video import tiny_config as tiny_sana_config
+    from single_file_benchmark import compare_outputs, keep_reference_source, parameter_count, release_setup
+
+    model = write_sana_release(tmp_path / "release.pth", tiny_sana_config())
+    setup = release_setup(tmp_path / "release.pth", tmp_path / "release.pth", tmp_path / "config", model)
+    keep_reference_source(DIFFUSERS_REPO, CONVERTER, tmp_path, tmp_path / "config")
+    export(tmp_path / "release.pth", tmp_path / "ours", base=tmp_path / "config")
+    converter_export(tmp_path / "release.pth", tmp_path / "config", tmp_path / "reference")
+    assert compare_outputs(tmp_path / "ours", tmp_path / "reference")["numel"] == parameter_count(model)
+    assert setup["parameters"] == parameter_count(model)
 
 
 # the benchmark at scale: benchmark_at_scale.judge, against the release by Diffusers' converter's names -------------

@@ -64,6 +64,19 @@ def test_release_folder_exports_as_save_pretrained_byte_for_byte(tiny, cli, tmp_
         assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "theirs" / name).read_bytes(), name
 
 
+def test_a_release_folder_exports_without_importing_diffusers_once_remembered(tiny, tmp_path):
+    """Reading the Packed config.json checks its arguments against Diffusers' class's from the cache of what the class
+    tells: a second export of the release folder imports no Diffusers (importing it took longer than copying the
+    benchmark's 1.8 GB) and writes the same bytes."""
+    from conftest import command_in_fresh_process, folder_bytes
+
+    _, release = tiny
+    cache = str(tmp_path / "cache")
+    assert "diffusers" in command_in_fresh_process([release, tmp_path / "first"], cache)["imported"]
+    assert command_in_fresh_process([release, tmp_path / "again"], cache)["imported"] == []
+    assert folder_bytes(tmp_path / "again") == folder_bytes(tmp_path / "first")
+
+
 def test_single_file_exports_exactly_and_runs_the_same_forward(tiny, cli, tmp_path):
     """The single-file repack (here under ComfyUI's diffusion_model. prefix) in fp32: exactly the model's tensors,
     and Diffusers' model loaded from the export gives the source model's output to the bit."""

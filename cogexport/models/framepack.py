@@ -8,7 +8,6 @@ FramePackI2V_HY and FramePack-F1 have the same tensors and config: the shapes na
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -16,6 +15,7 @@ import torch
 
 from ..errors import CogExportError
 from . import hunyuanvideo
+from .family import class_defaults
 from .original_config import original_config_beside
 from .shape_facts import one_task, one_variant
 
@@ -68,9 +68,9 @@ def check_target(facts: Mapping[str, Any], config: Mapping[str, Any], where: str
 
 # -- the release's config.json (HunyuanVideoTransformer3DModelPacked) ---------------------------------------------
 def _diffusers_parameters() -> set[str]:
-    from diffusers import HunyuanVideoFramepackTransformer3DModel
-
-    return set(inspect.signature(HunyuanVideoFramepackTransformer3DModel).parameters)
+    # the constructor's arguments, every one with a default, as class_defaults keeps them on disk: reading a release
+    # folder need not import Diffusers (seconds, more than copying the weights)
+    return set(class_defaults("HunyuanVideoFramepackTransformer3DModel"))
 
 
 def claims_config(config: Mapping[str, Any]) -> bool:
