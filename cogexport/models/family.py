@@ -94,6 +94,10 @@ class ModelSpec:
         return table.target if table.target in self.other_classes else self.class_name
 
 
+# a variant's `classes` may name its pipeline's scheduler class too, under this key
+SCHEDULER = "scheduler"
+
+
 @dataclass(frozen=True)
 class Task:
     name: str
@@ -207,9 +211,13 @@ class ModelFamily:
         return self.component_config("vae", variant)
 
     def scheduler_class_for(self, variant: Variant) -> str:
-        return self.tasks[variant.task].scheduler or self.scheduler_class
+        return variant.classes.get(SCHEDULER) or self.tasks[variant.task].scheduler or self.scheduler_class
 
     def scheduler_for(self, variant: Variant) -> dict:
+        """The scheduler's config values; a variant naming its own scheduler class gives them all (another class's
+        values need not fit it: Kandinsky 6's distilled models sample with pi-Flow, the others with flow matching)."""
+        if SCHEDULER in variant.classes:
+            return dict(variant.scheduler)
         task = self.tasks[variant.task]
         config = task.scheduler_config if task.scheduler else self.scheduler_config
         return {**(config or {}), **variant.scheduler}
@@ -321,6 +329,8 @@ def _variant(data: VariantEntry, index: int, key: str, components: Mapping[str, 
                       data.experts, data.from_base, data.classes)
     _require(variant.task in tasks, key, f"variant {variant.name} has unknown task {variant.task!r}")
     for component, class_name in data.classes.items():
+        if component == SCHEDULER:  # any scheduler class: Diffusers checks it when the scheduler is first built
+            continue
         _require(class_name in (components[component].other_classes if component in components else ()), key,
                  f"variant {variant.name}'s classes give {component} {class_name}, which is not one of that "
                  "component's other_classes")

@@ -135,7 +135,8 @@ class VariantEntry:
         "the components `--base` supplies for this variant, when not its task's", None)
     classes: dict[str, str] = declared(
         "component -> its Diffusers class in this variant, when not the component's `class` (one of its "
-        "`other_classes`)", {})
+        "`other_classes`); `scheduler` -> its pipeline's scheduler class, when not its task's (then `scheduler` "
+        "gives that class's whole config: Kandinsky 6's distilled models' `PiflowScheduler`)", {})
     null: dict[str, tuple[str, ...]] = declared(
         "component -> its config keys whose published value is null (TOML has no null)", {})
     # any value here, so that a key naming no component is refused as unknown (family.py) before its type is checked
