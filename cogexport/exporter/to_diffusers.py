@@ -108,7 +108,7 @@ def _check_pipeline(inputs: ExportInputs, parts: list[ModelExport], variant: Var
                     options: ExportOptions) -> None:
     """Before anything is planned further: the pipeline can be complete."""
     exported = {part.component for part in parts} | set(inside) | ({"vae"} if options.vae else set())
-    linked = tuple(name for name in linked_from_base(parts, variant) if name not in exported)
+    linked = tuple(name for name in linked_from_base(parts, variant, inputs.base) if name not in exported)
     inputs.base.check_pipeline(linked=linked)
     if variant.experts and not inputs.experts:
         folders = " and ".join(f"{sub}/" for sub in variant.experts.values())
