@@ -1,6 +1,7 @@
-"""Build a tiny but complete Kandinsky 6 TI2VA pipeline folder, fully offline (tests, docs).
+"""Build a tiny but complete Kandinsky 6 pipeline folder (TI2VA or SR), fully offline (tests, docs).
 
-    python scripts/make_tiny_kandinsky6.py OUT --seed 0
+    python scripts/make_tiny_kandinsky6.py OUT --pipeline ti2va --seed 0
+    python scripts/make_tiny_kandinsky6.py OUT --pipeline sr
 
 OUT is what ``DiffusionPipeline.save_pretrained`` writes: ``Kandinsky6TI2VAPipeline`` with ``text_encoder`` (a
 2-layer Qwen2_5_VLForConditionalGeneration with a 1-layer vision tower, Kandinsky 5's tiny one: the pipeline reads
@@ -9,6 +10,11 @@ its last hidden states), ``tokenizer``, ``text_encoder_2`` (a 2-layer CLIPTextMo
 AutoencoderKLHunyuanVideo, tiny), ``audio_vae`` (MMAudioVAE over 8 mel bins), ``vocoder`` (MMAudioVocoder whose
 upsampling equals the audio VAE's hop) and the scheduler (FlowMatchEulerDiscreteScheduler, shift 5.0, as the
 published sft folders'). ``--no-audio`` leaves the two optional audio models out (model_index.json says null).
+
+``sr``: ``Kandinsky6SRPipeline`` with ``transformer`` (Kandinsky6SRTransformer3DModel, distilled as the published
+bundle: a head of 10 velocity grids), ``vae`` (the K-VAE, Kandinsky6SRVAE, 3 levels: 4x spatial), ``latent_upscaler``
+(a bank with the x2 upscaler) and the scheduler (PiflowScheduler, shift 3.5, n_grid 10). Its tiles are 32x32 pixels:
+8x8 latent tokens, the smallest grid its NABLA attention's 8x8 blocks take.
 
 The release's ``tokenizer`` is a Qwen2_5_VLProcessor; its video processor needs torchvision, which this environment
 does not install, so the tiny folder's ``tokenizer`` is the byte-level Qwen2 tokenizer the processor would wrap (the
@@ -66,9 +72,33 @@ def build_audio(seed: int) -> dict:
                 vocoder=randomize_(MMAudioVocoder(**TINY_VOCODER), seed + 3, scale=0.05).eval())
 
 
-def build_tiny_pipeline(audio: bool = True, seed: int = 0):
+SR_LATENT_CHANNELS = 4
+TINY_SR_TRANSFORMER = {"in_visual_dim": SR_LATENT_CHANNELS, "out_visual_dim": 10 * SR_LATENT_CHANNELS, "time_dim": 16,
+                       "model_dim": 16, "ff_dim": 32, "num_visual_blocks": 2, "axes_dims": (2, 2, 4),
+                       "tile_sizes": ((32, 32),)}
+TINY_SR_VAE = {"latent_channels": SR_LATENT_CHANNELS, "encoder_block_out_channels": (8, 16, 16),
+               "decoder_block_out_channels": (8, 16, 16), "layers_per_block": 1}
+TINY_SR_UPSCALER = {"in_channels": SR_LATENT_CHANNELS, "stage_channels": (8, 8, 8), "num_pre_blocks": 1,
+                    "num_mid_blocks": 1, "num_post_blocks": 1, "num_x2_adapter_blocks": 1, "scales": (2,)}
+
+
+def build_tiny_sr_pipeline(seed: int):
+    from diffusers import (Kandinsky6SRLatentUpscalerBank, Kandinsky6SRPipeline, Kandinsky6SRTransformer3DModel,
+                           Kandinsky6SRVAE, PiflowScheduler)
+
+    torch.manual_seed(seed)
+    return Kandinsky6SRPipeline(
+        transformer=randomize_(Kandinsky6SRTransformer3DModel(**TINY_SR_TRANSFORMER), seed).eval(),
+        vae=randomize_(Kandinsky6SRVAE(**TINY_SR_VAE), seed + 1, scale=0.05).eval(),
+        latent_upscaler=randomize_(Kandinsky6SRLatentUpscalerBank(**TINY_SR_UPSCALER), seed + 2, scale=0.05).eval(),
+        scheduler=PiflowScheduler(shift=3.5, n_grid=10))
+
+
+def build_tiny_pipeline(pipeline: str = "ti2va", audio: bool = True, seed: int = 0):
     from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky6TI2VAPipeline
 
+    if pipeline == "sr":
+        return build_tiny_sr_pipeline(seed)
     torch.manual_seed(seed)
     tokenizer, tokenizer_2 = build_qwen_tokenizer(), build_clip_tokenizer()
     return Kandinsky6TI2VAPipeline(
@@ -78,8 +108,11 @@ def build_tiny_pipeline(audio: bool = True, seed: int = 0):
         **(build_audio(seed) if audio else {}))
 
 
-main = pipeline_command(build_tiny_pipeline, "Kandinsky 6 TI2VA", click.option(
-    "--audio/--no-audio", default=True, show_default=True, help="with the optional audio VAE and vocoder"))
+main = pipeline_command(
+    build_tiny_pipeline, "Kandinsky 6",
+    click.option("--pipeline", type=click.Choice(["ti2va", "sr"]), default="ti2va", show_default=True),
+    click.option("--audio/--no-audio", default=True, show_default=True,
+                 help="TI2VA: with the optional audio VAE and vocoder"))
 
 
 if __name__ == "__main__":

@@ -82,10 +82,11 @@ _PIPELINE_SCRIPTS = ("make_tiny_kandinsky6.py", "make_tiny_kandinsky5.py", "kand
                      "make_tiny_hunyuanvideo.py", "hunyuanvideo_tiny.py", "tiny_models.py")
 
 
-def tiny_pipeline() -> Path:
-    """The tiny Kandinsky6TI2VAPipeline folder (with its audio VAE and vocoder), made once and cached."""
-    return cached_fixture("kandinsky6-pipeline-ti2va", _PIPELINE_SCRIPTS,
-                          [str(SCRIPTS / "make_tiny_kandinsky6.py")])
+def tiny_pipeline(pipeline: str = "ti2va") -> Path:
+    """The tiny Kandinsky6TI2VAPipeline folder (with its audio VAE and vocoder) or Kandinsky6SRPipeline folder (with
+    its latent upscaler bank), made once and cached."""
+    return cached_fixture(f"kandinsky6-pipeline-{pipeline}", _PIPELINE_SCRIPTS,
+                          [str(SCRIPTS / "make_tiny_kandinsky6.py"), "--pipeline", pipeline])
 
 
 def config_base(folder: Path, model: torch.nn.Module) -> Path:

@@ -1,8 +1,9 @@
-"""Kandinsky 6 TI2VA pipeline folders: a fine-tune exported with a --base pipeline folder (a tiny
-Kandinsky6TI2VAPipeline that Diffusers' own classes built and saved: Qwen2.5-VL, CLIP, HunyuanVideo's VAE, MMAudio's
-VAE and vocoder) is the whole pipeline: the transformer exported, everything else --base's files as they are, the
-scheduler the variant's. The judge is Diffusers: the folder loads with from_pretrained, holds the trained weights
-exactly and renders video and audio."""
+"""Kandinsky 6 pipeline folders: a fine-tune exported with a --base pipeline folder (a tiny Kandinsky6TI2VAPipeline
+that Diffusers' own classes built and saved: Qwen2.5-VL, CLIP, HunyuanVideo's VAE, MMAudio's VAE and vocoder; or a
+tiny Kandinsky6SRPipeline: the K-VAE and the latent upscaler bank) is the whole pipeline: the transformer exported,
+everything else --base's files as they are, the scheduler the variant's. The judge is Diffusers: the folder loads
+with from_pretrained, holds the trained weights exactly and renders (TI2VA: video and audio; SR: the upscaled
+video)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_refused, assert_same_tensors
-from diffusers import Kandinsky6TI2VAPipeline, Kandinsky6Transformer3DModel
-from kandinsky6_fixtures import native_file, tiny_pipeline
+from diffusers import (Kandinsky6SRPipeline, Kandinsky6SRTransformer3DModel, Kandinsky6TI2VAPipeline,
+                       Kandinsky6Transformer3DModel)
+from kandinsky6_fixtures import native_file, sr_native_name, tiny_pipeline
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 # what a render of the tiny pipeline asks: 5 frames of 32x32 (2 latent frames of 4x4), a short prompt window
@@ -135,3 +137,29 @@ def test_a_base_missing_a_component_it_names_is_refused(finetune, tmp_path, cli)
     shutil.copytree(base, broken, ignore=shutil.ignore_patterns("audio_vae"))
     assert_refused(cli, tmp_path, [run, tmp_path / "out", "--base", broken], f"--base {broken} has no audio_vae/",
                    inputs=[run])
+
+
+def test_an_sr_finetune_exports_the_whole_sr_pipeline_that_loads_and_upscales(tmp_path, cli):
+    """The SR model in the kandinsky-6-sr repository's native names (its ComfyUI node's layout) with an SR --base:
+    the K-VAE, the latent upscaler bank, model_index.json and the distilled bundle's PiflowScheduler (shift 3.5) are
+    --base's bytes, the transformer the given weights exactly, and Diffusers upscales a tiny video 2x with it. (The
+    weights are a model of other seeded values, not a training step: the SR DiT's flex attention has no backward on
+    CPU.)"""
+    base = tiny_pipeline("sr")
+    config = Kandinsky6SRTransformer3DModel.load_config(base / "transformer")
+    torch.manual_seed(8)
+    weights = {name: tensor + 0.01 * torch.randn_like(tensor) for name, tensor in
+               Kandinsky6SRTransformer3DModel.from_pretrained(base / "transformer").state_dict().items()}
+    checkpoint = native_file(tmp_path / "native" / "kandinsky6_sr_transformer.safetensors", weights,
+                             rename=sr_native_name)
+    result = cli(checkpoint, tmp_path / "out", "--base", base, "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    out = tmp_path / "out"
+    assert files_below(out, "transformer", "README.md") == files_below(base, "transformer")
+    assert json.loads((out / "transformer" / "config.json").read_text())["tile_sizes"] == config["tile_sizes"]
+    pipe = Kandinsky6SRPipeline.from_pretrained(out)
+    assert_same_tensors(pipe.transformer.state_dict(), weights)
+    video = torch.rand(1, 5, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    frames = torch.from_numpy(pipe(video=video, resolution_scale=2, num_inference_steps=2, output_type="np",
+                                   generator=torch.Generator().manual_seed(0)).frames)
+    assert frames.shape == (1, 5, 32, 32, 3) and bool(torch.isfinite(frames).all()) and frames.std() > 0
