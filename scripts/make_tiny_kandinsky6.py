@@ -33,11 +33,11 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kandinsky5_tiny import TINY_POOLED_DIM, TINY_TEXT_DIM  # noqa: E402
 from make_tiny_hunyuanvideo import build_vae  # noqa: E402
 from make_tiny_kandinsky5 import build_text_encoder  # noqa: E402
-from kandinsky5_tiny import TINY_POOLED_DIM, TINY_TEXT_DIM  # noqa: E402
-from tiny_models import build_clip_text_encoder, build_clip_tokenizer, build_qwen_tokenizer, pipeline_command, \
-    randomize_  # noqa: E402
+from tiny_models import (build_clip_text_encoder, build_clip_tokenizer, build_qwen_tokenizer,  # noqa: E402
+                         pipeline_command, randomize_)
 
 AUDIO_CHANNELS = 6  # the tiny audio VAE's latent channels: the transformer's audio input and output
 # HunyuanVideo's 16 latent channels (conditioned: 2 x 16 + 1 input channels); two fused blocks of video heads of 8,
