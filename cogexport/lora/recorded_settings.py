@@ -52,7 +52,7 @@ def refusal(family: ModelFamily, recorded: Recorded, where: str,
         value = recorded_value(recorded.config, setting)
         if value in layout_reads.get(setting, READ_BY_DEFAULT):
             continue
-        given = f"{setting} = {recorded.config[setting]!r} ({recorded.where})"
+        given = f"no {setting}" if value == UNSET else f"{setting} = {recorded.config[setting]!r} ({recorded.where})"
         if value is None:
             return CogExportError(f"{where} records {given}, which is neither true nor false: {meaning}")
         return CogExportError(f"{where} records {given}, which cogexport does not read for {family.name} in the "
