@@ -132,12 +132,17 @@ def _build(layout: _Layout, where: str) -> None:
 
 def _names_a_layer(table: LoraTable, module: str) -> bool:
     """Whether the table's key map names this module: by a rule of its own, or for a table that only keeps the
-    names (Diffusers names), by the module being one of the family's layers."""
+    names (Diffusers names), by the module being one of the family's layers; so too a name a table leaves to a
+    fallback that keeps names (a table of one half swap, Diffusers' names for the rest), which would
+    otherwise claim every name."""
     if table.modules is None:
         return True
-    if rule_of(table.modules, module) is None:
+    found = rule_of(table.modules, module)
+    if found is None:
         return False
-    if not table.modules.renames_nothing:
+    fallback = table.modules.fallback
+    left_to_fallback = not any(rule is found[0] for rule in table.modules.rules)
+    if not (table.modules.renames_nothing or left_to_fallback and fallback is not None and fallback.renames_nothing):
         return True
     schema = names_schema(table.family, blocks_needed([module]))
     return f"{module}.weight" in schema or f"{module}.bias" in schema
