@@ -118,8 +118,9 @@ class ModelFamily:
     components: Mapping[str, ModelSpec]  # every model the family exports, the transformer first
     lora_layouts: tuple[LoraLayout, ...]  # [[lora.layout]]: read into tables by cogexport/lora/tables.py
     lora_names_from: tuple[str, ...]  # the variants whose models together have every layer an adapter may name
-    # settings an adapter's recorded config may hold that no layout reads: {setting: what it means}
-    lora_unread_settings: Mapping[str, str]
+    # settings an adapter's recorded config may hold that change what its matrices mean: {setting: what it means}
+    # (each layout's reads_settings says which recorded values it reads: cogexport/lora/recorded_settings.py)
+    lora_recorded_settings: Mapping[str, str]
     scheduler_class: str
     scheduler_config: Mapping[str, Any]
     tasks: Mapping[str, Task]
@@ -385,7 +386,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
         key=key, name=head.name, shapes=_shapes_module(head.shapes, key), tags=head.tags,
         components=components, lora_layouts=layouts,
         lora_names_from=(lora.names_from,) if isinstance(lora.names_from, str) else tuple(lora.names_from or ()),
-        lora_unread_settings=dict(lora.unread_settings),
+        lora_recorded_settings=dict(lora.recorded_settings),
         scheduler_class=pipeline.scheduler, scheduler_config=pipeline.scheduler_config,
         tasks=tasks, variants=variants, from_checkpoint=pipeline.from_checkpoint, extends=head.extends,
         same_weights_as=head.same_weights_as,
