@@ -151,6 +151,10 @@ def _fitting_config(family: ModelFamily, component: str, class_name: str, table:
         fitting.append(config)
     if len(fitting) == 1:
         return fitting[0]
+    if not fitting:  # an unpublished size: no --model-name would fit it either, only a config that describes it
+        raise CogExportError(f"{where} holds {class_name} weights of no published {family.name} size (their shapes fit "
+                             f"none of the {class_name} configs of {family.name}'s variants); pass --base with the "
+                             f"pipeline (or model folder) whose {component}/config.json describes it")
     names = ", ".join(v.name for v in variants)
     raise CogExportError(f"a {component} alone does not say which {family.name} it belongs to (the variants' "
                          f"{component} configs differ, e.g. in latent scaling); pass --model-name (one of {names}) "
