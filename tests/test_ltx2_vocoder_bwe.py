@@ -1,7 +1,8 @@
 """LTX-2.3's and LTX-2.5's vocoder with bandwidth extension (LTX2VocoderWithBWE), a second class of LTX-2's vocoder
 component: the release's vocoder.* names to the Diffusers folder and back byte for byte, judged by the renames of
-Diffusers' conversion script (written out here) and by DiffSynth-Studio's port of the release code, whose forward the
-exported model reproduces to the bit; the plain vocoder and this one never taken for each other."""
+Diffusers' conversion script (written out in ltx2_vocoder_fixtures.py) and by DiffSynth-Studio's port of the release
+code, whose forward the exported model reproduces to the bit; the plain vocoder and this one never taken for each
+other."""
 
 from __future__ import annotations
 
@@ -10,28 +11,14 @@ import json
 import pytest
 import torch
 from conftest import assert_refused, assert_same_tensors
-from ltx2_vocoder_fixtures import diffsynth_vocoder_with_bwe, vocoder_with_bwe_base, vocoder_with_bwe_file
+from ltx2_vocoder_fixtures import (diffsynth_vocoder_with_bwe, script_converted, vocoder_with_bwe_base,
+                                  vocoder_with_bwe_file)
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from cogexport.exporter import export, export_original
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-
-
-def script_converted(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """What Diffusers' conversion script (scripts/convert_ltx2_to_diffusers.py, --version 2.3) makes of the release's
-    vocoder, written out here: vocoder. taken off once, LTX_2_3_VOCODER_RENAME_DICT's replacements in its order, then
-    its special case .ups. -> .upsamplers. (a plain "ups" replacement would hit "upsample")."""
-    renames = (("resblocks", "resnets"), ("conv_pre", "conv_in"), ("conv_post", "conv_out"), ("act_post", "act_out"),
-               ("downsample.lowpass", "downsample"))
-    out = {}
-    for name, tensor in tensors.items():
-        name = name.removeprefix("vocoder.")
-        for old, new in renames:
-            name = name.replace(old, new)
-        out[name.replace(".ups.", ".upsamplers.")] = tensor
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -215,6 +215,15 @@ def components_inside(source: Mapping[str, LazyTensor], family: ModelFamily) -> 
     return tuple(name for name in family.from_checkpoint if fitting_tables(keys, component_tables(name, family)))
 
 
+def components_of_file(source: Mapping[str, LazyTensor], family: ModelFamily) -> tuple[str, ...]:
+    """The pipeline components a --vae file gives: the VAE, or those of the family's ``from_checkpoint`` whose layouts
+    it holds (a release may ship several models in one file: LTX-2.5's audio VAE file holds the audio VAE and the
+    vocoder); the VAE when none fits, so that its refusal says what the file holds."""
+    keys = list(source)
+    candidates = [name for name in dict.fromkeys(("vae", *family.from_checkpoint)) if name in family.components]
+    return tuple(name for name in candidates if fitting_tables(keys, component_tables(name, family))) or ("vae",)
+
+
 def count_shared_keys_once(parts: list[ModelExport], keys: list[str]) -> None:
     """Models that share one file: a key one of them reads is not 'ignored' by the others, nor 'dropped' by one whose
     table drops it because it is the other's (LTX-2's text connectors under the transformer's prefix)."""
