@@ -19,8 +19,8 @@ from conftest import assert_refused, assert_same_tensors
 from diffusers import SanaVideoTransformer3DModel
 from fixtures import SCRIPTS
 from safetensors.torch import load_file
-from sana_video_fixtures import (RELEASE, build_tiny_pipeline, build_transformer, dcp_finetune, forward_inputs,
-                                 release_buffers, release_state_dict, write_release)
+from sana_video_fixtures import (RELEASE, build_tiny_pipeline, build_transformer, dcp_finetune, deepspeed_finetune,
+                                 forward_inputs, release_buffers, release_state_dict, write_release)
 
 from cogexport.exporter import ExportOptions
 from cogexport.exporter.parts import plan_transformer
@@ -161,6 +161,21 @@ def test_dcp_finetune_exports_exactly(cli, tmp_path):
     result = cli(run.root / "run" / "checkpoint", tmp_path / "out", "--base", base, "--dtype", "fp32")
     assert result.exit_code == 0, result.stderr
     assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), run.tensors)
+
+
+def test_deepspeed_finetune_exports_exactly(cli, tmp_path):
+    """DeepSpeed ZeRO-2 over 2 CPU ranks in bf16 (SimpleTuner's sanavideo under DeepSpeed): the fp32 masters taken
+    from the live engine, every one, exactly; the bf16 module copies are not what is exported."""
+    run = deepspeed_finetune()
+    base = tmp_path / "base"
+    build_transformer(seed=0).save_pretrained(base)
+    result = cli(run.checkpoint, tmp_path / "out", "--base", base, "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    written = load_file(tmp_path / "out" / WEIGHTS)
+    assert set(written) == set(run.truth["order"]) and run.truth["trainable"] and not run.truth["frozen"]
+    assert_same_tensors(written, run.expected_state_dict())
+    before = load_file(base / WEIGHTS)
+    assert any(not torch.equal(written[name], before[name]) for name in before), "training changed the weights"
 
 
 # -- the published variant, from full-size shapes (meta tensors: nothing allocated) -------------------------------
