@@ -38,3 +38,25 @@ def forward_inputs(model, seed: int = 0) -> dict:
     return dict(hidden_states=torch.randn(1, config.in_channels, 2, 4, 4, generator=generator),
                 encoder_hidden_states=torch.randn(1, 5, config.caption_channels, generator=generator),
                 encoder_attention_mask=torch.tensor([[1, 1, 1, 1, 0]]), timestep=torch.tensor([500.0]))
+
+
+def build_720p_pipeline(seed: int = 0):
+    """A tiny SanaVideoPipeline over LTX-2's video VAE, as the 720p release's pipeline is (Diffusers' conversion
+    script's --vae_type ltx2): the transformer patched (1, 1, 1) over the VAE's latent channels, the VAE at the sizes of
+    the LTX-2 repository's tiny release (make_tiny_ltx2.py's release layout), every tensor seeded noise."""
+    from diffusers import AutoencoderKLLTX2Video, DPMSolverMultistepScheduler, SanaVideoPipeline
+    from make_tiny_ltx2 import vae_config
+    from make_tiny_sana_video import build_gemma_text_encoder, build_gemma_tokenizer
+    from tiny_models import randomize_
+
+    torch.manual_seed(seed)
+    vae = randomize_(AutoencoderKLLTX2Video(**vae_config("release")), seed).eval()
+    with torch.no_grad():
+        vae.latents_std.abs_().add_(0.5)  # a scale, positive
+    channels = vae.config.latent_channels
+    tokenizer = build_gemma_tokenizer()
+    scheduler = DPMSolverMultistepScheduler(flow_shift=8.0, use_flow_sigmas=True, prediction_type="flow_prediction")
+    return SanaVideoPipeline(tokenizer=tokenizer, text_encoder=build_gemma_text_encoder(len(tokenizer)), vae=vae,
+                             transformer=build_transformer(seed, in_channels=channels, out_channels=channels,
+                                                           patch_size=(1, 1, 1), sample_size=22),
+                             scheduler=scheduler)
