@@ -89,8 +89,9 @@ def _plan_parts(inputs: ExportInputs, adapters: dict[str, LoraAdapter], componen
     if component in ("transformer", PIPELINE):
         parts = _plan_transformers(inputs, adapters, options)
         family, variant = parts[0].family, parts[-1].variant
-    inside, given = (), _given_files(inputs, family, options) if component == PIPELINE else []
-    if component == PIPELINE:
+    inside: tuple[str, ...] = ()
+    given = _given_files(inputs, family, options) if component == PIPELINE else []
+    if component == PIPELINE:  # a model a --vae file gives is not taken from the checkpoint too
         from_files = {name for _, _, names in given for name in names}
         inside = tuple(name for name in components_inside(inputs.source, family) if name not in from_files)
         _check_pipeline(inputs, parts, variant, (*inside, *from_files), options)
@@ -101,7 +102,7 @@ def _plan_parts(inputs: ExportInputs, adapters: dict[str, LoraAdapter], componen
         count_shared_keys_once(parts, list(inputs.source))
     for path, source, names in given:
         of_file = [plan_component(source, name, family, variant, inputs.base, options, str(path)) for name in names]
-        count_shared_keys_once(of_file, list(source))
+        count_shared_keys_once(of_file, list(source))  # LTX-2.5's audio VAE file: two models, one file
         parts += of_file
     return parts, variant
 
