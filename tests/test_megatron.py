@@ -81,13 +81,14 @@ def test_a_missing_rank_file_and_a_damaged_metadata_are_refused(cli, tmp_path):
                    "corrupt", inputs=[run])
 
 
-def test_a_tracker_naming_no_iteration_and_the_zarr_backend_are_refused(cli, tmp_path):
+def test_a_tracker_naming_no_iteration_and_a_dcp_save_labelled_zarr_are_refused(cli, tmp_path):
     run = copied_run(tmp_path)
     (run / "latest_checkpointed_iteration.txt").write_text("20")
     assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out"], "names iter_0000020",
                    "iter_0000005, iter_0000010", inputs=[run])
     (run / "iter_0000005" / "metadata.json").write_text('{"sharded_backend": "zarr", "sharded_backend_version": 1}')
-    assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out", "--tag", "iter_0000005"], "zarr backend",
+    assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out", "--tag", "iter_0000005"],
+                   "names the zarr backend, but it holds no zarr array",
                    inputs=[run])
 
 

@@ -19,7 +19,8 @@ Homogeneous layers are one tensor with a leading layer axis (``decoder.layers.se
 [L, ...]): a ``layers`` component followed by no layer number. Each layer is handed out under its own name
 (``decoder.layers.3.self_attention.linear_qkv.weight``) as a lazy tensor reading only that layer's chunks.
 
-The ``zarr`` backend (before torch_dist became the default) is refused in one line.
+An iteration saved with the ``zarr`` backend (the default before torch_dist) is read alike, through
+megatron_zarr.py: the same keys, one zarr array each.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
 from .dcp_metadata import METADATA_FILE, TensorEntry
 from .locate import natural_sorted
-from .megatron_masters import MASTER_STATE, masters_of
+from .megatron_masters import MASTER_STATE, IterationFiles, masters_of
+from .megatron_zarr import ZarrFiles
 from .text_files import read_checkpoint_json
 from .training_state import is_training_state_group
 
@@ -44,7 +46,9 @@ BACKEND_FILE = "metadata.json"
 COMMON_FILE = "common.pt"  # the common state of Megatron-Core before 0.1x put it inside the DCP save
 ITERATION = re.compile(r"^iter_(\d+)$")
 RELEASE = "release"
-READ_BACKEND = "torch_dist"
+TORCH_DIST = "torch_dist"
+ZARR = "zarr"  # the default before torch_dist (megatron-core 0.8-0.15 write it): megatron_zarr.py
+READ_BACKENDS = (TORCH_DIST, ZARR)
 LAYERS = "layers"
 OPTIMIZER_STATE = re.compile(r"^optimizer\.state\.([^.]+)\.(.+)$")  # optimizer.state.<state>.<parameter key>
 LOW = (torch.bfloat16, torch.float16)  # the training dtypes whose parameters a mixed-precision run keeps masters of
@@ -112,23 +116,20 @@ def chosen_iteration(run: Path, tag: str | None) -> tuple[Path, str]:
     return run / name, f"read {name}, the iteration {TRACKER} names{others}"
 
 
-def sharded_backend(folder: Path) -> str:
-    """metadata.json's backend, once it is one cogexport reads; one line otherwise."""
+def sharded_backend(folder: Path) -> tuple[str, str]:
+    """metadata.json's backend (torch_dist or zarr) and its label with the version, once it is one cogexport reads;
+    one line otherwise."""
     path = folder / BACKEND_FILE
     data = read_checkpoint_json(path)
     backend = data.get("sharded_backend") if isinstance(data, dict) else None
     version = data.get("sharded_backend_version") if isinstance(data, dict) else None
-    if backend == "zarr":
-        raise CogExportError(f"{folder} is a Megatron-Core checkpoint saved with the zarr backend ({path}), which "
-                             "cogexport does not read; load it with Megatron-Core and save it again with the "
-                             "torch_dist backend (the default since Megatron-Core 0.7)")
-    if backend != READ_BACKEND:
+    if backend not in READ_BACKENDS:
         raise CogExportError(f"{path} names the backend {quoted(backend)}; cogexport reads Megatron-Core's "
-                             f"{READ_BACKEND} checkpoints only")
-    if not (folder / METADATA_FILE).is_file():
-        raise CogExportError(f"{folder} lacks its {METADATA_FILE} (a {READ_BACKEND} save writes it last: the save did "
+                             f"{' and '.join(READ_BACKENDS)} checkpoints only")
+    if backend == TORCH_DIST and not (folder / METADATA_FILE).is_file():
+        raise CogExportError(f"{folder} lacks its {METADATA_FILE} (a {TORCH_DIST} save writes it last: the save did "
                              "not finish, or the folder was copied in part); copy the whole iteration folder again")
-    return f"{backend} v{version}" if version is not None else str(backend)
+    return backend, f"{backend} v{version}" if version is not None else str(backend)
 
 
 # -- placing the keys ------------------------------------------------------------------------------------------------
@@ -162,7 +163,7 @@ def what_is_held(key: str, tensor: bool) -> str | None:
     return None
 
 
-def place_keys(files: DcpFiles) -> KeySets:
+def place_keys(files: IterationFiles) -> KeySets:
     sets = KeySets()
     for key, entry in files.metadata.entries.items():
         held = what_is_held(key, isinstance(entry, TensorEntry))
@@ -181,7 +182,7 @@ def place_keys(files: DcpFiles) -> KeySets:
     return sets
 
 
-def check_optimized_keys(files: DcpFiles, sets: KeySets) -> None:
+def check_optimized_keys(files: IterationFiles, sets: KeySets) -> None:
     """Megatron-Core keys each optimizer state by its parameter's own key, in the parameter's global shape: a state of
     a key the model lacks, or of another shape, means keys filed under the wrong kind (a damaged .metadata, the model
     moved under another group or a weight under the optimizer's); which tensors are the model cannot be told then."""
@@ -222,8 +223,9 @@ class MegatronCheckpoint(LazyCheckpoint):
         super().__init__()
         self.folder = Path(folder)
         self._keys: dict[str, str] = {}  # each name -> the saved key it is (a layer of)
-        backend = sharded_backend(self.folder)
-        self.files = DcpFiles(self.folder)
+        name, backend = sharded_backend(self.folder)
+        self.files = ZarrFiles(self.folder) if name == ZARR else DcpFiles(self.folder)
+        self._chunks = "zarr chunks" if name == ZARR else "DCP chunks"
         self.facts = MegatronFacts(writer="Megatron-Core (dist_checkpointing.save)", sharded_backend=backend,
                                    world_size=self.files.world_size)
         named = ITERATION.match(self.folder.name)
@@ -254,14 +256,14 @@ class MegatronCheckpoint(LazyCheckpoint):
             if isinstance(item, str):
                 read = sets.masters.get(item, item)  # its fp32 master, where the run kept one
                 self._add(sets.model[item], item, self.files.lazy(read, self.files.metadata.entries[read],
-                                                                   f"{sets.model[item]} (DCP chunks of {read})"))
+                                                                   f"{sets.model[item]} ({self._chunks} of {read})"))
                 continue
             members = stacks[item[1]]
             for layer in range(self.files.metadata.entries[members[0][0]].size[0]):
                 for key, name, at in members:
                     read = sets.masters.get(key, key)
                     self._add(layer_name(name, at, layer), key, self.files.lazy_row(
-                        read, self.files.metadata.entries[read], layer, f"layer {layer} of {read} (DCP chunks)"))
+                        read, self.files.metadata.entries[read], layer, f"layer {layer} of {read} ({self._chunks})"))
         self.facts.stacked = [key for members in stacks.values() for key, _, _ in members]
         self._check_nesting()
 

@@ -21,6 +21,9 @@ import torch
 from ..errors import CogExportError, quoted
 from .dcp import DcpFiles, dtype_name
 from .dcp_metadata import TensorEntry
+from .megatron_zarr import ZarrFiles
+
+IterationFiles = DcpFiles | ZarrFiles  # a torch_dist iteration's DCP save, or a zarr-backend iteration
 
 MASTER_STATE = "fp32_param"
 SAMPLED = 4  # elements compared per parameter
@@ -30,7 +33,7 @@ def master_key(key: str) -> str:
     return f"optimizer.state.{MASTER_STATE}.{key}"
 
 
-def masters_of(files: DcpFiles, optimized: dict[str, set[str]]) -> dict[str, str]:
+def masters_of(files: IterationFiles, optimized: dict[str, set[str]]) -> dict[str, str]:
     """The model key -> its fp32 master's key, for every parameter that has one; checked as the module says."""
     entries = files.metadata.entries
     found = {key: master_key(key) for key, states in optimized.items() if MASTER_STATE in states}
@@ -53,7 +56,7 @@ def masters_of(files: DcpFiles, optimized: dict[str, set[str]]) -> dict[str, str
     return found
 
 
-def check_rounds_to_copy(files: DcpFiles, key: str, master: str, turn: int) -> None:
+def check_rounds_to_copy(files: IterationFiles, key: str, master: str, turn: int) -> None:
     """The first elements of one chunk of the model's saved copy of ``key`` equal its master rounded."""
     entries = files.metadata.entries
     copy_entry, master_entry = entries[key], entries[master]
@@ -71,7 +74,7 @@ def check_rounds_to_copy(files: DcpFiles, key: str, master: str, turn: int) -> N
                              "iteration's rank files are damaged or mixed from different saves; copy it again")
 
 
-def element(files: DcpFiles, key: str, entry: TensorEntry, place: tuple[int, ...]) -> torch.Tensor:
+def element(files: IterationFiles, key: str, entry: TensorEntry, place: tuple[int, ...]) -> torch.Tensor:
     """One element of a tensor, read from the chunk holding it."""
     for chunk in files.check_chunks(key, entry):
         local = [p - o for p, o in zip(place, chunk.offsets)]
@@ -83,10 +86,6 @@ def element(files: DcpFiles, key: str, entry: TensorEntry, place: tuple[int, ...
     raise CogExportError(f"{files.folder}: no chunk of {quoted(key)} holds {list(place)}; the .metadata is damaged")
 
 
-def read_elements(files: DcpFiles, key: str, entry: TensorEntry, chunk, start: int, stop: int) -> torch.Tensor:
-    # compared only, never written: the bytes that are written are read (and CRC-checked) by the export itself
-    archive, stored = files.open_chunk(key, entry, chunk)
-    try:
-        return stored.read_flat(start, stop, check=False)
-    finally:
-        archive.close()
+def read_elements(files: IterationFiles, key: str, entry: TensorEntry, chunk, start: int, stop: int) -> torch.Tensor:
+    # compared only, never written: the bytes that are written are read (and checked) by the export itself
+    return files.read_elements(key, entry, chunk, start, stop)
