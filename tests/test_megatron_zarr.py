@@ -92,3 +92,22 @@ def _swap(first: Path, second: Path) -> None:
 def test_damaged_copies_are_refused_in_one_line(damage, named, cli, tmp_path):
     run = _damaged(tmp_path, damage)
     assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out"], named, inputs=[run])
+
+
+def test_fully_reshardable_masters_of_a_zarr_save_are_read_too(cli, tmp_path):
+    """The distributed optimizer's fully_reshardable layout (megatron-core 0.14-0.15 could save it with zarr) names
+    each master optimizer.state.param.<key>, the fp32 norms' too (their own values): the bf16 parameters' masters
+    are read, the norms as saved."""
+    def as_fully_reshardable(iteration: Path) -> None:
+        for folder in sorted(iteration.glob("optimizer.state.fp32_param.*")):
+            folder.rename(iteration / folder.name.replace(".fp32_param.", ".param."))
+        for norm in ("decoder.final_layernorm.weight", "decoder.final_layernorm.bias"):
+            shutil.copytree(iteration / norm, iteration / f"optimizer.state.param.{norm}")
+
+    run = _damaged(tmp_path, as_fully_reshardable)
+    result = cli("consolidate", run, tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    masters, saved = truth("master."), truth("model.")
+    assert_same_tensors(load_file(tmp_path / "out" / "model.safetensors"),
+                        {name: masters.get(name, tensor.float()) for name, tensor in saved.items()})
+    assert "read the fp32 masters (optimizer.state.param.*) of 9 parameters" in result.stderr

@@ -36,7 +36,7 @@ from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
 from .dcp_metadata import METADATA_FILE, TensorEntry
 from .locate import natural_sorted
-from .megatron_masters import MASTER_STATE, IterationFiles, masters_of
+from .megatron_masters import LOW, MASTER_STATES, IterationFiles, masters_of
 from .megatron_zarr import ZarrFiles
 from .text_files import read_checkpoint_json
 from .training_state import is_training_state_group
@@ -50,8 +50,8 @@ TORCH_DIST = "torch_dist"
 ZARR = "zarr"  # the default before torch_dist (megatron-core 0.8-0.15 write it): megatron_zarr.py
 READ_BACKENDS = (TORCH_DIST, ZARR)
 LAYERS = "layers"
+BUCKETS = "optimizer.distributed."  # the distributed optimizer's dp_reshardable buckets and other per-DP-group state
 OPTIMIZER_STATE = re.compile(r"^optimizer\.state\.([^.]+)\.(.+)$")  # optimizer.state.<state>.<parameter key>
-LOW = (torch.bfloat16, torch.float16)  # the training dtypes whose parameters a mixed-precision run keeps masters of
 # Megatron-Bridge's training state beside the weights (the run folder's copy and each iteration's)
 BRIDGE_STATE = re.compile(r"^(latest_)?train_state\.pt$|^run_config\.yaml$")
 
@@ -141,6 +141,8 @@ class KeySets:
     model: dict[str, str] = field(default_factory=dict)
     optimized: dict[str, set[str]] = field(default_factory=dict)  # the model's key -> its states (exp_avg, ...)
     masters: dict[str, str] = field(default_factory=dict)  # the model's key -> its fp32 master's key, read instead
+    master_state: str | None = None  # the optimizer state the masters are saved under (fp32_param or param)
+    buckets: int = 0  # tensors of the distributed optimizer's flat buckets (optimizer.distributed.*), never read
     held: dict[str, int] = field(default_factory=dict)  # what else the save holds -> how many keys
 
 
@@ -169,6 +171,7 @@ def place_keys(files: IterationFiles) -> KeySets:
         held = what_is_held(key, isinstance(entry, TensorEntry))
         if held is not None:
             sets.held[held] = sets.held.get(held, 0) + 1
+            sets.buckets += key.startswith(BUCKETS) and isinstance(entry, TensorEntry)
             state = OPTIMIZER_STATE.match(key)
             if state and isinstance(entry, TensorEntry):
                 sets.optimized.setdefault(state.group(2), set()).add(state.group(1))
@@ -178,7 +181,7 @@ def place_keys(files: IterationFiles) -> KeySets:
         raise CogExportError(f"{files.folder} holds no model weights (only {', '.join(sorted(sets.held)) or 'nothing'})"
                              "; point at an iteration saved with the model")
     check_optimized_keys(files, sets)
-    sets.masters = masters_of(files, sets.optimized)
+    sets.master_state, sets.masters = masters_of(files, sets.optimized)
     return sets
 
 
@@ -321,13 +324,13 @@ class MegatronCheckpoint(LazyCheckpoint):
         saved = sorted({dtype_name(t.dtype) for name, t in self._tensors.items() if t.dtype.is_floating_point
                         and self._keys[name] not in sets.masters})
         if sets.masters:
-            info.weights_source = f"the optimizer's fp32 masters ({MASTER_STATE}) of {len(sets.masters)} parameters, " \
-                                  f"the rest as saved ({', '.join(saved) or 'none'}; " \
+            info.weights_source = f"the optimizer's fp32 masters ({sets.master_state}) of {len(sets.masters)} " \
+                                  f"parameters, the rest as saved ({', '.join(saved) or 'none'}; " \
                                   f"{self.facts.sharded_backend} shards)"
             entries = self.files.metadata.entries
             copies = sorted({dtype_name(entries[key].dtype) for key in sets.masters})
             never = sorted(key for key in sets.model if key not in sets.masters and entries[key].dtype in LOW)
-            info.notes.append(f"read the fp32 masters (optimizer.state.{MASTER_STATE}.*) of {len(sets.masters)} "
+            info.notes.append(f"read the fp32 masters (optimizer.state.{sets.master_state}.*) of {len(sets.masters)} "
                               f"parameters, not their {'/'.join(copies)} copies (the optimizer stepped the masters; "
                               "the copies are them rounded); fp32 parameters are their own masters" + (
                                   f"; {len(never)} {'/'.join(copies)} tensor{'s' if len(never) > 1 else ''} without "
@@ -339,9 +342,11 @@ class MegatronCheckpoint(LazyCheckpoint):
                               f"{self.facts.sharded_backend} shards)"
         low = [dtype for dtype in saved if dtype != "fp32"]
         if low:
+            buckets = " (the distributed optimizer's masters are in its flat buckets, optimizer.distributed.*, laid " \
+                      "out as its grad buffers were, which the save does not record: not read)" if sets.buckets else ""
             info.notes.append(f"the saved model weights are {'/'.join(low)}, the training dtype, and the save holds no "
-                              f"fp32 masters in the model's shapes (optimizer.state.{MASTER_STATE}.*): the export is "
-                              f"exact to the {'/'.join(low)} values, no finer")
+                              f"fp32 masters in the model's shapes (optimizer.state.{'/'.join(MASTER_STATES)}.*)"
+                              f"{buckets}: the export is exact to the {'/'.join(low)} values, no finer")
 
     def bytes_read(self) -> dict[str, int]:
         return {str(self.folder / name): count for name, count in self.files.bytes_read.items()}
