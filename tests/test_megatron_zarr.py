@@ -83,12 +83,15 @@ def _swap(first: Path, second: Path) -> None:
     (lambda it: _edit_zarray(it / QKV, shape=[2, 24, 16]), "0.1.0 lies outside the array"),
     (lambda it: _edit_zarray(it / QKV, dtype="<f4"), "has 768 bytes, a chunk of [1, 24, 16]"),
     (lambda it: _edit_zarray(it / QKV, compressor={"id": "blosc"}), "compressor"),
+    (lambda it: _edit_zarray(it / "output_layer.weight", shape=[31, 16]), "is not a multiple of its chunks"),
     (lambda it: (it / QKV / ".zarray").unlink(), "neither a zarr array"),
+    (lambda it: (it / "output_layer.weight").rename(it / "rng_state" / "output_layer.weight"),
+     "holds output_layer.weight"),
     (lambda it: _swap(it / "optimizer.state.fp32_param.decoder.layers.mlp.linear_fc2.bias",
                       it / "optimizer.state.fp32_param.decoder.layers.self_attention.linear_proj.bias"),
      "does not round to the model's saved bf16 copy")],
-    ids=["a missing chunk", "a wrong .zarray shape", "a wrong .zarray dtype", "a compressor", "a lost .zarray",
-         "two masters swapped"])
+    ids=["a missing chunk", "a wrong .zarray shape", "a wrong .zarray dtype", "a compressor", "an uneven shape",
+         "a lost .zarray", "a weight filed among the RNG states", "two masters swapped"])
 def test_damaged_copies_are_refused_in_one_line(damage, named, cli, tmp_path):
     run = _damaged(tmp_path, damage)
     assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out"], named, inputs=[run])

@@ -54,6 +54,29 @@ def inside(chunk: Chunk) -> tuple[slice, ...]:
     return tuple(slice(0, s) for s in chunk.sizes)
 
 
+def read_megatron_array(folder: Path) -> ZarrArray:
+    """The array in ``folder``, once its chunks cut it evenly, as Megatron-Core cuts every array (its chunks are the
+    global shape divided by the tensor's fragmentation): a shape that is not a multiple of its chunks is a damaged
+    ``.zarray`` (an edge chunk would be cut to it, and the tensor read at a wrong shape)."""
+    array = read_array(folder)
+    if any(size % chunk for size, chunk in zip(array.shape, array.chunk_shape)):
+        raise CogExportError(f"{folder / ARRAY_FILE}: shape {list(array.shape)} is not a multiple of its chunks "
+                             f"{list(array.chunk_shape)}, which Megatron-Core never writes (each rank's piece is one "
+                             "whole chunk): the .zarray is damaged; copy the iteration folder again")
+    return array
+
+
+def check_sharded_object(folder: Path) -> None:
+    """A key folder without a .zarray holds a sharded object's pieces, shard_*.pt, and nothing else."""
+    names = sorted(p.name for p in folder.iterdir())
+    other = [name for name in names if not SHARDED_OBJECT.match(name)]
+    if not names or other:
+        found = f"holds {other[0]}" if other else "is empty"
+        raise CogExportError(f"{folder} is neither a zarr array (no {ARRAY_FILE}) nor a Megatron-Core sharded object "
+                             f"(only shard_*.pt files): it {found}; the iteration folder is damaged, or a tensor's "
+                             f"{ARRAY_FILE} was lost; copy it again")
+
+
 class ZarrFiles:
     """A zarr-backend iteration folder: its arrays, checked against their chunk files, and reads of tensors from
     them."""
@@ -66,15 +89,12 @@ class ZarrFiles:
         entries: dict[str, TensorEntry | BytesEntry] = {}
         for path in sorted(p for p in self.folder.iterdir() if p.is_dir() and not p.name.endswith(LOCKS)):
             if (path / ARRAY_FILE).is_file():
-                array = self.arrays[path.name] = read_array(path)
+                array = self.arrays[path.name] = read_megatron_array(path)
                 entries[path.name] = TensorEntry(array.dtype, torch.Size(array.shape),
                                                  tuple(chunk for _, chunk in array.chunks()))
-            elif any(SHARDED_OBJECT.match(p.name) for p in path.iterdir()):
-                entries[path.name] = BytesEntry()
             else:
-                raise CogExportError(f"{path} is neither a zarr array (no {ARRAY_FILE}) nor a Megatron-Core sharded "
-                                     "object (no shard_*.pt): the iteration folder is damaged, or a tensor's "
-                                     f"{ARRAY_FILE} was lost; copy it again")
+                check_sharded_object(path)
+                entries[path.name] = BytesEntry()
         if not self.arrays:
             raise CogExportError(f"{self.folder}: its metadata.json names the zarr backend, but it holds no zarr array "
                                  f"(no <key>/{ARRAY_FILE}): the metadata.json is not this folder's, or the arrays were "
