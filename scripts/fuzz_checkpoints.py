@@ -70,8 +70,9 @@ masters). Each case copies one source and damages it one way:
                            one field changed: a dtype of another width (never one of the same width: bytes read as
                            another dtype of their size cannot be told from what was saved), a compressor, a filter,
                            Fortran order, zarr format 3, the ``<V2`` zarr writes for bf16, a shape longer, shorter,
-                           doubled or halved on one axis, chunks halved; or deleted. (Key sets of the wrong kind there:
-                           array folders renamed, as the ``.metadata`` of a torch_dist save is re-pickled)
+                           doubled or halved on one axis, chunks halved, a grid of billions of chunks; or deleted.
+                           (Key sets of the wrong kind there: array folders renamed, as the ``.metadata`` of a
+                           torch_dist save is re-pickled)
   rewrite .metadata        a DCP ``.metadata`` replaced by garbage, nothing, another object's pickle, a pickle that
                            would run code, the ``.metadata`` of the next folder or step, or re-pickled with one chunk's
                            storage record pointing at another chunk's bytes, reaching over the next one, or dropped
@@ -833,7 +834,8 @@ def zarr_rewrites_of(meta: dict, rng: random.Random) -> list[tuple[str, dict]]:
     changes = [("another dtype", {"dtype": widths.get(meta["dtype"], "<f8")}), ("a compressor", {"compressor": {
         "id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1}}), ("Fortran order", {"order": "F"}),
         ("zarr format 3", {"zarr_format": 3}), ("the bf16 zarr would write", {"dtype": "<V2"}),
-        ("a filter", {"filters": [{"id": "delta", "dtype": "<f4"}]})]
+        ("a filter", {"filters": [{"id": "delta", "dtype": "<f4"}]}),
+        ("a grid of billions of chunks", {"shape": [2 ** 31] * max(2, len(shape)), "chunks": [1] * max(2, len(shape))})]
     if axis is not None:
         for how, size in (("a shape one longer", shape[axis] + 1), ("a shape one shorter", shape[axis] - 1),
                           ("a shape doubled", shape[axis] * 2), ("a shape halved", shape[axis] // 2)):

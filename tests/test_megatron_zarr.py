@@ -114,3 +114,11 @@ def test_fully_reshardable_masters_of_a_zarr_save_are_read_too(cli, tmp_path):
     assert_same_tensors(load_file(tmp_path / "out" / "model.safetensors"),
                         {name: masters.get(name, tensor.float()) for name, tensor in saved.items()})
     assert "read the fp32 masters (optimizer.state.param.*) of 9 parameters" in result.stderr
+
+
+def test_a_zarray_describing_billions_of_chunks_is_refused_at_once(cli, tmp_path):
+    """The grid is never walked further than the chunk files there are."""
+    run = _damaged(tmp_path, lambda it: _edit_zarray(it / "output_layer.weight", shape=[2 ** 31, 2 ** 31],
+                                                     chunks=[1, 1]))
+    assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out"], "describes 4611686018427387904 chunks",
+                   inputs=[run])

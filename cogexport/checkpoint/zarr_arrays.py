@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,14 +58,28 @@ class ZarrArray:
     def chunk_file(self, index: tuple[int, ...]) -> str:
         return self.separator.join(map(str, index)) if index else "0"
 
-    def chunks(self) -> list[tuple[tuple[int, ...], Chunk]]:
-        """Each grid index with the box of the array it holds (an edge chunk's box cut to the shape)."""
-        boxes = []
-        for index in itertools.product(*(range(count) for count in self.grid)):
+    def chunks(self) -> Iterator[tuple[tuple[int, ...], Chunk]]:
+        """Each grid index with the box of the array it holds (an edge chunk's box cut to the shape), in C order."""
+        for index in grid_indices(self.grid):
             offsets = tuple(i * c for i, c in zip(index, self.chunk_shape))
             sizes = tuple(min(c, s - o) for c, s, o in zip(self.chunk_shape, self.shape, offsets))
-            boxes.append((index, Chunk(offsets, sizes)))
-        return boxes
+            yield index, Chunk(offsets, sizes)
+
+
+def grid_indices(grid: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """The indices of a grid in C order, one at a time (itertools.product would first hold every axis's range)."""
+    if any(count == 0 for count in grid):
+        return
+    index = [0] * len(grid)
+    while True:
+        yield tuple(index)
+        for axis in reversed(range(len(grid))):
+            index[axis] += 1
+            if index[axis] < grid[axis]:
+                break
+            index[axis] = 0
+        else:
+            return
 
 
 def read_array(folder: Path) -> ZarrArray:
@@ -103,12 +118,14 @@ def _counts(value: object, least: int) -> bool:
 def check_chunk_files(array: ZarrArray) -> None:
     """Every chunk of the grid has its file, of the full chunk's size, and no chunk file lies outside the grid (a
     writer fills exactly the grid: a file more or less means the ``.zarray`` or the folder is not the one saved)."""
-    expected = {array.chunk_file(index) for index, _ in array.chunks()}
     found = _chunk_files(array.folder)
+    total = math.prod(array.grid)
+    # the grid is walked no further than the files there are: a damaged .zarray may describe billions of chunks
+    expected = set(itertools.islice((array.chunk_file(index) for index, _ in array.chunks()), len(found) + 1))
     missing, extra = sorted(expected - set(found)), sorted(set(found) - expected)
     if missing:
-        raise CogExportError(f"{array.folder}: the chunk file {missing[0]} is missing ({len(missing)} of "
-                             f"{len(expected)} missing); copy the checkpoint folder again")
+        raise CogExportError(f"{array.folder}: the chunk file {missing[0]} is missing (its .zarray describes {total} "
+                             f"chunks, the folder holds {len(found)} files); copy the checkpoint folder again")
     if extra:
         raise CogExportError(f"{array.folder / extra[0]} lies outside the array its {ARRAY_FILE} describes (shape "
                              f"{list(array.shape)}, chunks {list(array.chunk_shape)}): the {ARRAY_FILE} is damaged or "
