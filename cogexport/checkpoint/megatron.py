@@ -29,8 +29,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from ..errors import CogExportError, quoted
 from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
