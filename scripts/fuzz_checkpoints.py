@@ -12,7 +12,9 @@ Trainer run folders (``transformers.Trainer`` under DeepSpeed on CPU ranks: ZeRO
 DeepSpeed AutoTP run (TP 2 x DP 2 under ZeRO-3: rank files of both parallel dimensions deleted, swapped and copied
 over each other, its affine maps damaged; consolidate judged, and export too when asked for by ``--only autotp``) and
 a Megatron-Core run (megatron-core's own GPTModel at TP 2 x PP 2 saved by its ``dist_checkpointing.save``: the run
-folder given, its newest iteration damaged). Each case copies one source and damages it one way:
+folder given, its newest iteration damaged) and a Megatron-Core iteration saved with the older zarr backend (kept as
+data in tests/data/megatron-zarr-tp2/: megatron-core 0.15.3's own zarr strategy, a bf16 GPTModel at TP 2 with fp32
+masters). Each case copies one source and damages it one way:
 
   truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
   flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of
@@ -59,6 +61,18 @@ folder given, its newest iteration damaged). Each case copies one source and dam
                            left out, one cut short, one added, or another model's
   delete DeepSpeed's save  (Trainer) the step's ``global_stepN/`` deleted (``latest`` still naming it); where the copy
                            is ZeRO-3's placeholders, ``latest`` too, leaving the placeholders alone
+  delete / truncate chunk file, flip zarr data
+                           (Megatron-Core zarr) one chunk file of an array deleted, cut short, or one byte of it
+                           changed; zarr keeps no checksum, so a changed byte of a weight read is data damage no
+                           reader can tell from what was saved (classed as safetensors data damage is), unless it
+                           makes a NaN or an infinity, or a master that no longer rounds to its bf16 copy
+  rewrite .zarray          (Megatron-Core zarr) an array's ``.zarray`` replaced by garbage, nothing, a list, or with
+                           one field changed: a dtype of another width (never one of the same width: bytes read as
+                           another dtype of their size cannot be told from what was saved), a compressor, a filter,
+                           Fortran order, zarr format 3, the ``<V2`` zarr writes for bf16, a shape longer, shorter,
+                           doubled or halved on one axis, chunks halved, a grid of billions of chunks; or deleted.
+                           (Key sets of the wrong kind there: array folders renamed, as the ``.metadata`` of a
+                           torch_dist save is re-pickled)
   rewrite .metadata        a DCP ``.metadata`` replaced by garbage, nothing, another object's pickle, a pickle that
                            would run code, the ``.metadata`` of the next folder or step, or re-pickled with one chunk's
                            storage record pointing at another chunk's bytes, reaching over the next one, or dropped
@@ -134,7 +148,7 @@ MEMORY_HEADROOM = 3 << 30  # address space a run may add to the harness's: a dam
 FAILURES = ("silently wrong", "non-finite passed on", "traceback", "multi-line error", "hang", "dirty",
             "inspect missed it")
 UNDETECTABLE = "changed, finite (no checksum)"  # what no reader can tell: safetensors data changed into finite values
-DATA_DAMAGE = ("flip safetensors data", "flip safetensors exponent")  # the damage that may end that way
+DATA_DAMAGE = ("flip safetensors data", "flip safetensors exponent", "flip zarr data")  # the damage that may end so
 # safetensors' float dtypes: bytes, the exponent's bits in the value's top two bytes, torch's dtype
 EXPONENT_BITS = {"F64": (8, 0x7FF0, torch.float64), "F32": (4, 0x7F80, torch.float32),
                  "BF16": (2, 0x7F80, torch.bfloat16), "F16": (2, 0x7C00, torch.float16)}
@@ -287,13 +301,29 @@ def megatron_source() -> Source:
                   reference="dcp_to_torch_save", reference_input=iteration)
 
 
+def megatron_zarr_source() -> Source:
+    """A Megatron-Core iteration saved with the zarr backend (tests/data/megatron-zarr-tp2/: megatron-core 0.15.3's own
+    zarr strategy, a bf16 GPTModel at TP 2 with fp32 masters; kept as data, as this venv's megatron-core no longer
+    writes zarr): the run folder given, its iteration damaged; consolidate must write the masters in place of the
+    trained bf16 copies, the rest as saved, layer by layer."""
+    from megatron_fixtures import unstacked
+
+    data = ROOT / "tests" / "data" / "megatron-zarr-tp2"
+    saved = load_file(data / "truth.safetensors")
+    masters = unstacked({key[len("master."):]: t for key, t in saved.items() if key.startswith("master.")})
+    model = unstacked({key[len("model."):]: t for key, t in saved.items() if key.startswith("model.")})
+    truth = {name: masters.get(name, tensor.float()) for name, tensor in model.items()}
+    return Source("megatron-zarr-tp2", "megatron-zarr", data, "run", truth, damage="run/iter_0000003")
+
+
 # each family's sources, made (their fixtures built or found) only when the campaign takes that family
 SOURCE_FAMILIES: list[tuple[str, Callable[[], list[Source]]]] = [
     ("deepspeed", lambda: [zero_source(v) for v in ZERO_VARIANTS]), ("cogvideox", cogvideox_sources),
     ("dcp", lambda: [dcp_source(*save) for save in DCP_SAVES]), ("hf-storage", lambda: [hf_source(*save)
                                                                                          for save in HF_SAVES]),
     ("fastvideo", lambda: [fastvideo_source()]), ("hf-trainer", lambda: [trainer_source(run) for run in TRAINER_RUNS]),
-    ("autotp", lambda: [autotp_source(full=False)]), ("megatron", lambda: [megatron_source()])]
+    ("autotp", lambda: [autotp_source(full=False)]), ("megatron", lambda: [megatron_source()]),
+    ("megatron-zarr", lambda: [megatron_zarr_source()])]  # last: the sources before keep their turns
 
 
 def sources(only: tuple[str, ...] = ()) -> list[Source]:
@@ -485,6 +515,9 @@ def mutations_for(source: Source, folder: Path) -> dict[str, Mutation]:
     elif source.family == "megatron":
         found.update(dcp_rank_mutations(folder))
         found.update(megatron_mutations(folder))
+    elif source.family == "megatron-zarr":
+        found.update(megatron_run_mutations(folder))
+        found.update(zarr_mutations(folder))
     elif source.family == "hf-storage":
         found.update(hf_rank_mutations(folder))
     else:
@@ -713,6 +746,16 @@ def megatron_mutations(iteration: Path) -> dict[str, Mutation]:
     """A Megatron-Core iteration's own damage: its metadata.json (the backend) rewritten, the run's tracker rewritten
     to name no iteration, and key sets of the wrong kind (its .metadata re-pickled with keys filed under another
     group, bytes and layout untouched)."""
+    def misfile_key_set(root: Path, rng: random.Random) -> str:
+        how, metadata = rng.choice(megatron_misfiled_key_sets(iteration, rng))
+        (iteration / ".metadata").write_bytes(pickle.dumps(metadata))
+        return f"{(iteration / '.metadata').relative_to(root)}: {how}"
+
+    return {**megatron_run_mutations(iteration), "key set of the wrong kind": misfile_key_set}
+
+
+def megatron_run_mutations(iteration: Path) -> dict[str, Mutation]:
+    """Damage of any Megatron-Core iteration, whatever its backend: its metadata.json and the run's tracker."""
     run = iteration.parent
 
     def rewrite_backend(root: Path, rng: random.Random) -> str:
@@ -736,13 +779,93 @@ def megatron_mutations(iteration: Path) -> dict[str, Mutation]:
         path.write_bytes(content)
         return f"{path.relative_to(root)} := {content[:40]!r}"
 
-    def misfile_key_set(root: Path, rng: random.Random) -> str:
-        how, metadata = rng.choice(megatron_misfiled_key_sets(iteration, rng))
-        (iteration / ".metadata").write_bytes(pickle.dumps(metadata))
-        return f"{(iteration / '.metadata').relative_to(root)}: {how}"
+    return {"rewrite metadata.json": rewrite_backend, "rewrite tracker": rewrite_tracker}
 
-    return {"rewrite metadata.json": rewrite_backend, "rewrite tracker": rewrite_tracker,
-            "key set of the wrong kind": misfile_key_set}
+
+def zarr_mutations(iteration: Path) -> dict[str, Mutation]:
+    """A zarr-backend iteration's own damage: a chunk file deleted, cut short or one byte of it flipped (zarr keeps no
+    checksum: data damage, which may end as changed finite values), a .zarray rewritten, and key sets of the wrong
+    kind (array folders renamed, bytes untouched)."""
+    def chunk_files(root: Path) -> list[Path]:
+        return sorted(p for p in iteration.rglob("*") if p.is_file() and p.parent != iteration
+                      and p.parent.joinpath(".zarray").is_file() and not p.name.startswith("."))
+
+    def delete_chunk(root: Path, rng: random.Random) -> str:
+        path = rng.choice(chunk_files(root))
+        path.unlink()
+        return f"deleted {path.relative_to(root)}"
+
+    def truncate_chunk(root: Path, rng: random.Random) -> str:
+        path = rng.choice(chunk_files(root))
+        keep = rng.randrange(path.stat().st_size)
+        os.truncate(path, keep)
+        return f"{path.relative_to(root)}: truncated to {keep} bytes"
+
+    def flip_data(root: Path, rng: random.Random) -> str:
+        path = rng.choice(chunk_files(root))
+        return f"{path.relative_to(root)}: {flip(path, (0, path.stat().st_size), rng)}"
+
+    def rewrite_zarray(root: Path, rng: random.Random) -> str:
+        path = rng.choice(sorted(iteration.glob("*/.zarray")))
+        how, content = rng.choice(zarray_rewrites(json.loads(path.read_text()), rng))
+        if content is None:
+            path.unlink()
+        else:
+            path.write_bytes(content)
+        return f"{path.relative_to(root)} := {how}"
+
+    def misfile(root: Path, rng: random.Random) -> str:
+        how, renames = rng.choice(zarr_misfiled_key_sets(iteration, rng))
+        for old, new in renames.items():
+            (iteration / new).parent.mkdir(parents=True, exist_ok=True)
+            (iteration / old).rename(iteration / new)
+        return how
+
+    return {"delete chunk file": delete_chunk, "truncate chunk file": truncate_chunk, "flip zarr data": flip_data,
+            "rewrite .zarray": rewrite_zarray, "key set of the wrong kind": misfile}
+
+
+def zarr_rewrites_of(meta: dict, rng: random.Random) -> list[tuple[str, dict]]:
+    """A .zarray's fields changed one at a time. Never a dtype of the same width: a chunk file's bytes read as
+    another dtype of their size cannot be told from what was saved (zarr keeps no checksum nor identity)."""
+    widths = {"bfloat16": "<f4", "<f4": "<f2", "<f2": "<f8", "<f8": "<f4", "<i8": "<i4"}
+    shape, chunks = list(meta["shape"]), list(meta["chunks"])
+    axis = rng.randrange(len(shape)) if shape else None
+    changes = [("another dtype", {"dtype": widths.get(meta["dtype"], "<f8")}), ("a compressor", {"compressor": {
+        "id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1}}), ("Fortran order", {"order": "F"}),
+        ("zarr format 3", {"zarr_format": 3}), ("the bf16 zarr would write", {"dtype": "<V2"}),
+        ("a filter", {"filters": [{"id": "delta", "dtype": "<f4"}]}),
+        ("a grid of billions of chunks", {"shape": [2 ** 31] * max(2, len(shape)), "chunks": [1] * max(2, len(shape))})]
+    if axis is not None:
+        for how, size in (("a shape one longer", shape[axis] + 1), ("a shape one shorter", shape[axis] - 1),
+                          ("a shape doubled", shape[axis] * 2), ("a shape halved", shape[axis] // 2)):
+            changes.append((f"{how} on axis {axis}", {"shape": shape[:axis] + [size] + shape[axis + 1:]}))
+        changes.append((f"chunks halved on axis {axis}", {"chunks": chunks[:axis] + [max(1, chunks[axis] // 2)] +
+                                                          chunks[axis + 1:]}))
+    return changes
+
+
+def zarray_rewrites(meta: dict, rng: random.Random) -> list[tuple[str, bytes | None]]:
+    rewrites: list[tuple[str, bytes | None]] = [
+        ("random bytes", bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))), ("nothing", b""),
+        ("a JSON list", b"[]"), ("deleted", None)]
+    rewrites += [(how, json.dumps({**meta, **change}).encode()) for how, change in zarr_rewrites_of(meta, rng)]
+    return rewrites
+
+
+def zarr_misfiled_key_sets(iteration: Path, rng: random.Random) -> list[tuple[str, dict[str, str]]]:
+    """Array folders renamed into another kind: an optimizer state as the model's ``<key>.exp_avg``, the model under
+    ``ema.``, a weight as an fp32 master or among the RNG states' pieces."""
+    arrays = sorted(p.name for p in iteration.iterdir() if (p / ".zarray").is_file())
+    model = [key for key in arrays if not key.startswith("optimizer.")]
+    state = rng.choice([key for key in arrays if key.startswith("optimizer.state.exp_avg.")])
+    parameter = state[len("optimizer.state.exp_avg."):]
+    unmastered = [key for key in model if f"optimizer.state.fp32_param.{key}" not in arrays]
+    weight = rng.choice(unmastered)
+    return [(f"{state} filed as the model's {parameter}.exp_avg", {state: f"{parameter}.exp_avg"}),
+            ("the model filed under ema", {key: f"ema.{key}" for key in model}),
+            (f"{weight} filed as its own fp32 master", {weight: f"optimizer.state.fp32_param.{weight}"}),
+            (f"{weight} filed among rng_state's pieces", {weight: f"rng_state/{weight}"})]
 
 
 def megatron_misfiled_key_sets(folder: Path, rng: random.Random) -> list[tuple[str, Any]]:

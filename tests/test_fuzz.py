@@ -3,8 +3,9 @@ file, DCP saves (plain dcp.save at world size 3 with uneven and zero-size chunks
 Hugging Face writer per-rank saves (FSDP2 at 3 ranks, and mapped at 2), a FastVideo run (FSDP2 at 2 ranks: its
 metadata.json damaged, a rank lost, key sets filed under the wrong kind), Hugging Face Trainer run folders (ZeRO-2
 with the Trainer's 16-bit copy, ZeRO-3 with a copy of placeholders), a DeepSpeed AutoTP save (TP 2 x DP 2: its affine
-maps damaged, rank files lost, swapped or copied) and a Megatron-Core run (TP 2 x PP 2: its backend file and tracker
-rewritten, a rank lost, key sets filed under the wrong kind), damaged in every way the script knows (the
+maps damaged, rank files lost, swapped or copied), a Megatron-Core run (TP 2 x PP 2: its backend file and tracker
+rewritten, a rank lost, key sets filed under the wrong kind) and a Megatron-Core zarr-backend iteration (its chunk
+files lost or cut short, its .zarray files rewritten), damaged in every way the script knows (the
 three records of a zip archive's end included); each inspect, consolidate and export run must give the exactly right output, or one
 clean line with exit 2 (inspect: the problems listed, exit 1), nothing written and the input unchanged. safetensors data
 changed into other finite values is the one damage no reader can tell (the format keeps no checksum); changed into a
@@ -19,8 +20,8 @@ import sys
 
 from fixtures import SCRIPTS
 
-# seven damaged copies of each of the twenty-two sources; the seed deals every family the classes asserted below
-SEED, COUNT = 379, 154
+# seven damaged copies of each of the twenty-three sources; the seed deals every family the classes asserted below
+SEED, COUNT = 379, 161
 ZIP_END = {"flip zip64 end record", "flip zip64 locator", "flip end of central directory"}
 DCP_CLASSES = {"truncate", "flip .metadata pickle", "flip zip directory", "flip local header", "flip pickle",
                "flip tensor data", "delete rank file", "swap rank files", "duplicate rank file", "rewrite .metadata",
@@ -28,6 +29,7 @@ DCP_CLASSES = {"truncate", "flip .metadata pickle", "flip zip directory", "flip 
 FASTVIDEO_CLASSES = {"delete rank file", "key set of the wrong kind", "rewrite metadata.json"}
 MEGATRON_CLASSES = {"delete rank file", "key set of the wrong kind"}  # and two of the three rewrites, below
 AUTOTP_CLASSES = {"damage the affine map"}  # and two of the three rank file damages, below
+ZARR_CLASSES = {"rewrite .zarray", "truncate chunk file", "delete chunk file", "rewrite metadata.json"}
 DATA_DAMAGE = {"flip safetensors data", "flip safetensors exponent"}
 HF_STORAGE_CLASSES = {"truncate", "flip safetensors header", "flip sharding info", "move a piece", "delete rank file",
                       "swap rank files", "duplicate rank file", *DATA_DAMAGE}
@@ -39,7 +41,7 @@ def test_damaged_checkpoints_never_become_a_silently_wrong_model():
     assert done.returncode in (0, 1), done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["failures"] == [], json.dumps(result["failures"], indent=1)
-    assert result["cases"] == COUNT and len(result["by_source"]) == 22
+    assert result["cases"] == COUNT and len(result["by_source"]) == 23
     # The slice exercises both outcomes: damage refused in one line, and damage that leaves the output exact.
     outcomes = {outcome for classes in result["by_tool"].values() for outcome in classes}
     assert {"clean error", "right", "problems listed"} <= outcomes
@@ -52,6 +54,7 @@ def test_damaged_checkpoints_never_become_a_silently_wrong_model():
                                                             "rewrite .metadata"}) >= 2, megatron
     assert AUTOTP_CLASSES <= autotp and len(autotp & {"delete rank file", "swap rank files",
                                                       "duplicate rank file"}) >= 2, autotp
+    assert ZARR_CLASSES <= set(result["by_family"]["megatron-zarr"]), result["by_family"]["megatron-zarr"]
     assert DATA_DAMAGE <= set(result["by_family"]["cogvideox"])
     for family in ("cogvideox", "hf-storage"):  # a NaN or an infinity made in the data: refused by every command
         spoiled = result["by_family"][family]["flip safetensors exponent"]

@@ -81,13 +81,14 @@ def test_a_missing_rank_file_and_a_damaged_metadata_are_refused(cli, tmp_path):
                    "corrupt", inputs=[run])
 
 
-def test_a_tracker_naming_no_iteration_and_the_zarr_backend_are_refused(cli, tmp_path):
+def test_a_tracker_naming_no_iteration_and_a_dcp_save_labelled_zarr_are_refused(cli, tmp_path):
     run = copied_run(tmp_path)
     (run / "latest_checkpointed_iteration.txt").write_text("20")
     assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out"], "names iter_0000020",
                    "iter_0000005, iter_0000010", inputs=[run])
     (run / "iter_0000005" / "metadata.json").write_text('{"sharded_backend": "zarr", "sharded_backend_version": 1}')
-    assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out", "--tag", "iter_0000005"], "zarr backend",
+    assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out", "--tag", "iter_0000005"],
+                   "names the zarr backend, but it holds no zarr array",
                    inputs=[run])
 
 
@@ -236,3 +237,52 @@ def test_masters_that_do_not_fit_their_copies_are_refused(refile, named, cli, tm
     run = Path(shutil.copytree(megatron_bf16_run().run, tmp_path / "run"))
     _refiled(run / "iter_0000003", refile)
     assert_refused(cli, tmp_path, ["consolidate", run, tmp_path / "out"], named, inputs=[run])
+
+
+# -- the distributed optimizer's layouts (megatron-core's DistributedOptimizer cannot be built on CPU: the names are
+# its source's, given to the bf16 run's own tensors by re-filing its .metadata, bytes untouched) ------------------
+def _bf16_run_refiled(tmp_path: Path, refile) -> Path:
+    from megatron_fixtures import megatron_bf16_run
+
+    run = Path(shutil.copytree(megatron_bf16_run().run, tmp_path / "run"))
+    _refiled(run / "iter_0000003", refile)
+    return run
+
+
+def _renamed(keys, old: str, new: str) -> dict:
+    return {key: new + key[len(old):] for key in keys if key.startswith(old)}
+
+
+def test_fully_reshardable_masters_under_param_are_read_as_the_weights(cli, tmp_path):
+    """fully_reshardable (megatron-core 0.14+) gathers the masters from the flat buckets and saves them as
+    optimizer.state.param.<key> in the model's shapes: read as fp32_param is, bit for bit, and named so."""
+    from megatron_fixtures import megatron_bf16_run
+
+    run = _bf16_run_refiled(tmp_path, lambda keys: _renamed(keys, "optimizer.state.fp32_param.",
+                                                               "optimizer.state.param."))
+    result = cli("consolidate", run, tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    fixture = megatron_bf16_run()
+    masters, saved = fixture.per_layer("master."), fixture.per_layer("model.")
+    assert_same_tensors(load_file(tmp_path / "out" / "model.safetensors"),
+                        {name: masters.get(name, tensor.float()) for name, tensor in saved.items()})
+    assert "read the fp32 masters (optimizer.state.param.*) of 9 parameters" in result.stderr
+
+
+def test_masters_under_both_names_are_refused_and_flat_buckets_never_read_as_weights(cli, tmp_path):
+    from megatron_fixtures import megatron_bf16_run
+
+    # one master under fully_reshardable's name, the others under fp32_param: no one layout
+    both = _bf16_run_refiled(tmp_path, lambda keys: _renamed([k for k in keys if k.endswith("linear_fc2.bias")],
+                                                             "optimizer.state.fp32_param.", "optimizer.state.param."))
+    assert_refused(cli, tmp_path, ["consolidate", both, tmp_path / "out"], "holds fp32 masters under both",
+                   inputs=[both])
+    shutil.rmtree(both)
+    # the masters under the distributed optimizer's per-DP-group names: optimizer state, never weights
+    buckets = _bf16_run_refiled(tmp_path, lambda keys: _renamed(
+        keys, "optimizer.state.fp32_param.", "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.param."))
+    result = cli("consolidate", buckets, tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    saved = megatron_bf16_run().per_layer("model.")
+    assert_same_tensors(load_file(tmp_path / "out" / "model.safetensors"), {n: t.float() for n, t in saved.items()})
+    assert "flat buckets, optimizer.distributed.*" in result.stderr and "not read" in result.stderr

@@ -279,6 +279,14 @@ class DcpFiles:
                 archive.close()
         return out
 
+    def read_elements(self, key: str, entry: TensorEntry, chunk: Chunk, start: int, stop: int) -> torch.Tensor:
+        """Elements ``start .. stop`` of one chunk, flattened, without the CRC-32 check (for a comparison only: what
+        is written is read by ``assemble``, checked)."""
+        archive, stored = self.open_chunk(key, entry, chunk)
+        try:
+            return stored.read_flat(start, stop, check=False)
+        finally:
+            archive.close()
 
     def lazy_row(self, key: str, entry: TensorEntry, row: int, origin: str) -> LazyTensor:
         """Row ``row`` of the tensor's leading axis alone (a stacked tensor's one layer), read from the chunks that

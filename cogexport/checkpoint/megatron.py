@@ -19,7 +19,8 @@ Homogeneous layers are one tensor with a leading layer axis (``decoder.layers.se
 [L, ...]): a ``layers`` component followed by no layer number. Each layer is handed out under its own name
 (``decoder.layers.3.self_attention.linear_qkv.weight``) as a lazy tensor reading only that layer's chunks.
 
-The ``zarr`` backend (before torch_dist became the default) is refused in one line.
+An iteration saved with the ``zarr`` backend (the default before torch_dist) is read alike, through
+megatron_zarr.py: the same keys, one zarr array each.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from ..errors import CogExportError, quoted
 from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
 from .dcp_metadata import METADATA_FILE, TensorEntry
 from .locate import natural_sorted
-from .megatron_masters import MASTER_STATE, masters_of
+from .megatron_masters import LOW, MASTER_STATES, IterationFiles, masters_of
+from .megatron_zarr import ZarrFiles
 from .text_files import read_checkpoint_json
 from .training_state import is_training_state_group
 
@@ -44,10 +44,12 @@ BACKEND_FILE = "metadata.json"
 COMMON_FILE = "common.pt"  # the common state of Megatron-Core before 0.1x put it inside the DCP save
 ITERATION = re.compile(r"^iter_(\d+)$")
 RELEASE = "release"
-READ_BACKEND = "torch_dist"
+TORCH_DIST = "torch_dist"
+ZARR = "zarr"  # the default before torch_dist (megatron-core 0.8-0.15 write it): megatron_zarr.py
+READ_BACKENDS = (TORCH_DIST, ZARR)
 LAYERS = "layers"
+BUCKETS = "optimizer.distributed."  # the distributed optimizer's dp_reshardable buckets and other per-DP-group state
 OPTIMIZER_STATE = re.compile(r"^optimizer\.state\.([^.]+)\.(.+)$")  # optimizer.state.<state>.<parameter key>
-LOW = (torch.bfloat16, torch.float16)  # the training dtypes whose parameters a mixed-precision run keeps masters of
 # Megatron-Bridge's training state beside the weights (the run folder's copy and each iteration's)
 BRIDGE_STATE = re.compile(r"^(latest_)?train_state\.pt$|^run_config\.yaml$")
 
@@ -112,23 +114,20 @@ def chosen_iteration(run: Path, tag: str | None) -> tuple[Path, str]:
     return run / name, f"read {name}, the iteration {TRACKER} names{others}"
 
 
-def sharded_backend(folder: Path) -> str:
-    """metadata.json's backend, once it is one cogexport reads; one line otherwise."""
+def sharded_backend(folder: Path) -> tuple[str, str]:
+    """metadata.json's backend (torch_dist or zarr) and its label with the version, once it is one cogexport reads;
+    one line otherwise."""
     path = folder / BACKEND_FILE
     data = read_checkpoint_json(path)
     backend = data.get("sharded_backend") if isinstance(data, dict) else None
     version = data.get("sharded_backend_version") if isinstance(data, dict) else None
-    if backend == "zarr":
-        raise CogExportError(f"{folder} is a Megatron-Core checkpoint saved with the zarr backend ({path}), which "
-                             "cogexport does not read; load it with Megatron-Core and save it again with the "
-                             "torch_dist backend (the default since Megatron-Core 0.7)")
-    if backend != READ_BACKEND:
+    if backend not in READ_BACKENDS:
         raise CogExportError(f"{path} names the backend {quoted(backend)}; cogexport reads Megatron-Core's "
-                             f"{READ_BACKEND} checkpoints only")
-    if not (folder / METADATA_FILE).is_file():
-        raise CogExportError(f"{folder} lacks its {METADATA_FILE} (a {READ_BACKEND} save writes it last: the save did "
+                             f"{' and '.join(READ_BACKENDS)} checkpoints only")
+    if backend == TORCH_DIST and not (folder / METADATA_FILE).is_file():
+        raise CogExportError(f"{folder} lacks its {METADATA_FILE} (a {TORCH_DIST} save writes it last: the save did "
                              "not finish, or the folder was copied in part); copy the whole iteration folder again")
-    return f"{backend} v{version}" if version is not None else str(backend)
+    return backend, f"{backend} v{version}" if version is not None else str(backend)
 
 
 # -- placing the keys ------------------------------------------------------------------------------------------------
@@ -140,6 +139,8 @@ class KeySets:
     model: dict[str, str] = field(default_factory=dict)
     optimized: dict[str, set[str]] = field(default_factory=dict)  # the model's key -> its states (exp_avg, ...)
     masters: dict[str, str] = field(default_factory=dict)  # the model's key -> its fp32 master's key, read instead
+    master_state: str | None = None  # the optimizer state the masters are saved under (fp32_param or param)
+    buckets: int = 0  # tensors of the distributed optimizer's flat buckets (optimizer.distributed.*), never read
     held: dict[str, int] = field(default_factory=dict)  # what else the save holds -> how many keys
 
 
@@ -162,12 +163,13 @@ def what_is_held(key: str, tensor: bool) -> str | None:
     return None
 
 
-def place_keys(files: DcpFiles) -> KeySets:
+def place_keys(files: IterationFiles) -> KeySets:
     sets = KeySets()
     for key, entry in files.metadata.entries.items():
         held = what_is_held(key, isinstance(entry, TensorEntry))
         if held is not None:
             sets.held[held] = sets.held.get(held, 0) + 1
+            sets.buckets += key.startswith(BUCKETS) and isinstance(entry, TensorEntry)
             state = OPTIMIZER_STATE.match(key)
             if state and isinstance(entry, TensorEntry):
                 sets.optimized.setdefault(state.group(2), set()).add(state.group(1))
@@ -177,11 +179,11 @@ def place_keys(files: DcpFiles) -> KeySets:
         raise CogExportError(f"{files.folder} holds no model weights (only {', '.join(sorted(sets.held)) or 'nothing'})"
                              "; point at an iteration saved with the model")
     check_optimized_keys(files, sets)
-    sets.masters = masters_of(files, sets.optimized)
+    sets.master_state, sets.masters = masters_of(files, sets.optimized)
     return sets
 
 
-def check_optimized_keys(files: DcpFiles, sets: KeySets) -> None:
+def check_optimized_keys(files: IterationFiles, sets: KeySets) -> None:
     """Megatron-Core keys each optimizer state by its parameter's own key, in the parameter's global shape: a state of
     a key the model lacks, or of another shape, means keys filed under the wrong kind (a damaged .metadata, the model
     moved under another group or a weight under the optimizer's); which tensors are the model cannot be told then."""
@@ -222,8 +224,9 @@ class MegatronCheckpoint(LazyCheckpoint):
         super().__init__()
         self.folder = Path(folder)
         self._keys: dict[str, str] = {}  # each name -> the saved key it is (a layer of)
-        backend = sharded_backend(self.folder)
-        self.files = DcpFiles(self.folder)
+        name, backend = sharded_backend(self.folder)
+        self.files = ZarrFiles(self.folder) if name == ZARR else DcpFiles(self.folder)
+        self._chunks = "zarr chunks" if name == ZARR else "DCP chunks"
         self.facts = MegatronFacts(writer="Megatron-Core (dist_checkpointing.save)", sharded_backend=backend,
                                    world_size=self.files.world_size)
         named = ITERATION.match(self.folder.name)
@@ -254,14 +257,14 @@ class MegatronCheckpoint(LazyCheckpoint):
             if isinstance(item, str):
                 read = sets.masters.get(item, item)  # its fp32 master, where the run kept one
                 self._add(sets.model[item], item, self.files.lazy(read, self.files.metadata.entries[read],
-                                                                   f"{sets.model[item]} (DCP chunks of {read})"))
+                                                                   f"{sets.model[item]} ({self._chunks} of {read})"))
                 continue
             members = stacks[item[1]]
             for layer in range(self.files.metadata.entries[members[0][0]].size[0]):
                 for key, name, at in members:
                     read = sets.masters.get(key, key)
                     self._add(layer_name(name, at, layer), key, self.files.lazy_row(
-                        read, self.files.metadata.entries[read], layer, f"layer {layer} of {read} (DCP chunks)"))
+                        read, self.files.metadata.entries[read], layer, f"layer {layer} of {read} ({self._chunks})"))
         self.facts.stacked = [key for members in stacks.values() for key, _, _ in members]
         self._check_nesting()
 
@@ -319,13 +322,13 @@ class MegatronCheckpoint(LazyCheckpoint):
         saved = sorted({dtype_name(t.dtype) for name, t in self._tensors.items() if t.dtype.is_floating_point
                         and self._keys[name] not in sets.masters})
         if sets.masters:
-            info.weights_source = f"the optimizer's fp32 masters ({MASTER_STATE}) of {len(sets.masters)} parameters, " \
-                                  f"the rest as saved ({', '.join(saved) or 'none'}; " \
+            info.weights_source = f"the optimizer's fp32 masters ({sets.master_state}) of {len(sets.masters)} " \
+                                  f"parameters, the rest as saved ({', '.join(saved) or 'none'}; " \
                                   f"{self.facts.sharded_backend} shards)"
             entries = self.files.metadata.entries
             copies = sorted({dtype_name(entries[key].dtype) for key in sets.masters})
             never = sorted(key for key in sets.model if key not in sets.masters and entries[key].dtype in LOW)
-            info.notes.append(f"read the fp32 masters (optimizer.state.{MASTER_STATE}.*) of {len(sets.masters)} "
+            info.notes.append(f"read the fp32 masters (optimizer.state.{sets.master_state}.*) of {len(sets.masters)} "
                               f"parameters, not their {'/'.join(copies)} copies (the optimizer stepped the masters; "
                               "the copies are them rounded); fp32 parameters are their own masters" + (
                                   f"; {len(never)} {'/'.join(copies)} tensor{'s' if len(never) > 1 else ''} without "
@@ -337,9 +340,11 @@ class MegatronCheckpoint(LazyCheckpoint):
                               f"{self.facts.sharded_backend} shards)"
         low = [dtype for dtype in saved if dtype != "fp32"]
         if low:
+            buckets = " (the distributed optimizer's masters are in its flat buckets, optimizer.distributed.*, laid " \
+                      "out as its grad buffers were, which the save does not record: not read)" if sets.buckets else ""
             info.notes.append(f"the saved model weights are {'/'.join(low)}, the training dtype, and the save holds no "
-                              f"fp32 masters in the model's shapes (optimizer.state.{MASTER_STATE}.*): the export is "
-                              f"exact to the {'/'.join(low)} values, no finer")
+                              f"fp32 masters in the model's shapes (optimizer.state.{'/'.join(MASTER_STATES)}.*)"
+                              f"{buckets}: the export is exact to the {'/'.join(low)} values, no finer")
 
     def bytes_read(self) -> dict[str, int]:
         return {str(self.folder / name): count for name, count in self.files.bytes_read.items()}

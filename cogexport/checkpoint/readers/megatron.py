@@ -1,15 +1,15 @@
 """The Megatron-Core reader: a run folder (``latest_checkpointed_iteration.txt`` beside ``iter_NNNNNNN/``), claimed
 whole with its iterations as its own tags (``--tag iter_0000005``, or the tracker's iteration), or one iteration
-folder (a ``torch_dist`` DCP save with ``metadata.json``), where it supersedes the DCP reader. Reading is
-megatron.py's, through dcp.py's ``DcpFiles``."""
+folder (a ``torch_dist`` DCP save or a ``zarr`` save, with ``metadata.json``), where it supersedes the DCP reader.
+Reading is megatron.py's, through dcp.py's ``DcpFiles`` or megatron_zarr.py's ``ZarrFiles``."""
 
 from __future__ import annotations
 
 import re
 
 from ..dcp_metadata import METADATA_FILE
-from ..megatron import (BACKEND_FILE, BRIDGE_STATE, COMMON_FILE, TRACKER, MegatronFacts, is_iteration, is_run,
-                        iterations, open_iteration, open_run)
+from ..megatron import (BACKEND_FILE, BRIDGE_STATE, COMMON_FILE, TRACKER, ZARR, MegatronFacts, is_iteration,
+                        is_run, iterations, open_iteration, open_run)
 from .dcp import DCP
 from .reader import Claim, FolderScan, Reader
 
@@ -28,14 +28,17 @@ def megatron_claims(scan: FolderScan) -> list[Claim]:
 
 
 def describe(facts: MegatronFacts) -> str:
+    if (facts.sharded_backend or "").startswith(ZARR):  # a zarr save records no ranks
+        return f"Megatron-Core distributed checkpoint ({facts.sharded_backend}, one zarr array per key)"
     return f"Megatron-Core distributed checkpoint ({facts.sharded_backend or '?'}, a DCP save), world size " \
            f"{facts.world_size or '?'}"
 
 
 MEGATRON = Reader(
     name="Megatron-Core", format="megatron", what="the Megatron-Core checkpoint",
-    looks_for=f"a Megatron-Core run ({TRACKER} beside iter_NNNNNNN/) or one iteration ({METADATA_FILE} and "
-              f"{BACKEND_FILE})",
+    looks_for=f"a Megatron-Core run ({TRACKER} beside iter_NNNNNNN/) or one iteration ({BACKEND_FILE} beside "
+              f"{METADATA_FILE} or zarr arrays)",
     claims=megatron_claims, describe=describe, facts=MegatronFacts, whole_folders=True, supersedes=("DCP",),
     not_weights=(BRIDGE_STATE, re.compile(rf"^{re.escape(COMMON_FILE)}$")), own_tags=True,
-    data_check=DCP.data_check)  # its iterations are DCP saves, read by the DCP reader's code
+    data_check=f"torch_dist: {DCP.data_check}; zarr: every chunk file against its array's .zarray (none missing or "
+               "outside the grid, each its chunk's size; zarr keeps no checksum)")

@@ -1,0 +1,107 @@
+"""Make a bf16 Megatron-Core run saved with the ``zarr`` backend by megatron-core's own ``dist_checkpointing.save``
+(``sharded_strategy=("zarr", 1)``), on CPU, with the ground truth taken inside the ranks before the save: the data
+of tests/data/megatron-zarr/ (its README says how it was made).
+
+    ZARR_VENV/bin/python scripts/make_megatron_zarr_checkpoint.py OUT --tp 2
+
+The zarr backend was the default of Megatron-Core's distributed checkpoints before ``torch_dist``; megatron-core 0.16
+dropped it, so this runs in a venv of its own with megatron-core 0.15.3 (the last release with
+``strategies/zarr.py``), zarr 2 (the strategy calls zarr 2's API) and tensorstore (whose import registers numpy's
+``bfloat16``, without which the strategy cannot save bf16 tensors), seeing this venv's torch:
+
+    python -m venv /tmp/zarr-venv
+    echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/zarr-venv/lib/python3.11/site-packages/zz-cogexport.pth
+    /tmp/zarr-venv/bin/pip install --no-deps megatron-core==0.15.3
+    /tmp/zarr-venv/bin/pip install "zarr<3" tensorstore
+
+The run is make_megatron_bf16_checkpoint.py's (a tiny bf16 GPTModel, trained as Float16OptimizerWithFloat16Params
+trains it: fp32 masters saved as ``optimizer.state.fp32_param.<key>``, Adam's states, a frozen output layer, the
+norms in fp32), at TP=2, one iteration; only the backend differs. The same two CUDA calls are stood in for, and the
+zarr strategy's own ``torch.cuda.synchronize`` is the first of them.
+
+    OUT/run/iter_0000003/, OUT/run/latest_checkpointed_iteration.txt ("3")
+    OUT/truth.safetensors, OUT/truth.json   as make_megatron_bf16_checkpoint.py writes them
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import click
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_megatron_bf16_checkpoint import (FROZEN, ITERATION, optimizer_state, saved_dtypes,  # noqa: E402
+                                           tiny_bf16_gpt, train)
+from make_megatron_checkpoint import gathered_truth, rng_state, stand_in_cuda  # noqa: E402
+from tiny_training import gloo_group, launch  # noqa: E402
+
+BACKEND = ("zarr", 1)
+
+
+def trained(tp: int) -> tuple:
+    """The model trained (biases started off zero, as the bf16 maker does), its sharded state, the optimizer's part
+    of the save and the truth."""
+    model, config = tiny_bf16_gpt(tp)
+    dict(model.named_parameters())[FROZEN].requires_grad_(False)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, 0.02)
+    masters, optimizer = train(model)
+    model_state = model.sharded_state_dict()
+    optimizer_part = optimizer_state(model, model_state, masters, optimizer)
+    dtypes = saved_dtypes(model_state)
+    truth = {f"model.{key}": t.to(dtypes[key]) for key, t in gathered_truth(model_state).items()}
+    prefix = "optimizer.state.fp32_param."
+    truth.update({f"master.{key[len(prefix):]}": t
+                  for key, t in gathered_truth(optimizer_part["fp32_from_fp16_params"]).items()})
+    return config, model_state, optimizer_part, truth
+
+
+def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
+    warnings.filterwarnings("ignore")
+    stand_in_cuda()
+    from megatron.core import dist_checkpointing, parallel_state
+
+    torch.manual_seed(1234)
+    with gloo_group(rendezvous, rank, world_size):
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=spec["tp"])
+        config, model_state, optimizer_part, truth = trained(spec["tp"])
+        run = Path(spec["out"]) / "run"
+        folder = run / f"iter_{ITERATION:07d}"
+        if rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+        torch.distributed.barrier()
+        dist_checkpointing.save({"checkpoint_version": 3.0, "iteration": ITERATION, "model": model_state,
+                                 "optimizer": optimizer_part, "rng_state": rng_state(spec["tp"], 1)}, str(folder),
+                                sharded_strategy=BACKEND)
+        if rank == 0:
+            from safetensors.torch import save_file
+
+            (run / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
+            save_file({k: v.contiguous() for k, v in truth.items()}, str(Path(spec["out"]) / "truth.safetensors"))
+            keys = sorted(key[len("model."):] for key in truth if key.startswith("model."))
+            masters = sorted(key[len("master."):] for key in truth if key.startswith("master."))
+            import megatron.core
+
+            facts = {"keys": keys, "trainable": masters, "frozen": FROZEN, "tp": spec["tp"],
+                     "num_layers": config.num_layers, "megatron_core": megatron.core.__version__}
+            (Path(spec["out"]) / "truth.json").write_text(json.dumps(facts, indent=1))
+        parallel_state.destroy_model_parallel()
+
+
+@click.command()
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--tp", default=2, show_default=True)
+def main(out: Path, tp: int) -> None:
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    launch(rank_main, out, world_size=tp, tp=tp)
+
+
+if __name__ == "__main__":
+    main()
