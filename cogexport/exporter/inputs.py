@@ -14,7 +14,7 @@ from ..checkpoint import open_weights as open_chosen
 from ..errors import CogExportError
 from ..lora.experts import expert_pairs
 from ..models.base_folder import BaseFolder, open_base
-from ..models.family import families
+from ..models.family import ModelFamily, families
 from ..models.recognize import expert_folders, lora_key
 from ..models.release_root import ReleaseRoot, release_root
 from .options import PIPELINE, ExportOptions, default_component
@@ -49,6 +49,7 @@ class ExportInputs:
     models: dict[str, LazyCheckpoint] = field(default_factory=dict)
     located: dict[str, Path] = field(default_factory=dict)
     release_notes: list[str] = field(default_factory=list)
+    release_family: ModelFamily | None = None  # the family whose release folder a way back writes whole
 
     @property
     def where(self) -> str:
@@ -152,7 +153,7 @@ def _release_inputs(root: ReleaseRoot, paths: list[Path], base: BaseFolder | Non
     inputs = ExportInputs(paths, base, {}, sources, stack, tasks={f: task for f, (task, _) in transformers.items()},
                           located={f: where for f, (_, where) in transformers.items()}, release_notes=root.notes())
     component = default_component(options)
-    if component == PIPELINE or component in root.family.release_models:
+    if component == PIPELINE or (component != "transformer" and component in root.family.release_models):
         for name, where in root.shared().items():
             inputs.models[name], inputs.located[name] = inputs.open_more([where], options.tag), where
     elif component == "transformer":
