@@ -155,3 +155,18 @@ def test_without_base_the_release_gives_both_transformers(release, cli, tmp_path
         ours, theirs = load_file(tmp_path / "out" / name / WEIGHTS), load_file(release["out"] / name / WEIGHTS)
         assert list(ours) == list(theirs) and all(torch.equal(ours[n], theirs[n]) for n in theirs), name
     assert "vae, audio_vae are not exported" in result.stderr, result.stderr
+
+
+def test_model_type_or_component_takes_one_model_of_the_release(release, cli, tmp_path):
+    """--model-type picks a partition (into its pipeline folder, the other staying --base's), --component one model
+    the partitions share; the release folder given to --to original is refused as the original layout already."""
+    out, base = tmp_path / "ref2va", release["base"]
+    assert cli(release["root"], out, "--base", base, "--model-type", "ref2va").exit_code == 0
+    assert (out / "transformer_ref" / WEIGHTS).read_bytes() == (release["out"] / "transformer_ref" / WEIGHTS).read_bytes()
+    assert (out / "transformer" / WEIGHTS).read_bytes() == (base / "transformer" / WEIGHTS).read_bytes()
+    result = cli(release["root"], tmp_path / "vae", "--base", base, "--component", "vae")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "vae" / WEIGHTS).read_bytes() == (release["alone"] / "vae" / WEIGHTS).read_bytes()
+    refused = cli(release["root"], tmp_path / "back", "--to", "original")
+    assert refused.exit_code == 2 and not (tmp_path / "back").exists()
+    assert refused.stderr.count("\n") == 1 and "original layout already" in refused.stderr, refused.stderr

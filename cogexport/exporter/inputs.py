@@ -82,7 +82,10 @@ class ExportInputs:
             return [self.located[component]]
         return [self.experts[component]] if self.experts else self.paths
 
-    def search_folders(self, component: str = "transformer") -> list[Path]:
+    def search_folders(self, component: str | None = None) -> list[Path]:
+        """Where the model's run may keep its config (the first transformer's, by default)."""
+        if component is None:
+            component = "transformer" if "transformer" in self.sources else next(iter(self.sources))
         return search_folders(self.paths_of(component), self.sources.get(component) or self.models[component])
 
     def model_source(self, component: str) -> LazyCheckpoint:

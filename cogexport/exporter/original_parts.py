@@ -21,7 +21,7 @@ from ..lora import LoraAdapter
 from ..models.base_folder import MODULAR_INDEX, open_base, read_json
 from ..models.family import ModelFamily, ModelSpec, OriginalLayout, component_title, families
 from ..models.recognize import choose_table
-from ..models.release_root import single_file
+from ..models.release_root import release_root, single_file
 from .adapters import adapters_to_fuse
 from .inputs import ExportInputs, open_weights, search_folders
 from .options import ExportOptions
@@ -44,6 +44,10 @@ def open_way_back(checkpoint, options: ExportOptions, component: str, stack,
     own checkpoint (a training run, a model folder, a LoRA run). ``whole_release``: a pipeline of a family whose
     release is a folder of partitions stands, without --model-type, for every model that folder holds."""
     paths = as_paths(checkpoint)
+    root = release_root(paths)
+    if root is not None:
+        raise CogExportError(f"{root.path} is a {root.family.name} release folder, the original layout already; export "
+                             "it without --to original to get Diffusers weights")
     release = _release_models(paths, options) if whole_release and component == "transformer" else None
     if release is not None:
         return _open_release_models(paths, release, options, stack)
