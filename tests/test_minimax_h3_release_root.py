@@ -170,3 +170,10 @@ def test_model_type_or_component_takes_one_model_of_the_release(release, cli, tm
     refused = cli(release["root"], tmp_path / "back", "--to", "original")
     assert refused.exit_code == 2 and not (tmp_path / "back").exists()
     assert refused.stderr.count("\n") == 1 and "original layout already" in refused.stderr, refused.stderr
+
+
+def test_verify_checks_each_model_of_the_pipeline_against_the_release_file_it_came_from(release, cli):
+    result = cli("verify", release["out"], "--against", release["root"], "--base", release["base"])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    for name in MODELS:
+        assert f"ok: {release['out'] / name} " in result.stdout, result.stdout

@@ -46,8 +46,11 @@ def export_original(checkpoint, output, options: ExportOptions | None = None, **
         precision = _precision(parts)
         source = next(iter(inputs.sources.values()))  # the model's checkpoint (a VAE's, with --component vae)
         folder.add(TextFile("README.md", original_card(parts, folder.written_paths, precision, options, source)))
-        return publish_way_back(folder, parts, f"original {_what(parts, component)}", precision, [], inputs,
-                                output, options)
+        what = f"original {_what(parts, component)}"
+        if inputs.release_family is not None:  # the release folder of partitions, written whole
+            partitions = sorted({path.split("/")[0] + "/" for path in folder.written_paths if "/" in path})
+            what = f"{inputs.release_family.name} release folder ({', '.join(partitions)})"
+        return publish_way_back(folder, parts, what, precision, [], inputs, output, options)
 
 
 def _what(parts: list[OriginalPart], component: str) -> str:
