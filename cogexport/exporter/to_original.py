@@ -49,7 +49,7 @@ def export_original(checkpoint, output, options: ExportOptions | None = None, **
         what = f"original {_what(parts, component)}"
         if inputs.release_family is not None:  # the release folder of partitions, written whole
             partitions = sorted({path.split("/")[0] + "/" for path in folder.written_paths if "/" in path})
-            what = f"{inputs.release_family.name} release folder ({', '.join(partitions)})"
+            what = f"release folder ({', '.join(partitions)})"
         return publish_way_back(folder, parts, what, precision, [], inputs, output, options)
 
 
