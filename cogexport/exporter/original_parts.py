@@ -44,7 +44,7 @@ def open_way_back(checkpoint, options: ExportOptions, component: str, stack,
     own checkpoint (a training run, a model folder, a LoRA run). ``whole_release``: a pipeline of a family whose
     release is a folder of partitions stands, without --model-type, for every model that folder holds."""
     paths = as_paths(checkpoint)
-    root = release_root(paths)
+    root = release_root(paths) if whole_release else None
     if root is not None:
         raise CogExportError(f"{root.path} is a {root.family.name} release folder, the original layout already; export "
                              "it without --to original to get Diffusers weights")
