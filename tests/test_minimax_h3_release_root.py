@@ -167,6 +167,11 @@ def test_model_type_or_component_takes_one_model_of_the_release(release, cli, tm
     result = cli(release["root"], tmp_path / "vae", "--base", base, "--component", "vae")
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "vae" / WEIGHTS).read_bytes() == (release["alone"] / "vae" / WEIGHTS).read_bytes()
+    one = tmp_path / "FL2VA"  # one partition's folder as downloaded: its transformer, and its VAEs in a pipeline
+    result = cli(release["root"] / "FL2VA", one, "--base", base)
+    assert result.exit_code == 0 and "Ref2VA" not in result.stderr, result.stderr
+    for name in ("transformer", "vae", "audio_vae"):
+        assert (one / name / WEIGHTS).read_bytes() == (release["out"] / name / WEIGHTS).read_bytes(), name
     refused = cli(release["root"], tmp_path / "back", "--to", "original")
     assert refused.exit_code == 2 and not (tmp_path / "back").exists()
     assert refused.stderr.count("\n") == 1 and "original layout already" in refused.stderr, refused.stderr

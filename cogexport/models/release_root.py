@@ -20,10 +20,13 @@ class ReleaseRoot:
     family: ModelFamily
     path: Path
     partitions: dict[str, Path]  # task -> its partition folder: those present, in the family's order
+    one_partition: bool = False  # the input is one partition's folder (FL2VA/), not the release folder above it
 
     @property
     def missing(self) -> list[str]:
-        """The family's partition subfolders this folder does not hold."""
+        """The family's partition subfolders the release folder given does not hold."""
+        if self.one_partition:
+            return []
         return [sub for task, sub in self.family.release_partitions.items() if task not in self.partitions]
 
     def transformers(self) -> dict[str, tuple[str, Path]]:
@@ -60,7 +63,7 @@ class ReleaseRoot:
 
 def release_root(paths: Sequence[Path]) -> ReleaseRoot | None:
     """The release folder of partitions the input is, when it is one folder holding the transformer of at least one
-    partition of a family's ``[release]``."""
+    partition of a family's ``[release]``, or one partition's own folder (named as the release names it)."""
     if len(paths) != 1 or not Path(paths[0]).is_dir():
         return None
     root = Path(paths[0])
@@ -70,6 +73,10 @@ def release_root(paths: Sequence[Path]) -> ReleaseRoot | None:
                    if where and (root / sub / where).exists()}
         if present:
             return ReleaseRoot(family, root, present)
+        alone = [task for task, sub in family.release_partitions.items() if where and root.name == sub
+                 and (root / where).exists()]
+        if alone:
+            return ReleaseRoot(family, root, {alone[0]: root}, one_partition=True)
     return None
 
 
