@@ -41,7 +41,8 @@ def release_root(root: Path, partitions: dict[str, int]) -> Path:
     if not vaes.exists():
         (vaes / "video_vae" / "source").mkdir(parents=True)
         (vaes / "audio_vae").mkdir()
-        save_file(release_video_vae_state(diffsynth_video_vae(seed=3)), vaes / VIDEO_VAE_FILE, metadata={"format": "pt"})
+        save_file(release_video_vae_state(diffsynth_video_vae(seed=3)), vaes / VIDEO_VAE_FILE,
+                  metadata={"format": "pt"})
         save_file(_audio_vae_state(seed=5), vaes / AUDIO_VAE_FILE, metadata={"format": "pt"})
     for name, seed in partitions.items():
         release_partition(root / name / "transformer", release_dtypes(diffsynth_model(seed=seed).state_dict()))
@@ -162,7 +163,8 @@ def test_model_type_or_component_takes_one_model_of_the_release(release, cli, tm
     the partitions share; the release folder given to --to original is refused as the original layout already."""
     out, base = tmp_path / "ref2va", release["base"]
     assert cli(release["root"], out, "--base", base, "--model-type", "ref2va").exit_code == 0
-    assert (out / "transformer_ref" / WEIGHTS).read_bytes() == (release["out"] / "transformer_ref" / WEIGHTS).read_bytes()
+    assert (out / "transformer_ref" / WEIGHTS).read_bytes() == \
+        (release["out"] / "transformer_ref" / WEIGHTS).read_bytes()
     assert (out / "transformer" / WEIGHTS).read_bytes() == (base / "transformer" / WEIGHTS).read_bytes()
     result = cli(release["root"], tmp_path / "vae", "--base", base, "--component", "vae")
     assert result.exit_code == 0, result.stderr

@@ -181,7 +181,8 @@ def plan_way_back(inputs: ExportInputs, component: str, options: ExportOptions,
                                family_check or (lambda family, where: None), layout_of) for name in names]
     # a release folder of partitions written whole: the models the partitions share, once
     return parts + [_component_part(source, name, inputs, options, inputs.where_of(name), inputs.search_folders(name),
-                                    _own_folder(inputs, name), refuse_original) for name, source in inputs.models.items()]
+                                    _own_folder(inputs, name), refuse_original)
+                    for name, source in inputs.models.items()]
 
 
 def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], options: ExportOptions,

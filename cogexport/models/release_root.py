@@ -39,6 +39,7 @@ class ReleaseRoot:
         """Every other model the partitions hold -> its path in the first partition holding it, once every other
         partition's copy is checked equal to it byte for byte."""
         found: dict[str, Path] = {}
+        transformer = self.family.release_models["transformer"]
         for component, where in self.family.release_models.items():
             copies = [folder / where for folder in self.partitions.values() if (folder / where).exists()]
             if component == "transformer" or not copies:
@@ -48,8 +49,8 @@ class ReleaseRoot:
                 if differing is not None:
                     raise CogExportError(
                         f"{self.path}: the partitions' {component} differ ({differing}), but the pipeline holds one "
-                        f"{component}; export each partition alone (point at its {self.family.release_models['transformer']}"
-                        f"/ with --base), or make the copies equal")
+                        f"{component}; export each partition alone (point at its {transformer}/ with --base), or "
+                        "make the copies equal")
             found[component] = copies[0]
         return found
 
