@@ -118,6 +118,10 @@ def test_the_way_back_from_the_pipeline_is_the_whole_release_byte_for_byte(relea
         index = f"{folder}/model.safetensors.index.json"  # huggingface_hub's JSON spacing is its own
         assert json.loads((back / index).read_text())["weight_map"] == \
             json.loads((root / index).read_text())["weight_map"]
+    verified = cli("verify", back, "--against", release["out"])  # each partition's files against the pipeline
+    assert verified.exit_code == 0, verified.stdout + verified.stderr
+    for folder in ("FL2VA/transformer", "Ref2VA/transformer", "FL2VA/video_vae/source", "Ref2VA/audio_vae"):
+        assert f"ok: {back / folder} " in verified.stdout, verified.stdout
 
 
 def test_partitions_whose_vaes_differ_are_refused_in_one_line(release, cli, tmp_path):

@@ -281,6 +281,7 @@ def _component_part(source: LazyCheckpoint, component: str, inputs: ExportInputs
     written.label = part.label.removesuffix(f" {title}")
     kept, written.notes = kept_beside(written.layout, folder, inputs)
     written.tensors = {**written.tensors, **kept}
+    written.read_as = {**written.read_as, **kept}  # as read: verify expects them where they were written
     return written
 
 
