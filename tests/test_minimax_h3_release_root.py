@@ -188,3 +188,16 @@ def test_verify_checks_each_model_of_the_pipeline_against_the_release_file_it_ca
     assert result.exit_code == 0, result.stdout + result.stderr
     for name in MODELS:
         assert f"ok: {release['out'] / name} " in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("change, message", [
+    (('partitions = { fl2va = "FL2VA"', 'partitions = { i2v = "FL2VA"'), "partitions names an unknown task"),
+    (('models = { transformer = "transformer", ', 'models = { '), "must say where a partition holds its transformer"),
+])
+def test_a_malformed_release_section_is_refused_when_the_family_loads(change, message):
+    from cogexport.models.family import FamilyError, parse_family
+
+    text = (Path(__file__).parents[1] / "key_maps" / "minimax_h3" / "family.toml").read_text(encoding="utf-8")
+    assert change[0] in text
+    with pytest.raises(FamilyError, match=message):
+        parse_family(text.replace(change[0], change[1]), "minimax_h3")
