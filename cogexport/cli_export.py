@@ -44,8 +44,10 @@ def _model_name_examples() -> str:
                    "else transformer].")
 @click.option("--base", type=click.Path(path_type=Path),
               help="Local Diffusers pipeline or model folder: configs, and a pipeline's text encoder and tokenizer.")
-@click.option("--vae", "vae_path", type=click.Path(path_type=Path),
-              help="VAE checkpoint for a pipeline (original or Diffusers weights) [default: the base's VAE].")
+@click.option("--vae", "vae_path", type=click.Path(path_type=Path), multiple=True,
+              help="VAE checkpoint for a pipeline (original or Diffusers weights), or a release file holding other "
+                   "models of the pipeline (an audio VAE and a vocoder: the family pages say which); repeatable "
+                   "[default: the base's].")
 @click.option("--dtype", type=click.Choice([*DTYPES, "fp8", "fp8_e5m2"]),
               help="Dtype of floating tensors (each family keeps its fp32 allowlist) [default: bf16; a LoRA adapter "
                    "keeps the dtype it was trained in]; with --to original, fp8 (e4m3fn) and fp8_e5m2 are the older "

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
-from fixtures import SCRIPTS
+from fixtures import SCRIPTS, cached_fixture
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(SCRIPTS))
@@ -75,6 +75,18 @@ def native_file(path: Path, weights: dict[str, torch.Tensor], rename=native_name
     save_file({rename(name): tensor.detach().clone().contiguous() for name, tensor in weights.items()}, path,
               metadata={"format": "pt"})
     return path
+
+
+# what make_tiny_kandinsky6.py runs or imports (its cache key)
+_PIPELINE_SCRIPTS = ("make_tiny_kandinsky6.py", "make_tiny_kandinsky5.py", "kandinsky5_tiny.py",
+                     "make_tiny_hunyuanvideo.py", "hunyuanvideo_tiny.py", "tiny_models.py")
+
+
+def tiny_pipeline(pipeline: str = "ti2va") -> Path:
+    """The tiny Kandinsky6TI2VAPipeline folder (with its audio VAE and vocoder) or Kandinsky6SRPipeline folder (with
+    its latent upscaler bank), made once and cached."""
+    return cached_fixture(f"kandinsky6-pipeline-{pipeline}", _PIPELINE_SCRIPTS,
+                          [str(SCRIPTS / "make_tiny_kandinsky6.py"), "--pipeline", pipeline])
 
 
 def config_base(folder: Path, model: torch.nn.Module) -> Path:

@@ -172,3 +172,32 @@ def duration_head_base(folder: Path) -> Path:
     (folder / "duration_head").mkdir(parents=True)
     model.save_config(folder / "duration_head")
     return folder
+
+
+# the tiny 2.5 transformer (SIZES, FLAGS) as LTX2VideoTransformer3DModel's config: the prompt projected before the
+# connectors (no caption projection), gated attention and the prompt modulation, no video feed-forward biases, the
+# keyframe embedding (Diffusers' conversion script's --version 2.5 settings at these sizes)
+TRANSFORMER_CONFIG = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                          cross_attention_dim=32, audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2,
+                          audio_attention_head_dim=8, audio_cross_attention_dim=16, num_layers=2, caption_channels=24,
+                          gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
+                          use_prompt_embeddings=False, rope_type="split", ff_bias=False,
+                          use_keyframes_abs_pos_embedding=True)
+
+
+def pipeline_base(folder: Path) -> Path:
+    """A tiny 2.5 LTX2Pipeline folder for --base: the shared tiny pipeline at the release's sizes (its text encoder,
+    tokenizer, VAEs, connectors and scheduler, linked), with 2.5's transformer config and the tiny vocoder with
+    bandwidth extension's config (their weights come from the release files)."""
+    from diffusers import LTX2VideoTransformer3DModel
+    from ltx2_fixtures import tiny_pipeline
+    from ltx2_vocoder_fixtures import vocoder_with_bwe_base
+
+    shared = tiny_pipeline("release")
+    vocoder_with_bwe_base(folder)
+    for entry in shared.iterdir():
+        if entry.name not in ("transformer", "vocoder"):
+            (folder / entry.name).symlink_to(entry)
+    with torch.device("meta"):
+        LTX2VideoTransformer3DModel(**TRANSFORMER_CONFIG).save_config(folder / "transformer")
+    return folder

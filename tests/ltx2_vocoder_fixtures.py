@@ -73,3 +73,18 @@ def vocoder_with_bwe_base(folder: Path) -> Path:
     (folder / "vocoder").mkdir(parents=True)
     model.save_config(folder / "vocoder")
     return folder
+
+
+def script_converted(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What Diffusers' conversion script (scripts/convert_ltx2_to_diffusers.py, --version 2.3) makes of the release's
+    vocoder, written out here: vocoder. taken off once, LTX_2_3_VOCODER_RENAME_DICT's replacements in its order, then
+    its special case .ups. -> .upsamplers. (a plain "ups" replacement would hit "upsample")."""
+    renames = (("resblocks", "resnets"), ("conv_pre", "conv_in"), ("conv_post", "conv_out"), ("act_post", "act_out"),
+               ("downsample.lowpass", "downsample"))
+    out = {}
+    for name, tensor in tensors.items():
+        name = name.removeprefix("vocoder.")
+        for old, new in renames:
+            name = name.replace(old, new)
+        out[name.replace(".ups.", ".upsamplers.")] = tensor
+    return out

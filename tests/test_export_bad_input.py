@@ -91,14 +91,32 @@ def test_pipeline_without_base(cli, tmp_path, sat_run):
     assert_refused(cli, tmp_path, [run.run_dir, tmp_path / "out", "--component", "pipeline"], "needs --base")
 
 
-def test_vae_alone_without_a_model_name(cli, tmp_path):
+def test_vae_alone_without_a_model_name():
+    """A full-size CogVideoX VAE (its Diffusers names and shapes, meta tensors) fits every variant's config, which
+    differ only in latent scaling: the one to write needs --model-name (or --base)."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    from cogexport.errors import CogExportError
+    from cogexport.exporter.options import ExportOptions
+    from cogexport.exporter.parts import plan_component
+    from cogexport.lazy import LazyTensor
+
+    with torch.device("meta"):
+        shapes = {name: t.shape for name, t in AutoencoderKLCogVideoX().state_dict().items()}
+    source = {name: LazyTensor(shape, torch.float32, lambda: None) for name, shape in shapes.items()}
+    with pytest.raises(CogExportError, match="latent scaling.*--model-name"):
+        plan_component(source, "vae", None, None, None, ExportOptions(), "vae")
+
+
+def test_vae_of_no_published_size_needs_base(cli, tmp_path):
+    """A tiny one fits no published config: no --model-name would do, and the refusal asks for --base."""
     from cogvideox_fixtures import build_tiny_vae, num_vae_up_blocks, write_sat_vae
 
     vae = build_tiny_vae().state_dict()
     (tmp_path / "run").mkdir()
     write_sat_vae(tmp_path / "run" / "3d-vae.pt", vae, num_vae_up_blocks(vae))
     assert_refused(cli, tmp_path, [tmp_path / "run" / "3d-vae.pt", tmp_path / "out", "--component", "vae"],
-                   "latent scaling", "--model-name")
+                   "holds AutoencoderKLCogVideoX weights of no published CogVideoX size", "pass --base")
 
 
 def test_missing_ema(cli, tmp_path, sat_run):

@@ -150,14 +150,14 @@ def test_bad_kandinsky6_input(native, tmp_path, cli):
     plain = config_base(tmp_path / "plain", tiny_transformer(visual_cond=False))
     assert_refused(cli, tmp_path, [path, tmp_path / "out", "--base", plain], "takes condition channels",
                    "visual_cond False", inputs=[path])
-    # no pipeline folder is written (its audio VAE, vocoder and, distilled, PiflowScheduler are not built here): a
-    # --base pipeline folder is refused, naming the transformer folder to give instead
+    # a --base pipeline folder holding only the transformer: the pipeline export's other components are named
+    # (tests/test_kandinsky6_pipeline.py exports whole pipelines)
     pipeline = tmp_path / "pipeline"
     config_base(pipeline / "transformer", model)
     (pipeline / "model_index.json").write_text(json.dumps({"_class_name": "Kandinsky6TI2VAPipeline",
                                                            "transformer": ["diffusers", "Kandinsky6Transformer3DModel"]}))
-    assert_refused(cli, tmp_path, [path, tmp_path / "out", "--base", pipeline], "writes no Kandinsky 6 pipeline",
-                   str(pipeline / "transformer"), inputs=[path])
+    assert_refused(cli, tmp_path, [path, tmp_path / "out", "--base", pipeline], f"--base {pipeline} has no "
+                   "text_encoder/ folder", "full Diffusers pipeline folder", inputs=[path])
     truncated = {native_name(n): t for n, t in model.state_dict().items()}
     del truncated["visual_blocks.1.audioT.cross_attention.to_key.weight"]
     broken = native_file(tmp_path / "broken" / NATIVE_FILE, truncated, rename=lambda n: n)

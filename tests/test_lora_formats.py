@@ -152,3 +152,23 @@ def test_two_layouts_of_a_family_that_write_one_format_are_refused():
                                          "for its family already; give the other layouts writes = false$"):
         register_tables({"wan": second})
     assert lora_tables() == before
+
+
+@pytest.mark.parametrize("reads, refused", [
+    ({"swiglu_gate_first": ("yes",)}, "reads_settings swiglu_gate_first must be a list of unset, true, false"),
+    ({"gate_order": ("true",)}, "reads_settings names gate_order, which is not one of MiniMax-H3's [lora] "
+                                "recorded_settings (swiglu_gate_first)")])
+def test_a_layout_reads_only_values_of_the_settings_its_family_records(reads, refused):
+    """reads_settings says which recorded values of the family's [lora] recorded_settings a layout is the reading of
+    ("unset", "true", "false"): another setting or value is refused when the tables load, and nothing registered."""
+    import re
+
+    from cogexport.keymap.table_fields import LoraLayout
+    from cogexport.lora.tables import lora_tables, register_tables
+
+    before = lora_tables()
+    layout = LoraLayout(format="diffusers", name="settings_lora", modules="diffusers_transformer", writes=False,
+                        reads_settings=reads)
+    with pytest.raises(TableError, match=f"^key map minimax_h3/settings_lora: {re.escape(refused)}$"):
+        register_tables({"minimax_h3": layout})
+    assert lora_tables() == before

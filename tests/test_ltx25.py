@@ -277,3 +277,40 @@ def test_the_trainers_2_5_loras_fuse_exactly(exported, trainer, tmp_path):
     truth = merged(weights, {m: (a, b, alpha / r) for m, (a, b, r, alpha) in modules.items()})
     assert_all_equal(load_file(tmp_path / "fused" / "diffusion_pytorch_model.safetensors"), truth)
     assert json.loads((tmp_path / "fused" / "config.json").read_text())["ff_bias"] is False
+
+
+# -- a 2.5 pipeline from the release's files --------------------------------------------------------------------------------
+def test_a_2_5_pipeline_takes_the_audio_vae_and_vocoder_from_the_releases_audio_vae_file(tmp_path, cli):
+    """The release keeps the vocoder in its audio VAE file (vae/ltx-2.5-audio-vae-*.safetensors: audio_vae.* beside
+    vocoder.*): given as --vae, it gives the pipeline both models (before, --vae took a video VAE only, and they came
+    from --base). The file here: the LTX-2 repository's tiny audio VAE and DiffSynth's port's tiny vocoder with
+    bandwidth extension; each exported model is what Diffusers' converter (the audio VAE) or conversion script (the
+    vocoder, its renames written out) makes of it, and loads strictly."""
+    from diffusers import AutoencoderKLLTX2Audio
+    from diffusers.pipelines.ltx2 import LTX2VocoderWithBWE
+    from ltx2_fixtures import judged, release_tensors, split
+    from ltx2_vocoder_fixtures import script_converted, vocoder_with_bwe_file
+
+    from ltx25_fixtures import pipeline_base
+
+    audio_vae = split(release_tensors(), "audio_vae.")
+    release = vocoder_with_bwe_file(tmp_path, "ltx-2.5-audio-vae-tiny.safetensors", beside=audio_vae)
+    base = pipeline_base(tmp_path / "base")
+    transformer = transformer_release(tmp_path)
+    result = export(transformer, tmp_path / "pipeline", base=base, vae=release, dtype="fp32", progress=False)
+    out = tmp_path / "pipeline"
+    index = json.loads((out / "model_index.json").read_text())
+    assert index["vocoder"] == ["ltx2", "LTX2VocoderWithBWE"] and not result.dropped and not result.ignored
+    vocoder = {name: t for name, t in load_file(release).items() if name.startswith("vocoder.")}
+    assert_same_tensors(load_file(out / "vocoder" / "diffusion_pytorch_model.safetensors"), script_converted(vocoder))
+    assert_same_tensors(load_file(out / "audio_vae" / "diffusion_pytorch_model.safetensors"),
+                        judged("audio_vae", audio_vae))
+    LTX2VocoderWithBWE.from_pretrained(out / "vocoder")  # strict: every tensor in its place
+    AutoencoderKLLTX2Audio.from_pretrained(out / "audio_vae")
+    # the same models in two --vae files: refused, naming both
+    copy = tmp_path / "again" / release.name
+    copy.parent.mkdir()
+    copy.write_bytes(release.read_bytes())
+    assert_refused(cli, tmp_path, [transformer, tmp_path / "out", "--base", base, "--vae", release, "--vae", copy],
+                   f"--vae {release} and --vae {copy} both hold the audio VAE; give each model once",
+                   inputs=[release, copy])

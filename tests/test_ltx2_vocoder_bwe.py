@@ -1,7 +1,8 @@
 """LTX-2.3's and LTX-2.5's vocoder with bandwidth extension (LTX2VocoderWithBWE), a second class of LTX-2's vocoder
 component: the release's vocoder.* names to the Diffusers folder and back byte for byte, judged by the renames of
-Diffusers' conversion script (written out here) and by DiffSynth-Studio's port of the release code, whose forward the
-exported model reproduces to the bit; the plain vocoder and this one never taken for each other."""
+Diffusers' conversion script (written out in ltx2_vocoder_fixtures.py) and by DiffSynth-Studio's port of the release
+code, whose forward the exported model reproduces to the bit; the plain vocoder and this one never taken for each
+other."""
 
 from __future__ import annotations
 
@@ -10,28 +11,14 @@ import json
 import pytest
 import torch
 from conftest import assert_refused, assert_same_tensors
-from ltx2_vocoder_fixtures import diffsynth_vocoder_with_bwe, vocoder_with_bwe_base, vocoder_with_bwe_file
+from ltx2_vocoder_fixtures import (diffsynth_vocoder_with_bwe, script_converted, vocoder_with_bwe_base,
+                                  vocoder_with_bwe_file)
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from cogexport.exporter import export, export_original
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-
-
-def script_converted(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """What Diffusers' conversion script (scripts/convert_ltx2_to_diffusers.py, --version 2.3) makes of the release's
-    vocoder, written out here: vocoder. taken off once, LTX_2_3_VOCODER_RENAME_DICT's replacements in its order, then
-    its special case .ups. -> .upsamplers. (a plain "ups" replacement would hit "upsample")."""
-    renames = (("resblocks", "resnets"), ("conv_pre", "conv_in"), ("conv_post", "conv_out"), ("act_post", "act_out"),
-               ("downsample.lowpass", "downsample"))
-    out = {}
-    for name, tensor in tensors.items():
-        name = name.removeprefix("vocoder.")
-        for old, new in renames:
-            name = name.replace(old, new)
-        out[name.replace(".ups.", ".upsamplers.")] = tensor
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +137,41 @@ def test_a_plain_vocoder_where_the_one_with_bwe_is_expected_is_refused(exported,
     assert_refused(cli, tmp_path, [release, tmp_path / "out", "--component", "vocoder", "--base", base],
                    f"--base {base}/vocoder/config.json describes LTX2VocoderWithBWE",
                    f"{release} holds LTX2Vocoder weights", inputs=[release])
+
+
+# -- a full-size vocoder: its published config read off its shapes -------------------------------------------------------
+# what Diffusers' conversion script configures for 2.3's (and, "same config as LTX-2.3", 2.5's) vocoder, written out
+# here (scripts/convert_ltx2_to_diffusers.py, get_ltx2_vocoder_config): the sizes that make its shapes
+PUBLISHED = dict(hidden_channels=1536, upsample_kernel_sizes=[11, 4, 4, 4, 4, 4], upsample_factors=[5, 2, 2, 2, 2, 2],
+                 resnet_kernel_sizes=[3, 7, 11], bwe_hidden_channels=512, bwe_upsample_kernel_sizes=[12, 11, 4, 4, 4],
+                 bwe_upsample_factors=[6, 5, 2, 2, 2], filter_length=512, hop_length=80, window_length=512,
+                 num_mel_channels=64, input_sampling_rate=16000, output_sampling_rate=48000)
+
+
+def test_a_full_size_vocoder_with_bwe_needs_no_base():
+    """The release's vocoder at full size (DiffSynth's LTX2VocoderWithBWE builds the release's sizes: 1227 tensors, on
+    the meta device here) fits the one published config of its class, chosen with no --base: every tensor planned
+    into it."""
+    from diffsynth_models import diffsynth_module
+
+    from cogexport.exporter.options import ExportOptions
+    from cogexport.exporter.parts import plan_component
+    from cogexport.lazy import LazyTensor
+
+    with torch.device("meta"):
+        release = diffsynth_module("ltx2_audio_vae").LTX2VocoderWithBWE().state_dict()
+    source = {f"vocoder.{name}": LazyTensor(t.shape, torch.float32, lambda: None) for name, t in release.items()}
+    part = plan_component(source, "vocoder", None, None, None, ExportOptions(), "ltx-2.3-22b-dev.safetensors")
+    assert part.target.class_name == "LTX2VocoderWithBWE"
+    assert {key: part.target.config[key] for key in PUBLISHED} == PUBLISHED
+    assert len(part.tensors) == len(release) == len(part.target.schema) and not part.plan.dropped
+
+
+def test_a_vocoder_with_bwe_of_no_published_size_needs_base(exported, tmp_path, cli):
+    """The tiny one without --base: its shapes fit no published config, and the export says so in one line (no
+    --model-name would fit it either)."""
+    release = exported[0]
+    assert_refused(cli, tmp_path, [release, tmp_path / "out", "--component", "vocoder"],
+                   f"{release} holds LTX2VocoderWithBWE weights of no published LTX-2 size",
+                   "pass --base with the pipeline (or model folder) whose vocoder/config.json describes it",
+                   inputs=[release])

@@ -19,8 +19,8 @@ from conftest import assert_refused, assert_same_tensors
 from diffusers import SanaVideoTransformer3DModel
 from fixtures import SCRIPTS
 from safetensors.torch import load_file
-from sana_video_fixtures import (RELEASE, build_tiny_pipeline, build_transformer, dcp_finetune, forward_inputs,
-                                 release_buffers, release_state_dict, write_release)
+from sana_video_fixtures import (RELEASE, build_tiny_pipeline, build_transformer, dcp_finetune, deepspeed_finetune,
+                                 forward_inputs, release_buffers, release_state_dict, write_release)
 
 from cogexport.exporter import ExportOptions
 from cogexport.exporter.parts import plan_transformer
@@ -141,6 +141,39 @@ def test_pipeline_folder_with_base_loads_and_renders(cli, tmp_path, task):
     assert frames.std() > 0
 
 
+def test_the_720p_pipeline_over_ltx2s_vae(tmp_path):
+    """The 720p model's pipeline (LTX-2's VAE, latents patched (1, 1, 1)) at toy size, --base such a
+    SanaVideoPipeline: the export is that pipeline (its model_index.json: AutoencoderKLLTX2Video) built like the 720p
+    release; --vae the LTX-2 repository's own tiny release's VAE (its names under vae.) gives the VAE Diffusers'
+    converter makes of it, and the pipeline renders nine frames through it."""
+    from diffusers import SanaVideoPipeline
+    from ltx2_fixtures import judged, release_tensors, split
+    from safetensors.torch import save_file
+    from sana_video_fixtures import build_720p_pipeline
+
+    from cogexport.exporter import export
+
+    base, out = tmp_path / "base", tmp_path / "out"
+    build_720p_pipeline(seed=0).save_pretrained(base)
+    model = SanaVideoTransformer3DModel.from_pretrained(base / "transformer")
+    release = write_release(tmp_path / "release", model)["pth"]
+    vae_file = tmp_path / "ltx-2-vae.safetensors"
+    save_file(split(release_tensors(), "vae."), vae_file)
+    result = export(release, out, base=base, vae=vae_file, dtype="fp32", progress=False)
+    assert "SANA-Video_2B_720p layout" in result.model and not result.ignored
+    index = json.loads((out / "model_index.json").read_text())
+    assert index == json.loads((base / "model_index.json").read_text())
+    assert index["vae"] == ["diffusers", "AutoencoderKLLTX2Video"]
+    assert_same_tensors(load_file(out / "vae" / WEIGHTS), judged("vae", release_tensors()))
+    assert_same_tensors(load_file(out / "transformer" / WEIGHTS), model.state_dict())
+    pipe = SanaVideoPipeline.from_pretrained(out)
+    # 64 pixels: two latent rows at the VAE's 32x (its decoder pads each side by reflection, which one row cannot)
+    frames = pipe(prompt="a cat playing guitar", height=64, width=64, frames=9, num_inference_steps=2,
+                  output_type="np", use_resolution_binning=False, generator=torch.Generator().manual_seed(0)).frames
+    assert frames.shape == (1, 9, 64, 64, 3) and bool(torch.isfinite(torch.from_numpy(frames)).all())
+    assert frames.std() > 0
+
+
 @pytest.mark.skipif(not DIFFUSERS_SCRIPTS, reason="set COGEXPORT_DIFFUSERS_SCRIPTS to huggingface/diffusers' scripts/")
 def test_diffusers_conversion_script_agrees(tiny, tmp_path):
     """Diffusers' own scripts/convert_sana_video_to_diffusers.py, run from its source with the 2B sizes replaced by
@@ -163,13 +196,31 @@ def test_dcp_finetune_exports_exactly(cli, tmp_path):
     assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), run.tensors)
 
 
+def test_deepspeed_finetune_exports_exactly(cli, tmp_path):
+    """DeepSpeed ZeRO-2 over 2 CPU ranks in bf16 (SimpleTuner's sanavideo under DeepSpeed): the fp32 masters taken
+    from the live engine, every one, exactly; the bf16 module copies are not what is exported."""
+    run = deepspeed_finetune()
+    base = tmp_path / "base"
+    build_transformer(seed=0).save_pretrained(base)
+    result = cli(run.checkpoint, tmp_path / "out", "--base", base, "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    written = load_file(tmp_path / "out" / WEIGHTS)
+    assert set(written) == set(run.truth["order"]) and run.truth["trainable"] and not run.truth["frozen"]
+    assert_same_tensors(written, run.expected_state_dict())
+    before = load_file(base / WEIGHTS)
+    assert any(not torch.equal(written[name], before[name]) for name in before), "training changed the weights"
+
+
 # -- the published variant, from full-size shapes (meta tensors: nothing allocated) -------------------------------
 def _never_read() -> torch.Tensor:
     raise AssertionError("planning must not read tensor data")
 
 
-def test_published_variant_is_read_off_the_release_shapes():
-    variant = FAMILY.variants[0]
+@pytest.mark.parametrize("name", ["SANA-Video_2B_480p", "SANA-Video_2B_720p"])
+def test_published_variant_is_read_off_the_release_shapes(name):
+    """480p (Wan 2.1's 16 latent channels, patched (1, 2, 2)) and 720p (LTX-2's 128, patched (1, 1, 1)) told apart
+    by the input projection; each variant's VAE reads the latents its transformer makes."""
+    variant = FAMILY.variant_named(name)
     config = FAMILY.transformer_config(variant)
     with torch.device("meta"):
         model = SanaVideoTransformer3DModel(**{k: v for k, v in config.items() if not k.startswith("_")})
@@ -180,6 +231,8 @@ def test_published_variant_is_read_off_the_release_shapes():
     assert transformer.variant.name == variant.name and transformer.published
     assert transformer.target.config["mlp_ratio"] == 3.0 and len(transformer.tensors) == len(model.state_dict())
     assert FAMILY.scheduler_class_for(variant) == "DPMSolverMultistepScheduler"
+    vae = build_target(FAMILY.component_class("vae", variant), FAMILY.vae_config(variant)).config
+    assert vae.get("z_dim", vae.get("latent_channels")) == config["in_channels"]
 
 
 def test_no_tensor_is_kept_in_fp32():

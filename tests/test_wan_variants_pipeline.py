@@ -68,11 +68,11 @@ def test_pipeline_with_wans_original_vae(variant, tmp_path, cli):
 
 def test_a_vae_alone_is_wans(tmp_path, cli):
     """Wan's VAE is one layout several families list: alone, it is Wan's (its owner's), as it was before the
-    variants (the tiny VAE is no published size, so Wan asks which model it belongs to); with a variant's --base, that
-    family's."""
+    variants (the tiny VAE is no published size: the refusal says it is of no published Wan size); with a variant's
+    --base, that family's."""
     base = tiny_variant_pipeline("vace")
     export_original(base, tmp_path / "vae", component="vae")
     vae = tmp_path / "vae" / "Wan2.1_VAE.pth"
-    assert_refusal(cli(vae, tmp_path / "alone", "--component", "vae"), "does not say which Wan it belongs to")
+    assert_refusal(cli(vae, tmp_path / "alone", "--component", "vae"), "of no published Wan size")
     assert export(vae, tmp_path / "with-base", component="vae", base=base).family == "Wan VACE"
     assert same_files(tmp_path / "with-base", base / "vae") == []

@@ -38,11 +38,18 @@ def part_files(part: ModelExport, folder: str) -> list:
     return [*model_folder_files(folder, part.target.config_json, part.tensors, part.shards), *kept]
 
 
-def linked_from_base(parts: list[ModelExport], variant: Variant) -> tuple[str, ...]:
+def linked_from_base(parts: list[ModelExport], variant: Variant, base: BaseFolder) -> tuple[str, ...]:
     """The pipeline components --base supplies: the task's (text encoders, tokenizers, ...) and every model of the
-    family that was not exported (the VAE, unless it came from the checkpoint or --vae)."""
+    family that was not exported (the VAE, unless it came from the checkpoint or --vae). An optional component of the
+    pipeline class that the base's own model_index.json says is null ([null, null]: save_pretrained of a pipeline
+    built without it, as Kandinsky 6's may be without its audio VAE and vocoder) is not linked: the export's index
+    says null for it too, and the pipeline loads as the base does."""
     family, exported = parts[0].family, {part.component for part in parts}
-    return (*family.from_base(variant), *(name for name in family.pipeline_models if name not in exported))
+    wanted = (*family.from_base(variant), *(name for name in family.pipeline_models if name not in exported))
+    null = {name for name in wanted if base.components.get(name) == [None, None]}
+    # (the pipeline class is asked only then: a modular pipeline's has no signature to ask)
+    optional = set(pipeline_signature(family.task(variant.task).pipeline).optional) if null else set()
+    return tuple(name for name in wanted if name not in null & optional)
 
 
 def pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant, inputs: ExportInputs,
@@ -58,7 +65,7 @@ def pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant
     folder = FolderPlan()
     for part in parts:
         folder.add(*part_files(part, part.component))
-    linked = linked_from_base(parts, variant)
+    linked = linked_from_base(parts, variant, base)
     folder.add(*(LinkedFolder(name, base.component_dir(name)) for name in linked))
     scheduler_class = family.scheduler_class_for(variant)
     folder.add(scheduler_file("scheduler", scheduler_config(scheduler_class, family.scheduler_for(variant))))

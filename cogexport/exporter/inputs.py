@@ -107,7 +107,7 @@ class ExportInputs:
     def read_paths(self, options: ExportOptions) -> list[Path]:
         """Every path read: the output may neither be inside nor contain one."""
         read = [file for each in (*self.sources.values(), *self.extra) for file in each.info.files]
-        return [*self.paths, *read, *([options.vae] if options.vae else []), *([self.base.path] if self.base else [])]
+        return [*self.paths, *read, *options.vae, *([self.base.path] if self.base else [])]
 
     def own_folders(self) -> list[Path]:
         return [folder for each in (*self.sources.values(), *self.extra) for folder in each.own_folders()]

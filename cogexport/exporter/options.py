@@ -63,7 +63,9 @@ class ExportOptions:
     model_type: str | None = None  # the family's task (t2v, i2v, ...); checked against the checkpoint when given
     component: str | None = None  # default: pipeline when --base is a pipeline folder (not for --lora fuse)
     base: Path | None = None
-    vae: Path | None = None  # a VAE checkpoint for the pipeline (default: the base's VAE)
+    # checkpoints of the pipeline's other models (default: the base's): a VAE, or a release's file of several (LTX-2.5's
+    # audio VAE file holds the audio VAE and the vocoder); one path or several
+    vae: tuple[Path, ...] = ()
     dtype: str | None = None  # None: a model's default (MODEL_DTYPE), an adapter's dtype as trained
     keep_fp32: tuple[str, ...] = ()
     max_shard_size: str | int = "5GB"
@@ -86,6 +88,12 @@ class ExportOptions:
     fp8_layout: str | None = None  # --to comfyui: how the scales are marked (default comfy_quant: ComfyUI's current)
     workers: int | None = None  # threads loading tensors ahead of the writer (None: from the cores; 1: none)
     allow_nonfinite: bool = False  # write tensors holding NaN or infinite values (named in a note) rather than refuse
+
+    def __post_init__(self) -> None:
+        # one path as the Python API's callers give it (vae=path), or none, is the tuple the CLI's repeated --vae makes
+        if self.vae is None or isinstance(self.vae, (str, Path)):
+            self.vae = () if self.vae is None else (Path(self.vae),)
+        self.vae = tuple(Path(path) for path in self.vae)
 
 
 def command_line() -> str:
@@ -143,7 +151,7 @@ def _check_taken(options: ExportOptions, fmt: OutputFormat) -> None:
     """An option only some formats take is refused by the others, naming those that take it."""
     taken = set().union(*(each.takes for each in written_within(fmt.name)))
     for key, option in FORMAT_OPTIONS.items():
-        if getattr(options, key) in (None, False) or key in taken:
+        if getattr(options, key) in (None, False, ()) or key in taken:
             continue
         owners = dict.fromkeys(each.within or each.name for each in output_formats() if key in each.takes)
         give = " or ".join(f"--to {name}" for name in owners)

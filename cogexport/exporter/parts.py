@@ -151,6 +151,10 @@ def _fitting_config(family: ModelFamily, component: str, class_name: str, table:
         fitting.append(config)
     if len(fitting) == 1:
         return fitting[0]
+    if not fitting:  # an unpublished size: no --model-name would fit it either, only a config that describes it
+        raise CogExportError(f"{where} holds {class_name} weights of no published {family.name} size (their shapes fit "
+                             f"none of the {class_name} configs of {family.name}'s variants); pass --base with the "
+                             f"pipeline (or model folder) whose {component}/config.json describes it")
     names = ", ".join(v.name for v in variants)
     raise CogExportError(f"a {component} alone does not say which {family.name} it belongs to (the variants' "
                          f"{component} configs differ, e.g. in latent scaling); pass --model-name (one of {names}) "
@@ -209,6 +213,15 @@ def components_inside(source: Mapping[str, LazyTensor], family: ModelFamily) -> 
     family's ``from_checkpoint`` one of whose layouts fits."""
     keys = list(source)
     return tuple(name for name in family.from_checkpoint if fitting_tables(keys, component_tables(name, family)))
+
+
+def components_of_file(source: Mapping[str, LazyTensor], family: ModelFamily) -> tuple[str, ...]:
+    """The pipeline components a --vae file gives: the VAE, or those of the family's ``from_checkpoint`` whose layouts
+    it holds (a release may ship several models in one file: LTX-2.5's audio VAE file holds the audio VAE and the
+    vocoder); the VAE when none fits, so that its refusal says what the file holds."""
+    keys = list(source)
+    candidates = [name for name in dict.fromkeys(("vae", *family.from_checkpoint)) if name in family.components]
+    return tuple(name for name in candidates if fitting_tables(keys, component_tables(name, family))) or ("vae",)
 
 
 def count_shared_keys_once(parts: list[ModelExport], keys: list[str]) -> None:

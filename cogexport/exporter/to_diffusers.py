@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from ..checkpoint import LazyCheckpoint
 from ..checkpoint.readers import info_dict
 from ..errors import CogExportError
 from ..lora import LoraAdapter
-from ..models.family import ModelFamily, Variant, family_of_variant
+from ..models.family import ModelFamily, Variant, component_title, family_of_variant
 from ..write.diffusers_folders import plan_model_folder
 from ..write.folder_plan import FolderPlan
 from .adapters import adapters_to_fuse, lora_summary, plan_adapter_export, read_adapters
@@ -25,8 +26,8 @@ from .diffusers_layout import linked_from_base, model_folders, pipeline_folder
 from .inputs import ExportInputs, open_inputs
 from .options import PIPELINE, ExportOptions, checked_format, default_component, is_pipeline_folder, lora_mode
 from .output_formats import OutputFormat
-from .parts import (ModelExport, components_inside, count_shared_keys_once, family_hint, plan_component,
-                    plan_fused_transformer, plan_transformer)
+from .parts import (ModelExport, components_inside, components_of_file, count_shared_keys_once, family_hint,
+                    plan_component, plan_fused_transformer, plan_transformer)
 from .publish import publish
 from .result import ExportResult
 
@@ -95,30 +96,49 @@ def _plan_parts(inputs: ExportInputs, adapters: dict[str, LoraAdapter], componen
     if component in ("transformer", PIPELINE):
         parts = _plan_transformers(inputs, adapters, options)
         family, variant = parts[0].family, parts[-1].variant
-    inside = released = ()
-    if component == PIPELINE:
-        inside = tuple(name for name in components_inside(inputs.source, family)
-                       if not (name == "vae" and options.vae is not None))
+    inside: tuple[str, ...] = ()
+    released: tuple[str, ...] = ()
+    given = _given_files(inputs, family, options) if component == PIPELINE else []
+    if component == PIPELINE:  # a model a --vae file gives is not taken from the checkpoint too
+        from_files = {name for _, _, names in given for name in names}
+        inside = tuple(name for name in components_inside(inputs.source, family) if name not in from_files)
         # a release folder of partitions: the models they share (its VAEs), each from its own file
-        released = tuple(name for name in inputs.models if not (name == "vae" and options.vae is not None))
-        _check_pipeline(inputs, parts, variant, (*inside, *released), options)
+        released = tuple(name for name in inputs.models if name not in from_files)
+        _check_pipeline(inputs, parts, variant, (*inside, *released, *from_files), options)
     for name in (*((component,) if component not in ("transformer", PIPELINE) else ()), *inside, *released):
         folders = inputs.search_folders(name) if name in inputs.models else inputs.search_folders()
         parts.append(plan_component(inputs.model_source(name), name, family, variant, inputs.base, options,
                                     inputs.where_of(name) if name in inputs.models else inputs.where, folders))
     if inside:  # the models share the file: a key one of them reads is not ignored by the others
         count_shared_keys_once(parts, list(inputs.source))
-    if component == PIPELINE and options.vae is not None:
-        vae_source = inputs.open_more([options.vae])
-        parts.append(plan_component(vae_source, "vae", family, variant, inputs.base, options, str(options.vae)))
+    for path, source, names in given:
+        of_file = [plan_component(source, name, family, variant, inputs.base, options, str(path)) for name in names]
+        count_shared_keys_once(of_file, list(source))  # LTX-2.5's audio VAE file: two models, one file
+        parts += of_file
     return parts, variant
+
+
+def _given_files(inputs: ExportInputs, family: ModelFamily,
+                 options: ExportOptions) -> list[tuple[Path, LazyCheckpoint, tuple[str, ...]]]:
+    """Each --vae file, opened, with the pipeline components it gives; a component two of them hold is refused."""
+    given, seen = [], {}
+    for path in options.vae:
+        source = inputs.open_more([path])
+        names = components_of_file(source, family)
+        for name in names:
+            if name in seen:
+                raise CogExportError(f"--vae {seen[name]} and --vae {path} both hold the {component_title(name)}; "
+                                     "give each model once")
+            seen[name] = path
+        given.append((path, source, names))
+    return given
 
 
 def _check_pipeline(inputs: ExportInputs, parts: list[ModelExport], variant: Variant, inside: tuple[str, ...],
                     options: ExportOptions) -> None:
     """Before anything is planned further: the pipeline can be complete."""
-    exported = {part.component for part in parts} | set(inside) | ({"vae"} if options.vae else set())
-    linked = tuple(name for name in linked_from_base(parts, variant) if name not in exported)
+    exported = {part.component for part in parts} | set(inside)
+    linked = tuple(name for name in linked_from_base(parts, variant, inputs.base) if name not in exported)
     inputs.base.check_pipeline(linked=linked)
     if variant.experts and not inputs.experts:
         folders = " and ".join(f"{sub}/" for sub in variant.experts.values())
@@ -148,7 +168,7 @@ def _model_result(parts: list[ModelExport], variant: Variant | None, component: 
 def _check(options: ExportOptions) -> None:
     """--vae goes into a pipeline, and a pipeline needs --base's pipeline folder for what the checkpoint lacks."""
     component = default_component(options)
-    if options.vae is not None and component != PIPELINE:
+    if options.vae and component != PIPELINE:
         raise CogExportError("--vae goes into a pipeline (--component pipeline); to export a VAE alone, give it "
                              "as CHECKPOINT with --component vae")
     if component == PIPELINE and not is_pipeline_folder(options.base):

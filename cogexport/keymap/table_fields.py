@@ -172,6 +172,10 @@ class LoraSettings:
     write_lora_ab: bool | None = declared(
         "write `lora_A` / `lora_B` where the format's own names are `lora_down` / `lora_up` (a loader of the family "
         "reads only those); default false", None)
+    reads_settings: dict[str, tuple[str, ...]] | None = declared(
+        "the values of the family's recorded settings (`[lora] recorded_settings`) this layout is the reading of, by "
+        "setting: a list of `\"unset\"` (not recorded), `\"true\"` and `\"false\"`; a setting it does not name: "
+        "`[\"unset\", \"false\"]`", None)
 
 
 @dataclass(frozen=True, kw_only=True)

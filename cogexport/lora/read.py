@@ -24,6 +24,7 @@ from .fuse import misfits
 from .modules import rule_of, translate_modules
 from .names import blocks_needed, decode_kohya, names_counts, names_schema
 from .parts import ALPHA, BASE_BIAS, BASE_WEIGHT
+from .recorded_settings import reads, refusal
 from .strength import Recorded, Strength, recorded_config, set_strengths, whole_w2_rule
 from .tables import LoraTable, lora_tables
 from .unread import unread_adapter
@@ -131,12 +132,17 @@ def _build(layout: _Layout, where: str) -> None:
 
 def _names_a_layer(table: LoraTable, module: str) -> bool:
     """Whether the table's key map names this module: by a rule of its own, or for a table that only keeps the
-    names (Diffusers names), by the module being one of the family's layers."""
+    names (Diffusers names), by the module being one of the family's layers; so too a name a table leaves to a
+    fallback that keeps names (a table of one half swap, Diffusers' names for the rest), which would
+    otherwise claim every name."""
     if table.modules is None:
         return True
-    if rule_of(table.modules, module) is None:
+    found = rule_of(table.modules, module)
+    if found is None:
         return False
-    if not table.modules.renames_nothing:
+    fallback = table.modules.fallback
+    left_to_fallback = not any(rule is found[0] for rule in table.modules.rules)
+    if not (table.modules.renames_nothing or left_to_fallback and fallback is not None and fallback.renames_nothing):
         return True
     schema = names_schema(table.family, blocks_needed([module]))
     return f"{module}.weight" in schema or f"{module}.bias" in schema
@@ -187,7 +193,8 @@ def _check_pair(module: LoraModule, name: str, where: str) -> None:
                              f"{tuple(down)}, lora_B (up) {tuple(up)} (expected [r, in] and [out, r])")
 
 
-def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | None) -> _Layout:
+def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | None,
+            recorded: Recorded) -> _Layout:
     unread = unread_adapter(list(source))
     if unread:
         raise CogExportError(f"{where} is {unread}")
@@ -211,6 +218,7 @@ def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | 
         released = [f for f in fitting if _fits_a_release(f)]
         if len({f.table.family.key for f in released}) == 1:
             fitting = released
+    fitting = _reading_what_it_records(fitting, recorded, where)
     if len(fitting) > 1 and len({_reading(f) for f in fitting}) == 1:
         fitting = fitting[:1]  # several layouts read the file alike (names two namings share): any of them will do
     if len(fitting) == 1:
@@ -223,6 +231,17 @@ def _choose(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | 
         raise CogExportError(f"{where} fits several LoRA layouts ({', '.join(f.table.name for f in fitting)}); "
                              "its keys are mixed")
     raise _why_none_fits(source, where, family, problems)
+
+
+def _reading_what_it_records(fitting: list[_Layout], recorded: Recorded, where: str) -> list[_Layout]:
+    """The layouts that read the settings the run recorded (SimpleTuner's swiglu_gate_first: which half of the
+    SwiGLU rows is the gate); when the keys fit only layouts that read other values, the file is refused."""
+    readers = [f for f in fitting if reads(f.table.family, dict(f.table.reads_settings), recorded)]
+    if fitting and not readers:
+        family = fitting[0].table.family
+        raise refusal(family, recorded, where, {f.table.name: dict(f.table.reads_settings) for f in fitting
+                                                if f.table.family is family})
+    return readers
 
 
 def _why_none_fits(source: Mapping[str, LazyTensor], where: str, family: ModelFamily | None,
@@ -267,10 +286,9 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
     """The adapter a LoRA file or run holds, named and sized from its keys and shapes, with its strength. ``counts``
     are the sizes of the model it is for (--base's), which a fused layer's split may need (its head count); by default
     those of the family's published model."""
-    layout = _choose(source, where, family)
-    table = layout.table
     recorded = recorded_config(metadata, folders)
-    _refuse_unread_settings(recorded, table.family, where)
+    layout = _choose(source, where, family, recorded)
+    table = layout.table
     for option, what in (("use_dora", "DoRA magnitudes"), ("lora_bias", "LoRA biases")):
         if recorded.config.get(option) and not _has(layout, option):
             raise CogExportError(f"{where} was trained with {option} ({recorded.where}), but the file holds no "
@@ -304,17 +322,6 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
         adapter.warnings.append(f"{where} does not record its LoRA alpha; using {adapter.alpha:g} ({alpha_source}); "
                                 "pass --lora-alpha if the run used another")
     return adapter
-
-
-def _refuse_unread_settings(recorded: Recorded, family: ModelFamily, where: str) -> None:
-    """A setting the run recorded that changes what the matrices mean (SimpleTuner's swiglu_gate_first: the
-    feed-forward's halves in the other order) and that no layout reads: read as if unset, the adapter would fuse
-    into a silently wrong model."""
-    for setting, meaning in family.lora_unread_settings.items():
-        value = recorded.config.get(setting)
-        if value is True or value == 1 or (isinstance(value, str) and value.strip().lower() == "true"):
-            raise CogExportError(f"{where} records {setting} = {value!r} ({recorded.where}), which cogexport does "
-                                 f"not read for {family.name}: {meaning}")
 
 
 def _alpha_values(layout: _Layout, where: str) -> dict[str, tuple[str, float]]:

@@ -32,6 +32,7 @@ from ..keymap.table import KeyMapTable, TableError, load_table, parse_table
 from ..keymap.table_fields import LoraLayout, LoraSettings, given
 from ..models.family import ModelFamily, families, family_named, table_name
 from .formats import FORMATS, LoraFormat
+from .recorded_settings import checked_reads
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class LoraTable:
     writes: bool
     network_module: str | None
     write_lora_ab: bool = False
+    # the recorded settings' values the layout reads, by setting (recorded_settings.py); a setting not here: its
+    # absence or false
+    reads_settings: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def default_alpha_for(self, rank: int) -> float:
         return float(rank) if self.default_alpha == "rank" else float(self.default_alpha)
@@ -73,7 +77,7 @@ def _made(name: str, description: str, source: str, family: ModelFamily, fmt: Lo
         modules=load_table(layout.modules) if layout.modules is not None else None, keymap=keymap,
         default_alpha=_or(layout.default_alpha, "rank"), default_alpha_reason=_or(layout.default_alpha_reason, ""),
         alpha_recorded=bool(layout.alpha_recorded), writes=bool(layout.writes), network_module=layout.network_module,
-        write_lora_ab=bool(layout.write_lora_ab),
+        write_lora_ab=bool(layout.write_lora_ab), reads_settings=checked_reads(name, family, layout.reads_settings),
     )
     _check_writes(made)
     return made

@@ -94,6 +94,10 @@ class ModelSpec:
         return table.target if table.target in self.other_classes else self.class_name
 
 
+# a variant's `classes` may name its pipeline's scheduler class too, under this key
+SCHEDULER = "scheduler"
+
+
 @dataclass(frozen=True)
 class Task:
     name: str
@@ -114,8 +118,9 @@ class ModelFamily:
     components: Mapping[str, ModelSpec]  # every model the family exports, the transformer first
     lora_layouts: tuple[LoraLayout, ...]  # [[lora.layout]]: read into tables by cogexport/lora/tables.py
     lora_names_from: tuple[str, ...]  # the variants whose models together have every layer an adapter may name
-    # settings an adapter's recorded config may hold that no layout reads: {setting: what it means}
-    lora_unread_settings: Mapping[str, str]
+    # settings an adapter's recorded config may hold that change what its matrices mean: {setting: what it means}
+    # (each layout's reads_settings says which recorded values it reads: cogexport/lora/recorded_settings.py)
+    lora_recorded_settings: Mapping[str, str]
     scheduler_class: str
     scheduler_config: Mapping[str, Any]
     tasks: Mapping[str, Task]
@@ -210,9 +215,13 @@ class ModelFamily:
         return self.component_config("vae", variant)
 
     def scheduler_class_for(self, variant: Variant) -> str:
-        return self.tasks[variant.task].scheduler or self.scheduler_class
+        return variant.classes.get(SCHEDULER) or self.tasks[variant.task].scheduler or self.scheduler_class
 
     def scheduler_for(self, variant: Variant) -> dict:
+        """The scheduler's config values; a variant naming its own scheduler class gives them all (another class's
+        values need not fit it: Kandinsky 6's distilled models sample with pi-Flow, the others with flow matching)."""
+        if SCHEDULER in variant.classes:
+            return dict(variant.scheduler)
         task = self.tasks[variant.task]
         config = task.scheduler_config if task.scheduler else self.scheduler_config
         return {**(config or {}), **variant.scheduler}
@@ -324,6 +333,8 @@ def _variant(data: VariantEntry, index: int, key: str, components: Mapping[str, 
                       data.experts, data.from_base, data.classes)
     _require(variant.task in tasks, key, f"variant {variant.name} has unknown task {variant.task!r}")
     for component, class_name in data.classes.items():
+        if component == SCHEDULER:  # any scheduler class: Diffusers checks it when the scheduler is first built
+            continue
         _require(class_name in (components[component].other_classes if component in components else ()), key,
                  f"variant {variant.name}'s classes give {component} {class_name}, which is not one of that "
                  "component's other_classes")
@@ -379,7 +390,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
         key=key, name=head.name, shapes=_shapes_module(head.shapes, key), tags=head.tags,
         components=components, lora_layouts=layouts,
         lora_names_from=(lora.names_from,) if isinstance(lora.names_from, str) else tuple(lora.names_from or ()),
-        lora_unread_settings=dict(lora.unread_settings),
+        lora_recorded_settings=dict(lora.recorded_settings),
         scheduler_class=pipeline.scheduler, scheduler_config=pipeline.scheduler_config,
         tasks=tasks, variants=variants, from_checkpoint=pipeline.from_checkpoint, extends=head.extends,
         same_weights_as=head.same_weights_as,

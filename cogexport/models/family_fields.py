@@ -83,10 +83,11 @@ class LoraSection:
         "the variant whose model has every tensor name (adapters' names are checked against it), or a list of "
         "variants whose models together have every one (LTX-2: 2.0's caption projections, 2.3's gates)", None)
     layout: tuple[LoraLayout, ...] = declared("the layouts its adapters come in, in the order they are tried", ())
-    unread_settings: dict[str, str] = declared(
+    recorded_settings: dict[str, str] = declared(
         "settings a trainer records in the adapter's config (the header's lora_adapter_metadata, adapter_config.json) "
-        "that change what its matrices mean and that no layout reads, each with what it means: an adapter recording "
-        "one as true is refused rather than read as if it were false", {})
+        "that change what its matrices mean, each with what it means and which layouts read which values: an adapter "
+        "is read only by a layout that reads the value it records (`reads_settings`), and refused when none does "
+        "rather than read as if the setting were absent", {})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +150,8 @@ class VariantEntry:
         "the components `--base` supplies for this variant, when not its task's", None)
     classes: dict[str, str] = declared(
         "component -> its Diffusers class in this variant, when not the component's `class` (one of its "
-        "`other_classes`)", {})
+        "`other_classes`); `scheduler` -> its pipeline's scheduler class, when not its task's (then `scheduler` "
+        "gives that class's whole config: Kandinsky 6's distilled models' `PiflowScheduler`)", {})
     null: dict[str, tuple[str, ...]] = declared(
         "component -> its config keys whose published value is null (TOML has no null)", {})
     # any value here, so that a key naming no component is refused as unknown (family.py) before its type is checked

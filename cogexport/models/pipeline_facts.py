@@ -18,6 +18,7 @@ class PipelineSignature:
     components: tuple[str, ...]  # every component the class takes, in its signature's order
     config_names: tuple[str, ...]  # its optional arguments, kept as config values
     defaults: Mapping[str, object]  # those arguments' defaults
+    optional: tuple[str, ...] = ()  # the components it may be built without (_optional_components)
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,9 @@ class SchedulerConfig:
 
 def pipeline_signature(pipeline_class: str) -> PipelineSignature:
     answer = remembered("pipeline", {"class": pipeline_class}, lambda: _ask_pipeline(pipeline_class),
-                        fields=("components", "config_names", "defaults"))
-    return PipelineSignature(tuple(answer["components"]), tuple(answer["config_names"]), answer["defaults"])
+                        fields=("components", "config_names", "defaults", "optional"))
+    return PipelineSignature(tuple(answer["components"]), tuple(answer["config_names"]), answer["defaults"],
+                             tuple(answer["optional"]))
 
 
 def _ask_pipeline(pipeline_class: str) -> dict:
@@ -39,7 +41,8 @@ def _ask_pipeline(pipeline_class: str) -> dict:
     components, config_names = pipeline._get_signature_keys(pipeline)
     parameters = inspect.signature(pipeline.__init__).parameters
     defaults = {name: parameters[name].default for name in config_names if name in parameters}
-    return {"components": list(components), "config_names": list(config_names), "defaults": defaults}
+    return {"components": list(components), "config_names": list(config_names), "defaults": defaults,
+            "optional": [name for name in pipeline._optional_components if name in components]}
 
 
 def scheduler_config(class_name: str, config: Mapping[str, object]) -> SchedulerConfig:

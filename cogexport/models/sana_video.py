@@ -4,23 +4,31 @@ in key_maps/sana_video/family.toml.
 
 One transformer serves both tasks (SanaVideoPipeline's text-to-video, SanaImageToVideoPipeline's image-to-video: the
 image's latents replace the first frame's), so the shapes cannot tell them apart: family.toml lists the model twice,
-once per task, and a --base pipeline's class or --model-type picks the i2v twin (t2v otherwise).
+once per task, and a --base pipeline's class or --model-type picks the i2v twin (t2v otherwise). The 480p and 720p
+releases differ in their VAE's latents (Wan 2.1's 16 channels patched (1, 2, 2), LTX-2's 128 patched (1, 1, 1)),
+which the transformer's input projection shows.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from ..errors import CogExportError
-from .shape_facts import block_count, one_variant, require
+from .shape_facts import block_count, require
 
 _NEEDED = ("patch_embedding.weight", "proj_out.weight", "caption_projection.linear_1.weight",
            "transformer_blocks.0.ff.conv_point.weight", "transformer_blocks.0.ff.conv_temp.weight")
 
-layout_variant = one_variant("SANA-Video_2B_480p")  # the t2v twin; a pipeline or --model-type picks i2v
+
+def layout_variant(config: Mapping[str, Any], experts: Sequence[str] = (),
+                   pipeline: Mapping[str, Any] | None = None) -> str:
+    """The published model a custom config is built like (the t2v twin; a pipeline or --model-type picks i2v): the
+    720p one, whose latents are LTX-2's VAE's patched (1, 1, 1), when the config patches so; else the 480p one (Wan
+    2.1's VAE, patched (1, 2, 2)). It decides the VAE class a pipeline's VAE is read into."""
+    return "SANA-Video_2B_720p" if list(config.get("patch_size", (1, 2, 2))) == [1, 1, 1] else "SANA-Video_2B_480p"
 
 
 def read_facts(shapes: Mapping[str, torch.Size]) -> dict[str, Any]:
