@@ -32,6 +32,7 @@ from .lora import plan_fused
 from .models.base_folder import read_json
 from .models.family import family_of_class, model_class
 from .models.recognize import choose_table, component_tables, expert_folders, fitting_tables, lora_key
+from .models.release_root import release_root
 from .models.target import build_target
 from .verify import SourceChoice, VerifyReport, VerifyRequest, compare, is_pipeline, same
 from .verify_fused import fused_inputs, judge_with_peft
@@ -60,6 +61,11 @@ def _model_checks(output: Path, request: VerifyRequest) -> list[tuple[Path, list
     if (output / "config.json").is_file():
         request.refuse_vae_against(output, "is a model folder")
         return [(output, against)]
+    root = release_root(against)  # a release folder of partitions: each model against the file it was read from
+    if root is not None:
+        models = {folder: where for folder, (_, where) in root.transformers().items()}
+        models.update(root.shared())
+        return [(output / name, [where]) for name, where in models.items() if (output / name / "config.json").is_file()]
     experts = expert_folders(against)  # a release holding one model per expert: each against its own
     checks = [(output / component, [folder]) for component, folder in experts.items()] if experts else \
         [(output / "transformer", against), *_release_components(output, against, request.choice)]

@@ -21,12 +21,16 @@ from .keymap.table import KeyMapTable, load_table
 from .lazy import LazyTensor
 from .models.family import families
 from .models.recognize import lora_key, preferred_tables
+from .models.release_root import ReleaseRoot, release_root
 from .verify import VerifyReport, VerifyRequest, compare, same
 from .verify_fused import refuse_adapter_alone
 
 
 def verify_original_output(output: Path, request: VerifyRequest) -> list[VerifyReport] | None:
     """The reports of an original layout's files (one per expert), or None when ``output`` holds none."""
+    root = release_root([output])
+    if root is not None:
+        return _verify_release_folder(root, request)
     folders = _written_folders(output)
     if not folders:
         return None
@@ -42,6 +46,31 @@ def verify_original_output(output: Path, request: VerifyRequest) -> list[VerifyR
                 raise CogExportError(f"{folder} holds no {part.family.name} original layout, which "
                                      f"{', '.join(map(str, request.against))} makes: verify the output made from it")
             reports.append(_verify_part(folder, part, request))
+    return reports
+
+
+def _verify_release_folder(root: ReleaseRoot, request: VerifyRequest) -> list[VerifyReport]:
+    """A release folder of partitions written whole (--to original of a pipeline folder): each model's files, in each
+    partition holding them, against the model planned again from the pipeline folder as --to original planned it."""
+    from .exporter.options import ExportOptions
+    from .exporter.original_parts import destinations, open_way_back, plan_way_back
+
+    request.refuse_vae_against(root.path, "holds an original layout")
+    options = ExportOptions(base=request.base, dtype="fp32", tag=request.choice.tag, ema=request.choice.ema,
+                            role=request.choice.role)
+    with ExitStack() as stack:
+        inputs = open_way_back(request.against, options, "transformer", stack, whole_release=True)
+        if inputs.release_family is None:
+            raise CogExportError(f"{root.path} is a {root.family.name} release folder: give --against the pipeline "
+                                 "folder it was written from")
+        parts = plan_way_back(inputs, "transformer", options)
+        reports = []
+        for part in parts:
+            for where, written, _ in destinations(part, inputs, len(parts), options.max_shard_size):
+                if not (root.path / where).is_dir():
+                    raise CogExportError(f"{root.path / where} is missing: {', '.join(map(str, request.against))} "
+                                         "makes it; verify the release folder written from it")
+                reports.append(_verify_part(root.path / where, written, request))
     return reports
 
 

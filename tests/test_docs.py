@@ -162,7 +162,7 @@ def _declared_keys(declaration) -> set[str]:
 
 
 FAMILY_FIELDS = "FamilyFile FamilySection ComponentSection OriginalLayout LoraSection PipelineSection TaskSection " \
-                "VariantEntry"
+                "ReleaseSection VariantEntry"
 
 
 @pytest.mark.parametrize("page, declarations", [

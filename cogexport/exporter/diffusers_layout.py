@@ -81,15 +81,21 @@ def pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant
     return folder
 
 
+def pipeline_folder_of(part: ModelExport, variant: Variant) -> str:
+    """The pipeline folder a part goes to: a transformer to its own task's (a pipeline holding several tasks'
+    transformers: MiniMax-H3's transformer_ref/ for Ref2VA), any other model to its component's."""
+    if part.component != "transformer":
+        return part.component
+    return part.family.task((part.variant or variant).task).transformer_folder
+
+
 def modular_pipeline_folder(parts: list[ModelExport], base: BaseFolder, variant: Variant, inputs: ExportInputs,
                             options: ExportOptions, adapter: LoraAdapter | None) -> FolderPlan:
     """A modular pipeline (Diffusers' ModularPipeline), whose index gives every component's class and loading spec:
     the exported models in their folders, every other component of the base's index linked from it, and the base's
     index files as they are. The exported models keep the classes the index names, and a ModularPipeline loads a
     component whose files are in the folder from the folder, so the index still says how to load them all."""
-    task = parts[0].family.task(variant.task)
-    folders = {part.component: task.transformer_folder if part.component == "transformer" else part.component
-               for part in parts}
+    folders = {part.component: pipeline_folder_of(part, variant) for part in parts}
     for part in parts:
         named = base.components.get(folders[part.component], [None, None])[1]
         if named != part.target.class_name:

@@ -21,6 +21,7 @@ from ..lora import LoraAdapter
 from ..models.base_folder import MODULAR_INDEX, open_base, read_json
 from ..models.family import ModelFamily, ModelSpec, OriginalLayout, component_title, families
 from ..models.recognize import choose_table
+from ..models.release_root import release_root, single_file
 from .adapters import adapters_to_fuse
 from .inputs import ExportInputs, open_weights, search_folders
 from .options import ExportOptions
@@ -37,10 +38,19 @@ LayoutChoice = Callable[[ModelFamily], "str | None"]
 _EXPERTS = ("transformer", "transformer_2")  # the pipeline components a transformer may be split into
 
 
-def open_way_back(checkpoint, options: ExportOptions, component: str, stack) -> ExportInputs:
+def open_way_back(checkpoint, options: ExportOptions, component: str, stack,
+                  whole_release: bool = False) -> ExportInputs:
     """The input: a pipeline folder stands for its transformer(s) or its ``component``; anything else is the model's
-    own checkpoint (a training run, a model folder, a LoRA run)."""
+    own checkpoint (a training run, a model folder, a LoRA run). ``whole_release``: a pipeline of a family whose
+    release is a folder of partitions stands, without --model-type, for every model that folder holds."""
     paths = as_paths(checkpoint)
+    root = release_root(paths) if whole_release else None
+    if root is not None:
+        raise CogExportError(f"{root.path} is a {root.family.name} release folder, the original layout already; export "
+                             "it without --to original to get Diffusers weights")
+    release = _release_models(paths, options) if whole_release and component == "transformer" else None
+    if release is not None:
+        return _open_release_models(paths, release, options, stack)
     folders = _model_folders(paths, component, options.model_type)
     sources = {name: stack.enter_context(open_weights(where, options))
                for name, where in folders.items()}
@@ -68,6 +78,44 @@ def _model_folders(paths: list[Path], component: str, task: str | None) -> dict[
     return found
 
 
+def _release_models(paths: list[Path], options: ExportOptions) -> tuple[ModelFamily, dict[str, str]] | None:
+    """A pipeline folder (no --model-type, no LoRA) of a family whose release is a folder of partitions: the family,
+    and every pipeline folder it holds that the release does -> that model's task ("" for a model the partitions
+    share)."""
+    index_file = next((paths[0] / name for name in ("model_index.json", MODULAR_INDEX)
+                       if len(paths) == 1 and (paths[0] / name).is_file()), None)
+    if index_file is None or options.model_type or options.lora:
+        return None
+    index = read_json(index_file)
+    for family in families():
+        if not family.release_partitions or index.get("_class_name") not in \
+                {family.task(task).pipeline for task in family.release_partitions}:
+            continue
+        held = {family.task(task).transformer_folder: task for task in family.release_partitions}
+        held.update({name: "" for name in family.release_models if name != "transformer"})
+        return family, {name: task for name, task in held.items() if _names(index, name)}
+    return None
+
+
+def _open_release_models(paths: list[Path], release: tuple[ModelFamily, dict[str, str]], options: ExportOptions,
+                         stack) -> ExportInputs:
+    """The pipeline's models the release holds: the partitions' transformers (each with its task) and the models
+    they share, each read from its own folder."""
+    family, held = release
+    located = {name: paths[0] / name for name in held}
+    sources = {name: stack.enter_context(open_weights([located[name]], options)) for name, task in held.items()
+               if task}
+    if not sources:
+        raise CogExportError(f"{paths[0]} holds no {family.name} transformer to write back")
+    inputs = ExportInputs(paths, open_base(options.base) if options.base else None, {}, sources, stack,
+                          tasks={name: task for name, task in held.items() if task}, located=located,
+                          release_family=family)
+    for name, task in held.items():
+        if not task:
+            inputs.models[name] = inputs.open_more([located[name]], options.tag)
+    return inputs
+
+
 def _names(index: dict, component: str) -> bool:
     return isinstance(index.get(component), list) and bool(index[component][0])
 
@@ -83,6 +131,29 @@ def _task_transformer_folder(index: dict, task: str | None) -> str | None:
 
 def release_folder(part: OriginalPart, experts: int) -> str:
     return "" if experts == 1 else release_folder_of(part.family, part.component, experts)
+
+
+# the shard size of a model the release keeps as one file: never cut
+_ONE_FILE = 1 << 62
+
+
+def destinations(part: OriginalPart, inputs: ExportInputs, count: int,
+                 max_shard_size: str | int) -> list[tuple[str, OriginalPart, str | int]]:
+    """Where a part is written, as (folder, part, shard size): a release folder of partitions written whole puts each
+    transformer into its task's partition, and each model the partitions share into every partition written, as the
+    one file the release keeps it as; else the expert's folder (or the output itself)."""
+    family = inputs.release_family
+    if family is None:
+        return [(release_folder(part, count), part, max_shard_size)]
+    if part.component in inputs.tasks:
+        partition = family.release_partitions[inputs.tasks[part.component]]
+        return [(f"{partition}/{family.release_models['transformer']}", part, max_shard_size)]
+    where, name = Path(family.release_models[part.component]), single_file(family, part.component)
+    if name is not None:
+        part, max_shard_size, where = replace(part, layout=replace(part.layout, file=name)), _ONE_FILE, where.parent
+    partitions = [family.release_partitions[task] for task in family.release_partitions
+                  if task in inputs.tasks.values()]
+    return [(str(Path(partition) / where), part, max_shard_size) for partition in partitions]
 
 
 def release_folder_of(family: ModelFamily, component: str, experts: int) -> str:
@@ -106,8 +177,12 @@ def plan_way_back(inputs: ExportInputs, component: str, options: ExportOptions,
                 for name in inputs.sources]
     adapters = adapters_to_fuse(inputs, options)  # the original layout holds a full model: a LoRA run is fused
     names = tuple(adapters) or tuple(inputs.sources)
-    return [_transformer_part(inputs, name, names, options, adapters.get(name), refuse_original,
-                              family_check or (lambda family, where: None), layout_of) for name in names]
+    parts = [_transformer_part(inputs, name, names, options, adapters.get(name), refuse_original,
+                               family_check or (lambda family, where: None), layout_of) for name in names]
+    # a release folder of partitions written whole: the models the partitions share, once
+    return parts + [_component_part(source, name, inputs, options, inputs.where_of(name), inputs.search_folders(name),
+                                    _own_folder(inputs, name), refuse_original)
+                    for name, source in inputs.models.items()]
 
 
 def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], options: ExportOptions,
@@ -123,9 +198,13 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
                                      family_hint(inputs.base, options, search))
         family_check(family, where)
         _check_layouts(family.transformer, table.name, family, where, refuse_original)
-        # the release's expert subfolders (high_noise_model/, ...) when writing several experts
-        experts = tuple(release_folder_of(family, each, len(names)) for each in names) if len(names) > 1 else ()
-        part = plan_transformer(source, options, where, inputs.base, name, experts, search)
+        # the release's expert subfolders (high_noise_model/, ...) when writing several experts (not partitions,
+        # each a model of its own task)
+        experts = tuple(release_folder_of(family, each, len(names)) for each in names) \
+            if len(names) > 1 and not inputs.tasks else ()
+        task = inputs.tasks.get(name)
+        part = plan_transformer(source, replace(options, model_type=task) if task else options, where, inputs.base,
+                                name, experts, search)
     written = _written_back(part, inputs.where_of(name), refuse_original and adapter is None, layout_of)
     written.fused = adapter is not None
     if adapter is None and _keeps_beside(written.layout):  # a release's tensors its Diffusers class has no place for
@@ -202,6 +281,7 @@ def _component_part(source: LazyCheckpoint, component: str, inputs: ExportInputs
     written.label = part.label.removesuffix(f" {title}")
     kept, written.notes = kept_beside(written.layout, folder, inputs)
     written.tensors = {**written.tensors, **kept}
+    written.read_as = {**written.read_as, **kept}  # as read: verify expects them where they were written
     return written
 
 

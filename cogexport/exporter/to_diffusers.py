@@ -78,8 +78,15 @@ def _plan_transformers(inputs: ExportInputs, adapters: dict[str, LoraAdapter],
     """Every expert's transformer (one for an ordinary model), with its adapter fused in when there is one."""
     if adapters:
         return [plan_fused_transformer(adapter, inputs, component, options) for component, adapter in adapters.items()]
-    return [plan_transformer(source, options, inputs.where_of(component), inputs.base, component, inputs.expert_names,
-                             inputs.search_folders(component)) for component, source in inputs.sources.items()]
+    return [plan_transformer(source, _task_options(inputs, component, options), inputs.where_of(component),
+                             inputs.base, component, inputs.expert_names, inputs.search_folders(component))
+            for component, source in inputs.sources.items()]
+
+
+def _task_options(inputs: ExportInputs, component: str, options: ExportOptions) -> ExportOptions:
+    """A release folder of partitions: each transformer is its partition's task's model, as --model-type would say."""
+    task = inputs.tasks.get(component)
+    return replace(options, model_type=task) if task else options
 
 
 def _plan_parts(inputs: ExportInputs, adapters: dict[str, LoraAdapter], component: str,
@@ -90,14 +97,18 @@ def _plan_parts(inputs: ExportInputs, adapters: dict[str, LoraAdapter], componen
         parts = _plan_transformers(inputs, adapters, options)
         family, variant = parts[0].family, parts[-1].variant
     inside: tuple[str, ...] = ()
+    released: tuple[str, ...] = ()
     given = _given_files(inputs, family, options) if component == PIPELINE else []
     if component == PIPELINE:  # a model a --vae file gives is not taken from the checkpoint too
         from_files = {name for _, _, names in given for name in names}
         inside = tuple(name for name in components_inside(inputs.source, family) if name not in from_files)
-        _check_pipeline(inputs, parts, variant, (*inside, *from_files), options)
-    for name in (*((component,) if component not in ("transformer", PIPELINE) else ()), *inside):
-        parts.append(plan_component(inputs.source, name, family, variant, inputs.base, options, inputs.where,
-                                    inputs.search_folders()))
+        # a release folder of partitions: the models they share (its VAEs), each from its own file
+        released = tuple(name for name in inputs.models if name not in from_files)
+        _check_pipeline(inputs, parts, variant, (*inside, *released, *from_files), options)
+    for name in (*((component,) if component not in ("transformer", PIPELINE) else ()), *inside, *released):
+        folders = inputs.search_folders(name) if name in inputs.models else inputs.search_folders()
+        parts.append(plan_component(inputs.model_source(name), name, family, variant, inputs.base, options,
+                                    inputs.where_of(name) if name in inputs.models else inputs.where, folders))
     if inside:  # the models share the file: a key one of them reads is not ignored by the others
         count_shared_keys_once(parts, list(inputs.source))
     for path, source, names in given:

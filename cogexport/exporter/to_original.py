@@ -19,7 +19,7 @@ from ..precision import describe_written
 from ..write.folder_plan import FolderPlan, TextFile
 from .cards import original_card
 from .options import ExportOptions, checked_format
-from .original_parts import add_components_beside, open_way_back, plan_way_back, release_folder
+from .original_parts import add_components_beside, destinations, open_way_back, plan_way_back
 from .original_writers import WRITES_BESIDE, OriginalPart, original_files
 from .output_formats import OutputFormat
 from .result import ExportResult
@@ -35,18 +35,22 @@ def export_original(checkpoint, output, options: ExportOptions | None = None, **
         return fmt.export(checkpoint, output, options)
     component, output = options.component or "transformer", Path(output)
     with ExitStack() as stack:
-        inputs = open_way_back(checkpoint, options, component, stack)
+        inputs = open_way_back(checkpoint, options, component, stack, whole_release=True)
         parts = plan_way_back(inputs, component, options)
         if component == "transformer" and parts[0].layout.writer in WRITES_BESIDE:
             add_components_beside(parts[0], options, inputs)
         folder = FolderPlan()
         for part in parts:
-            folder.add(*original_files(release_folder(part, len(parts)), part, options.max_shard_size))
+            for where, written, shard_size in destinations(part, inputs, len(parts), options.max_shard_size):
+                folder.add(*original_files(where, written, shard_size))
         precision = _precision(parts)
         source = next(iter(inputs.sources.values()))  # the model's checkpoint (a VAE's, with --component vae)
         folder.add(TextFile("README.md", original_card(parts, folder.written_paths, precision, options, source)))
-        return publish_way_back(folder, parts, f"original {_what(parts, component)}", precision, [], inputs,
-                                output, options)
+        what = f"original {_what(parts, component)}"
+        if inputs.release_family is not None:  # the release folder of partitions, written whole
+            partitions = sorted({path.split("/")[0] + "/" for path in folder.written_paths if "/" in path})
+            what = f"release folder ({', '.join(partitions)})"
+        return publish_way_back(folder, parts, what, precision, [], inputs, output, options)
 
 
 def _what(parts: list[OriginalPart], component: str) -> str:

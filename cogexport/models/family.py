@@ -134,6 +134,9 @@ class ModelFamily:
     # the families whose weights this one's are exactly (names and shapes; only the config differs): weights of a
     # published size both have are one family's or the other's only by the user's word or a config beside them
     same_weights_as: tuple[str, ...] = ()
+    # a release folder of partitions ([release]): task -> its subfolder, and component -> where a partition holds it
+    release_partitions: Mapping[str, str] = field(default_factory=dict)
+    release_models: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def transformer(self) -> ModelSpec:
@@ -382,6 +385,7 @@ def parse_family(text: str, key: str) -> ModelFamily:
     _require(set(pipeline.from_checkpoint) <= set(components), key,
              "[pipeline] from_checkpoint names an unknown component")
     layouts = tuple(_lora_layout(layout, index, key) for index, layout in enumerate(lora.layout))
+    _check_release(data.release, key, components, tasks)
     return ModelFamily(
         key=key, name=head.name, shapes=_shapes_module(head.shapes, key), tags=head.tags,
         components=components, lora_layouts=layouts,
@@ -390,7 +394,21 @@ def parse_family(text: str, key: str) -> ModelFamily:
         scheduler_class=pipeline.scheduler, scheduler_config=pipeline.scheduler_config,
         tasks=tasks, variants=variants, from_checkpoint=pipeline.from_checkpoint, extends=head.extends,
         same_weights_as=head.same_weights_as,
+        release_partitions=dict(data.release.partitions), release_models=dict(data.release.models),
     )
+
+
+def _check_release(release, key: str, components: Mapping[str, ModelSpec], tasks: Mapping[str, Task]) -> None:
+    """[release]: partitions of known tasks, each holding its transformer, and models of known components."""
+    if not release.partitions and not release.models:
+        return
+    _require(set(release.partitions) <= set(tasks), key, "[release] partitions names an unknown task")
+    _require(set(release.models) <= set(components), key, "[release] models names an unknown component")
+    _require("transformer" in release.models, key, "[release] models must say where a partition holds its "
+             "transformer")
+    folders = [tasks[task].transformer_folder for task in release.partitions]
+    _require(len(folders) == len(set(folders)), key, "[release] partitions of tasks whose transformers go to one "
+             "transformer_folder")
 
 
 def families() -> tuple[ModelFamily, ...]:

@@ -103,6 +103,20 @@ class PipelineSection:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReleaseSection:
+    """``[release]``: a release folder holding one partition per task, each a folder of the pipeline's models
+    (MiniMax-H3's FL2VA/ and Ref2VA/), read as one input and written back as one folder."""
+
+    partitions: dict[str, str] = declared(
+        "task -> the release folder's subfolder holding that task's models (`fl2va = \"FL2VA\"`)", {})
+    models: dict[str, str] = declared(
+        "pipeline component -> where each partition holds it: a folder, or a file (a name ending `.safetensors`: "
+        "the release keeps it as that one file, and the way back writes it so); the `transformer` is each "
+        "partition's own, going to its task's `transformer_folder`, every other model is one the partitions share "
+        "and must be equal in all of them", {})
+
+
+@dataclass(frozen=True, kw_only=True)
 class TaskSection:
     """``[tasks.<task>]``: one task (`--model-type` takes its name)."""
 
@@ -151,6 +165,7 @@ class FamilyFile:
     family: FamilySection = declared("who the family is")
     lora: LoraSection = declared("its LoRA layouts", LoraSection())
     pipeline: PipelineSection = declared("its pipelines", PipelineSection())
+    release: ReleaseSection = declared("its release folder of partitions, if it has one", ReleaseSection())
     tasks: dict[str, TaskSection] = declared("its tasks, by name", {})
     variant: tuple[VariantEntry, ...] = declared("its published models", ())
     components: dict[str, ComponentSection] = declared("its models, by pipeline component", rest=True)
