@@ -220,6 +220,17 @@ static float positive_peak(const float *values, int count)
     return peak;
 }
 
+/* Eight 6-bit scales and mins in 12 bytes: groups 0-3 whole in bytes 0-7 (scales, then mins), groups 4-7 as a low
+ * nibble each in bytes 8-11 and their top two bits in the spare bits 6-7 of bytes 0-7. */
+static void pack_scales_mins(const uint8_t ls[K_GROUPS], const uint8_t lm[K_GROUPS], uint8_t packed[12])
+{
+    for (int g = 0; g < 4; g++) {
+        packed[g] = (uint8_t)(ls[g] | ((ls[g + 4] >> 4) << 6));
+        packed[g + 4] = (uint8_t)(lm[g] | ((lm[g + 4] >> 4) << 6));
+        packed[g + 8] = (uint8_t)((ls[g + 4] & 0xf) | ((lm[g + 4] & 0xf) << 4));
+    }
+}
+
 /* The super-block's float16 d and dmin, its 12 bytes of packed 6-bit scales and mins, and the levels (0..nmax) of
  * its 256 values in their own order. */
 static void qkx_levels(const float *block, const SearchSettings *settings, uint8_t header[16],
@@ -251,12 +262,7 @@ static void qkx_levels(const float *block, const SearchSettings *settings, uint8
     uint16_t d16 = half_bits(max_scale / 63.0f), dmin16 = half_bits(max_min / 63.0f);
     store_half(header, d16);
     store_half(header + 2, dmin16);
-    uint8_t *packed = header + 4;           /* groups 0-3 whole in bytes 0-7; groups 4-7 split over the rest */
-    for (int g = 0; g < 4; g++) {
-        packed[g] = (uint8_t)(ls[g] | ((ls[g + 4] >> 4) << 6));
-        packed[g + 4] = (uint8_t)(lm[g] | ((lm[g + 4] >> 4) << 6));
-        packed[g + 8] = (uint8_t)((ls[g + 4] & 0xf) | ((lm[g + 4] & 0xf) << 4));
-    }
+    pack_scales_mins(ls, lm, header + 4);
     float d_unit = half_value(d16), dmin_unit = half_value(dmin16);
     for (int g = 0; g < K_GROUPS; g++) {
         float d = d_unit * (float)ls[g], dm = dmin_unit * (float)lm[g];
@@ -366,6 +372,20 @@ static void qx_search(const float x[X_VALUES][X_GROUPS], int nmax, float scale[X
     }
 }
 
+/* Value 128 h + 32 q + l: its low nibble to ql[64 h + 32 (q % 2) + l] (the high nibble for q >= 2), its top two
+ * bits to bits 2q, 2q + 1 of qh[32 h + l]; ql is the block's first 128 bytes, qh the next 64. */
+static void pack_q6_levels(const uint8_t levels[SUPER_BLOCK], uint8_t *out)
+{
+    uint8_t *ql = out, *qh = out + 128;
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *v = levels + 128 * h + l;
+            ql[64 * h + l] = (uint8_t)((v[0] & 0xf) | ((v[64] & 0xf) << 4));
+            ql[64 * h + 32 + l] = (uint8_t)((v[32] & 0xf) | ((v[96] & 0xf) << 4));
+            qh[32 * h + l] = (uint8_t)((v[0] >> 4) | ((v[32] >> 4) << 2) | ((v[64] >> 4) << 4) | ((v[96] >> 4) << 6));
+        }
+}
+
 static void q6_k_block(const float *block, uint8_t *out)
 {
     float x[X_VALUES][X_GROUPS], scale[X_GROUPS], kept[X_GROUPS];
@@ -399,16 +419,7 @@ static void q6_k_block(const float *block, uint8_t *out)
             levels[X_VALUES * g + i] = (uint8_t)(clamped(level, -32, 31) + 32);
         }
     }
-    /* value 128 h + 32 q + l: low nibble to ql[64 h + 32 (q % 2) + l] (high nibble for q >= 2), top two bits to
-     * bits 2q, 2q + 1 of qh[32 h + l] */
-    uint8_t *ql = out, *qh = out + 128;
-    for (int h = 0; h < 2; h++)
-        for (int l = 0; l < 32; l++) {
-            const uint8_t *v = levels + 128 * h + l;
-            ql[64 * h + l] = (uint8_t)((v[0] & 0xf) | ((v[64] & 0xf) << 4));
-            ql[64 * h + 32 + l] = (uint8_t)((v[32] & 0xf) | ((v[96] & 0xf) << 4));
-            qh[32 * h + l] = (uint8_t)((v[0] >> 4) | ((v[32] >> 4) << 2) | ((v[64] >> 4) << 4) | ((v[96] >> 4) << 6));
-        }
+    pack_q6_levels(levels, out);
     memcpy(out + 192, small, X_GROUPS);
     store_half(out + 208, d16);
 }
