@@ -22,7 +22,7 @@ BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 SUPER_BLOCK = 256
 LIBRARY = Path(__file__).with_name("_kquant_kernel" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 MISSING_NOTE = ("the compiled K-type quantizer is not built (no C compiler when cogexport was installed): the K types "
-                "were quantized by the torch path (the same bytes, several times slower); reinstall cogexport where a "
+                "were quantized by the torch path (the same bytes, about twice as slow); reinstall cogexport where a "
                 "C compiler is found to build it")
 
 
