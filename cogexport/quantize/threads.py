@@ -12,6 +12,7 @@ share the work instead (processes.py): ``quantizing_pool`` picks.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -37,6 +38,7 @@ class QuantizingThreads:
         self.count = max(1, count)
         self.min_piece_values = min_piece_values or MIN_PIECE_VALUES
         self._pool: ThreadPoolExecutor | None = None
+        self._starting = threading.Lock()  # the job's worker threads call quantize at once
 
     def __enter__(self) -> "QuantizingThreads":
         return self
@@ -54,15 +56,20 @@ class QuantizingThreads:
         pieces = self._piece_count(rows, type_name)
         if pieces <= 1:
             return quantize_tensor(values, type_name, name)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.count, thread_name_prefix="cogexport-quantize")
-        futures = [self._pool.submit(quantize_tensor, piece, type_name, name) for piece in rows.tensor_split(pieces)]
+        pool = self._started()
+        futures = [pool.submit(quantize_tensor, piece, type_name, name) for piece in rows.tensor_split(pieces)]
         try:
             return torch.cat([future.result() for future in futures])
         except Exception:  # a value a piece cannot hold: the whole tensor again here, for the error it raises
             for future in futures:
                 future.cancel()
             return quantize_tensor(values, type_name, name)
+
+    def _started(self) -> ThreadPoolExecutor:
+        with self._starting:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.count, thread_name_prefix="cogexport-quantize")
+            return self._pool
 
     def _piece_count(self, rows: torch.Tensor, type_name: str) -> int:
         if self.count <= 1 or not kernel.handles(type_name):
