@@ -16,6 +16,8 @@ through ctypes, which releases Python's lock, so its threads run at once; the fl
 2. Per value, one core, in one process: cogexport's ``quantize_tensor`` and the C reference on the same tensors
    (``--sample-tensors`` of each quantized type, the largest), one after the other, ``--runs`` rounds; the medians
    of the thread's CPU time (a loaded machine delays both alike), and their ratio per type (the issue: at most 1.1x).
+   The K types go through cogexport's compiled quantizer when the install built it (the report says which ran;
+   COGEXPORT_KQUANT_KERNEL=0 measures the torch path instead).
 3. Wall time and peak memory, each run a fresh process measured by scripts/benchmarking.py, in turn, ``--runs``
    rounds: cogexport with ``--workers 1`` and ``--workers 2``, the reference job with 1 and 2 threads (reading the
    release, quantizing, writing the bytes), the I/O floors (the release's bytes read, the file's bytes written) and
@@ -182,8 +184,15 @@ def per_value(release: Path, plan: list[list], sample: int, runs: int, library: 
             values = sum(t.size for t in tensors)
             mine, c = statistics.median(ours), statistics.median(theirs)
             results[type_name] = {"tensors": len(tensors), "values": values, "cogexport_ns": 1e9 * mine / values,
-                                  "c_ns": 1e9 * c / values, "ratio": mine / c}
+                                  "c_ns": 1e9 * c / values, "ratio": mine / c, "quantizer": _quantizer(type_name)}
     return results
+
+
+def _quantizer(type_name: str) -> str:
+    """Which of cogexport's quantizers made the type: the compiled K quantizer when built, else the torch code."""
+    from cogexport.quantize import kernel
+
+    return "compiled (kquant_kernel.c)" if kernel.handles(type_name) else "torch"
 
 
 def _cpu_seconds(work) -> float:
@@ -273,8 +282,8 @@ def report(facts: dict, variant: str, layers: int | None, runs: int, measured: l
         click.echo("per value, one core (CPU time of the thread, the same tensors):")
         for type_name, figures in one["per_value"].items():
             click.echo(f"  {type_name}: cogexport {figures['cogexport_ns']:.1f} ns, C {figures['c_ns']:.1f} ns: "
-                       f"{figures['ratio']:.2f}x ({figures['tensors']} tensors, {figures['values']:,} values; "
-                       "the issue: at most 1.1x)")
+                       f"{figures['ratio']:.2f}x ({figures['tensors']} tensors, {figures['values']:,} values, "
+                       f"cogexport's {figures['quantizer']} quantizer; the issue: at most 1.1x)")
         print_table(one["results"], "tool", 34, lambda row: row["tool"])
         c_times = one["c_quantize_seconds"]
         click.echo(f"C's quantizing time inside its job: {c_times[1]:.1f} s with 1 thread (C's one-core time), "

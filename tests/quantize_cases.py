@@ -38,3 +38,27 @@ def edge_cases(row: int) -> dict[str, torch.Tensor]:
 def random_weights(seed: int, rows: int, row: int, scale: float) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(rows, row, generator=generator) * scale
+
+
+# The K types' two quantizers: the compiled one (cogexport/quantize/kquant_kernel.c, built at install) and the torch
+# search it falls back to; each must make the reference's bytes.
+K_PATHS = ["compiled", "torch"]
+
+
+def use_k_path(monkeypatch, path: str) -> None:
+    """Make ``quantize_tensor`` use the K types' ``path`` for the rest of the test. A missing compiled quantizer
+    skips its cases, unless COGEXPORT_REQUIRE_KERNEL=1 (scripts/test.sh, whose install builds it) makes that a
+    failure: CI must not pass by testing only the fallback."""
+    import os
+
+    import pytest
+
+    from cogexport.quantize import kernel
+
+    if path == "torch":
+        monkeypatch.setattr(kernel, "_library", lambda: None)
+    elif not kernel.available():
+        message = f"the compiled K quantizer is not built ({kernel.LIBRARY}): pip install -e . builds it"
+        if os.environ.get("COGEXPORT_REQUIRE_KERNEL") == "1":
+            pytest.fail(message)
+        pytest.skip(message)

@@ -1,6 +1,7 @@
 """The K types (Q6_K, Q5_K, Q4_K) against llama.cpp's own reference quantizers (quantize_row_q*_K_ref, compiled
 from the llama.cpp that llama-cpp-python vendors by scripts/build_ggml_reference.sh; skipped without that build),
-byte for byte; and their error, read back with the gguf package's dequantizers, within llama.cpp's published bound."""
+byte for byte, through both of cogexport's quantizers (the compiled one and the torch search); and their error, read
+back with the gguf package's dequantizers, within llama.cpp's published bound."""
 
 from __future__ import annotations
 
@@ -13,13 +14,19 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from quantize_cases import edge_cases, random_weights
+from quantize_cases import K_PATHS, edge_cases, random_weights, use_k_path
 
 from cogexport.quantize import ggml_type, quantize_tensor
 
 K_TYPES = ["Q6_K", "Q5_K", "Q4_K"]
 REFERENCE = Path(os.environ.get("COGEXPORT_GGML_REFERENCE",
                                 Path(__file__).parent / ".fixtures" / "ggml-reference" / "libggml_quants_ref.so"))
+
+
+@pytest.fixture(params=K_PATHS)
+def k_path(request, monkeypatch):
+    use_k_path(monkeypatch, request.param)
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +46,14 @@ def reference_bytes(library, tensor: torch.Tensor, type_name: str) -> np.ndarray
 
 
 @pytest.mark.parametrize("type_name", K_TYPES)
-def test_edge_cases_match_llama_cpp(llama_cpp, type_name):
+def test_edge_cases_match_llama_cpp(llama_cpp, type_name, k_path):
     for case, tensor in edge_cases(512).items():
         ours = quantize_tensor(tensor, type_name, case).numpy()
         assert np.array_equal(ours, reference_bytes(llama_cpp, tensor, type_name)), f"{type_name}: {case}"
 
 
 @pytest.mark.parametrize("type_name", K_TYPES)
-def test_random_weights_match_llama_cpp(llama_cpp, type_name):
+def test_random_weights_match_llama_cpp(llama_cpp, type_name, k_path):
     shapes = [(4, 256, 1.0), (24, 1536, 0.02), (8, 5120, 0.01), (3, 8960 - 8960 % 256, 0.3), (64, 256, 1e-3),
               (2, 13824, 0.05), (16, 3072, 40.0)]
     for seed, (count, row, scale) in enumerate(shapes * 2):
@@ -58,7 +65,7 @@ def test_random_weights_match_llama_cpp(llama_cpp, type_name):
 
 
 @pytest.mark.parametrize("type_name", K_TYPES)
-def test_opposite_sign_ties_match_llama_cpp(llama_cpp, type_name):
+def test_opposite_sign_ties_match_llama_cpp(llama_cpp, type_name, k_path):
     """Groups whose largest magnitude occurs twice with opposite signs, the negative one first or second: the
     reference keeps the first (Q6_K's scale takes its sign), and so must the vectorised search for it."""
     tensor = random_weights(7, 8, 1024, 0.01)
@@ -107,3 +114,22 @@ def test_relative_error_on_gaussian_weights(type_name):
         assert error < relative_rms(weights, same_width)
     if narrower is not None:
         assert error < relative_rms(weights, narrower)
+
+
+def test_compiled_float16_rounding_is_torchs(monkeypatch):
+    """The compiled quantizer's own float32 -> float16 conversion (d, dmin) against torch's, round to nearest even,
+    on every tie between float16 neighbours, subnormal and normal, the edges of its range and random values."""
+    use_k_path(monkeypatch, "compiled")
+    from cogexport.quantize import kernel
+
+    halves = torch.arange(0, 0x7C00, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    ties = (halves[:-1].double() + halves[1:].double()) / 2  # exactly halfway: representable in float32
+    edges = torch.tensor([65504.0, 65519.99, 65520.0, 1e9, 2.0 ** -25, 2.0 ** -25 * 1.0000001, 2.0 ** -26, 0.0],
+                         dtype=torch.float64)
+    values = torch.cat([halves.double(), ties, edges, torch.randn(100_000, dtype=torch.float64) * 10.0 ** torch.randint(
+        -9, 5, (100_000,))]).float()
+    values = torch.cat([values, -values])
+    ours = torch.empty(values.shape, dtype=torch.int16)
+    kernel._library().cogexport_half_bits(ctypes.c_void_p(values.data_ptr()), ctypes.c_void_p(ours.data_ptr()),
+                                          ctypes.c_int64(values.numel()))
+    assert torch.equal(ours, values.to(torch.float16).view(torch.int16))

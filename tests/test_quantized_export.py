@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import assert_refused
+from quantize_cases import K_PATHS, use_k_path
 from quantized_models import FAMILIES, original_tensors
 from safetensors import safe_open
 from test_gguf_diffusers import dequantized_state, forward, load_with_diffusers
@@ -99,15 +100,17 @@ def test_gguf_of_a_lora_run_is_fused_first(cli, tmp_path):
 
 def test_gguf_quantized_by_worker_threads_and_processes_is_the_one_thread_file_and_a_bad_value_is_refused(
         cli, tmp_path, monkeypatch):
-    """With --workers, tensors are quantized ahead in threads, their rows in pieces by as many worker processes,
-    and handed to the writer in the file's order: the file one thread writes in turn, byte for byte. A NaN met in a
-    worker is one line naming its tensor, nothing written."""
+    """With --workers, tensors are quantized ahead in threads, their rows in pieces by the job's quantizing pool (as
+    many threads with the compiled K quantizer, worker processes without it: test_quantize_threads.py), and handed
+    to the writer in the file's order: the file one thread writes in turn, byte for byte. A NaN met in a piece is
+    one line naming its tensor, nothing written."""
     import threading
 
-    from cogexport.quantize import processes
+    from cogexport.quantize import processes, threads as pool_threads
     from cogexport.write import gguf_file as writer
 
-    monkeypatch.setattr(processes, "MIN_PIECE_VALUES", 1 << 14)  # the tiny model's tensors go to the processes
+    for module in (processes, pool_threads):  # the tiny model's tensors go to the pool
+        monkeypatch.setattr(module, "MIN_PIECE_VALUES", 1 << 14)
     model = FAMILIES["wan"].build()
     model.save_pretrained(tmp_path / "model")
     quantized_in, quantize = [], writer.stored_bytes
@@ -130,6 +133,20 @@ def test_gguf_quantized_by_worker_threads_and_processes_is_the_one_thread_file_a
     assert_refused(cli, tmp_path / "refusal", [tmp_path / "bad", tmp_path / "refusal" / "out", "--to", "gguf",
                                                "--quant", "Q4_K_M", "--workers", "3"],
                    "ffn.2.weight", "NaN or infinite", inputs=[tmp_path / "bad"])
+
+
+def test_a_gguf_export_without_the_compiled_quantizer_is_the_same_file_and_says_so_once(cli, tmp_path, monkeypatch):
+    """An install without a C compiler quantizes the K types by the torch path: the same file, and the export's notes
+    say so once, whatever the number of tensors; with the compiled quantizer nothing is said."""
+    FAMILIES["wan"].build().save_pretrained(tmp_path / "model")
+    files = {}
+    for path in K_PATHS:  # the compiled quantizer first: the torch path's monkeypatch stays to the test's end
+        use_k_path(monkeypatch, path)
+        result = cli(tmp_path / "model", tmp_path / path, "--to", "gguf", "--quant", "Q4_K_M", "--workers", "1")
+        assert result.exit_code == 0, result.stderr
+        assert result.stderr.count("compiled K-type quantizer is not built") == (path == "torch")
+        files[path] = gguf_file(tmp_path / path).read_bytes()
+    assert files["compiled"] == files["torch"]
 
 
 @pytest.mark.parametrize("dtype, fp8", [("fp8", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)])

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -47,6 +48,10 @@ def test_the_wheel_holds_every_module_and_key_map(built):
     names = set(zipfile.ZipFile(built["wheel"]).namelist())
     missing = sorted(_source_files() - names)
     assert not missing, f"left out of the wheel: {missing}"
+    # the K types' compiled quantizer, built with the wheel; its source in the sdist, for builds from it
+    assert any(n.startswith("cogexport/quantize/_kquant_kernel") and n.endswith(".so") for n in names), sorted(names)
+    with tarfile.open(built["sdist"]) as sdist:
+        assert any(n.endswith("/cogexport/quantize/kquant_kernel.c") for n in sdist.getnames())
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(built["wheel"]).read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text and "Requires-Python: >=3.10" in text
@@ -82,6 +87,9 @@ def test_the_installed_wheel_runs_the_commands(built, tmp_path):
     where = subprocess.run([str(python), "-c", "import cogexport; print(cogexport.__file__)"], capture_output=True,
                            text=True, cwd=tmp_path, env=env).stdout
     assert str(venv) in where, f"cogexport was imported from {where}, not the installed wheel"
+    compiled = subprocess.run([str(python), "-c", "from cogexport.quantize import kernel; print(kernel.available())"],
+                              capture_output=True, text=True, cwd=tmp_path, env=env).stdout
+    assert compiled.strip() == "True", "the installed wheel's compiled K quantizer does not load"
     assert "--model-type" in cogexport("export", "--help")
     assert "usable" in cogexport("inspect", run.checkpoint)
     cogexport("--model-type", "t2v", run.checkpoint, tmp_path / "out", "--base", run.base, "--component", "transformer",

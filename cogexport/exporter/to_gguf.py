@@ -33,10 +33,10 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
     _, options = checked_format(replace(options or ExportOptions(), **overrides), "gguf")
     if options.workers is None:  # quantizing is compute: a worker per core, the writer's share is small
         options = replace(options, workers=default_workers(writer_core=False))
-    from ..quantize.processes import QuantizingProcesses  # GGUF jobs only: multiprocessing is no other start's cost
+    from ..quantize.threads import quantizing_pool  # GGUF jobs only: no other start's cost
 
     with ExitStack() as stack:
-        processes = stack.enter_context(QuantizingProcesses(options.workers))
+        processes = stack.enter_context(quantizing_pool(options.workers))
         inputs = open_way_back(checkpoint, options, "transformer", stack)
         parts = plan_way_back(inputs, "transformer", options, refuse_original=False,
                               family_check=quantized_family_check("GGUF files"), layout_of=quantized_layout)
@@ -50,13 +50,22 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
             if not part.published:  # no published model has its shapes: its loader's config goes beside the file
                 folder.add(TextFile(in_folder(release_folder(part, len(parts)), f"{CONFIG_FOLDER}/config.json"),
                                     part.config_json))
-            notes += plan.notes
+            notes += plan.notes + _fallback_note(plan, notes)
             counts = {t: counts.get(t, 0) + n for t, n in plan.type_counts().items()}
         precision = f"GGUF {options.quant.upper()}: " + ", ".join(f"{n} {t}" for t, n in counts.items())
         card = QuantizedCard("GGUF", "gguf", precision, notes, _usage(parts, files, options))
         folder.add(TextFile("README.md", quantized_card(parts, card, options, inputs.source,
                                                         trained=any(part.fused for part in parts))))
         return publish_way_back(folder, parts, "GGUF transformer", precision, notes, inputs, output, options)
+
+
+def _fallback_note(plan, notes: list[str]) -> tuple[str, ...]:
+    """Once a job: the K types quantized without the compiled quantizer (an install without a C compiler)."""
+    from ..quantize import kernel
+
+    uses_k_types = any(tensor.type.name in kernel.BLOCK_BYTES for tensor in plan.tensors)
+    return (kernel.MISSING_NOTE,) if uses_k_types and not kernel.available() and kernel.MISSING_NOTE not in notes \
+        else ()
 
 
 def _release_strings(part: OriginalPart, policy) -> dict[str, str]:

@@ -1,6 +1,7 @@
-"""Quantize with every core: a tensor's rows split into pieces, each quantized in a worker process.
+"""Quantize with every core: a tensor's rows split into pieces, each quantized in a worker process. A job uses these
+when the K types' compiled quantizer is not built (threads.py's pool otherwise, see ``quantizing_pool``).
 
-The quantizers run thousands of small torch operations per chunk, each a Python call holding the interpreter's lock
+The torch quantizers run thousands of small torch operations per chunk, each a Python call holding the interpreter's lock
 for a moment, so threads of one process barely overlap (two threads on 2 cores: 1.2x one). Processes do not share
 that lock. A tensor's pieces go to the workers in shared memory (one copy in, the stored bytes back the same way),
 and the bytes are the same as quantizing in one process: every block is quantized from its own 256 or 32 values

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable
 
 import torch
 
 from ..errors import CogExportError, quoted
 from ..finite_values import NonfiniteValuesError, count_nonfinite
-from . import kquants, legacy
+from . import kernel, kquants, legacy
 from .formats import GgmlType, ggml_type
 
 _BLOCK_QUANTIZERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -41,9 +41,15 @@ def quantize_tensor(tensor: torch.Tensor, type_name: str, name: str = "tensor",
                              f"(blocks of {kind.block})")
     out = torch.empty(rows.shape[0], kind.row_bytes(rows.shape[1]), dtype=torch.uint8)
     step = max(1, CHUNK_VALUES // max(1, rows.shape[1]))
-    with _one_thread():
+    compiled = kernel.handles(type_name)
+    # the compiled quantizer's threads call this at once: torch's thread count, one setting of the process, is
+    # left alone for them (their only torch operation here is the cast)
+    with nullcontext() if compiled else _one_thread():
         for start in range(0, rows.shape[0], step):
             chunk = rows[start:start + step].to(torch.float32)
+            # the compiled quantizer checks the values as it goes; what it refuses, the checks below name
+            if compiled and kernel.quantize_blocks(chunk.reshape(-1, kind.block), type_name, out[start:start + step]):
+                continue
             refuse_nonfinite = not (allow_nonfinite and kind.is_float)
             if not (refuse_nonfinite and _plainly_fits(chunk, kind)):  # else the exact checks find the error
                 if refuse_nonfinite and not torch.isfinite(chunk).all():

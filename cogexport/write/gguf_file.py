@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     import gguf
 
     from ..quantize.processes import QuantizingProcesses
+    from ..quantize.threads import QuantizingThreads
+
+    QuantizingPool = QuantizingProcesses | QuantizingThreads
 
 ORIG_SHAPE_KEY = "comfy.gguf.orig_shape."
 
@@ -72,10 +75,10 @@ def gguf_layout(plan: GgufPlan) -> FileLayout:
                                     writer.data_alignment)
 
 
-def stored_bytes(tensor: PlannedTensor, processes: QuantizingProcesses | None = None) -> torch.Tensor:
+def stored_bytes(tensor: PlannedTensor, processes: QuantizingPool | None = None) -> torch.Tensor:
     """The planned tensor loaded and quantized: its bytes in the file (flat uint8), by ``processes`` where given
-    (pieces of a big tensor in worker processes), else here. NaN or infinite values are the quantizer's to count,
-    as it checks every value anyway (``NonfiniteValuesError``: the writer's watch decides)."""
+    (pieces of a big tensor in worker threads or processes), else here. NaN or infinite values are the quantizer's to
+    count, as it checks every value anyway (``NonfiniteValuesError``: the writer's watch decides)."""
     def load() -> torch.Tensor:
         return tensor.source.load().reshape(tensor.stored_shape)
 
@@ -90,7 +93,7 @@ def stored_bytes(tensor: PlannedTensor, processes: QuantizingProcesses | None = 
         raise
 
 
-def quantized(tensor: PlannedTensor, processes: QuantizingProcesses | None = None) -> LazyTensor:
+def quantized(tensor: PlannedTensor, processes: QuantizingPool | None = None) -> LazyTensor:
     """The planned tensor's bytes in the file, quantized when loaded (``stored_bytes``): what a feed loads ahead."""
     return LazyTensor(torch.Size([tensor.nbytes]), torch.uint8, lambda: stored_bytes(tensor, processes),
                       f"{tensor.name} as {tensor.type.name}")
@@ -122,8 +125,8 @@ class GgufFile:
 
     path: str
     plan: GgufPlan
-    # where big tensors are quantized (None: in the writing process); how, not what: left out of the plan's digest
-    processes: QuantizingProcesses | None = field(default=None, metadata={"how": True})
+    # where big tensors are quantized (None: in the writing thread); how, not what: left out of the plan's digest
+    processes: QuantizingPool | None = field(default=None, metadata={"how": True})
 
     @property
     def nbytes(self) -> int:
