@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from quantize_cases import edge_cases, random_weights
+from quantize_cases import K_PATHS, edge_cases, random_weights, use_k_path
 
 from cogexport.errors import CogExportError
 from cogexport.quantize import quantize_tensor, rows
@@ -35,7 +35,21 @@ def test_random_weights_match_the_reference(type_name):
         assert np.array_equal(quantize_tensor(tensor, type_name).numpy(), reference_bytes(tensor, type_name)), seed
 
 
-def test_q8_0_rounds_half_away_from_zero_at_the_edges_of_its_rounding():
+@pytest.fixture(params=K_PATHS)
+def q8_path(request, monkeypatch):
+    """Q8_0 has two quantizers too: the compiled one (kquant_kernel.c) and the torch code (legacy.py)."""
+    use_k_path(monkeypatch, request.param)
+    return request.param
+
+
+def test_q8_0_through_either_quantizer_matches_the_reference(q8_path):
+    cases = {**edge_cases(256), **{seed: random_weights(seed, count, row, scale) for seed, (count, row, scale)
+                                   in enumerate([(17, 96, 0.02), (64, 1536, 0.05), (1, 4096, 250.0)])}}
+    for case, tensor in cases.items():
+        assert np.array_equal(quantize_tensor(tensor, "Q8_0").numpy(), reference_bytes(tensor, "Q8_0")), case
+
+
+def test_q8_0_rounds_half_away_from_zero_at_the_edges_of_its_rounding(q8_path):
     """A block whose largest magnitude is 127 is stored with scale 1, so each value is rounded as it is: the
     float32 just below one half (which an added 0.5 would round up to 1), exact halves of every magnitude, and
     the floats just beside them, each sign."""

@@ -1,5 +1,5 @@
-"""Quantizing in threads with the compiled K quantizer (cogexport/quantize/threads.py): a tensor's rows in pieces,
-each quantized by a thread of the pool, give the bytes one thread gives, for the K types and the stored dtypes; what
+"""Quantizing in threads with the compiled quantizer (cogexport/quantize/threads.py): a tensor's rows in pieces,
+each quantized by a thread of the pool, give the bytes one thread gives, for the K types, Q8_0 and the stored dtypes; what
 a piece cannot quantize is redone whole and raises the one-thread error; small tensors and the other types stay in
 the calling thread; a job picks threads when the compiled quantizer is built and worker processes when not."""
 
@@ -20,7 +20,7 @@ def compiled(monkeypatch):
     use_k_path(monkeypatch, "compiled")
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 def test_pieces_quantized_in_threads_are_the_one_thread_bytes(compiled, type_name):
     tensor = random_weights(7, 37, 1024, 0.02)  # 37 rows: pieces of unequal size
     with QuantizingThreads(3, min_piece_values=1 << 10) as threads:
@@ -43,7 +43,7 @@ def test_a_value_a_piece_cannot_quantize_raises_the_one_thread_error(compiled):
 def test_small_tensors_other_types_and_one_thread_stay_in_the_calling_thread(compiled):
     tensor = random_weights(9, 4, 1024, 0.02)
     for threads, type_name in ((QuantizingThreads(2), "Q4_K"), (QuantizingThreads(1, min_piece_values=1), "Q4_K"),
-                               (QuantizingThreads(2, min_piece_values=1), "Q8_0")):
+                               (QuantizingThreads(2, min_piece_values=1), "Q5_0")):
         with threads:
             assert torch.equal(threads.quantize(lambda: tensor, type_name, "w"), quantize_tensor(tensor, type_name))
             assert threads._pool is None

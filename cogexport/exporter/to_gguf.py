@@ -63,7 +63,7 @@ def _fallback_note(plan, notes: list[str]) -> tuple[str, ...]:
     """Once a job: the K types quantized without the compiled quantizer (an install without a C compiler)."""
     from ..quantize import kernel
 
-    uses_k_types = any(tensor.type.name in kernel.BLOCK_BYTES for tensor in plan.tensors)
+    uses_k_types = any(tensor.type.name in kernel.K_TYPES for tensor in plan.tensors)
     return (kernel.MISSING_NOTE,) if uses_k_types and not kernel.available() and kernel.MISSING_NOTE not in notes \
         else ()
 

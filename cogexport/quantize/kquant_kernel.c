@@ -1,6 +1,7 @@
 /*
  * cogexport's compiled K-type quantizer: float32 super-blocks of 256 values in, Q4_K / Q5_K / Q6_K block bytes out,
- * byte for byte what llama.cpp's reference quantizers (quantize_row_q*_K_ref, no importance matrix) store.
+ * byte for byte what llama.cpp's reference quantizers (quantize_row_q*_K_ref, no importance matrix) store; and Q8_0,
+ * the one 32-value type whose torch code is bound by memory (several passes over every value where this makes one).
  *
  * Written from cogexport/quantize/kquants.py (the torch version, which stays as the fallback) and the algorithm
  * described there. The reference chooses between candidate scales by comparing float32 sums accumulated one value
@@ -425,19 +426,45 @@ static void q6_k_block(const float *block, uint8_t *out)
 }
 
 /* ------------------------------------------------------------------------------------------------------------
+ * Q8_0: 32 values a block, stored as the float16 of d = (largest magnitude) / 127 and each value times 1/d rounded
+ * to the nearest integer, halves away from zero (C's roundf), as an int8. */
+
+#define Q8_VALUES 32
+/* The float32 just below one half: for |v| < 256, v + copysign(it, v) truncated toward zero is roundf(v) (adding 0.5
+ * itself would carry 0.49999997 up to 1); the scaled values lie within 127. Checked for every such float32 in
+ * cogexport/quantize/legacy.py's torch version, which uses the same constant. */
+#define BELOW_HALF 0.49999997f
+
+static void q8_0_block(const float *block, uint8_t *out)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < Q8_VALUES; i++) {
+        const float magnitude = fabsf(block[i]);
+        amax = magnitude > amax ? magnitude : amax;
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;   /* a true division, as the reference's 1.0f/d */
+    store_half(out, half_bits(d));
+    for (int i = 0; i < Q8_VALUES; i++) {
+        const float scaled = block[i] * id;
+        out[2 + i] = (uint8_t)(int8_t)(int32_t)(scaled + copysignf(BELOW_HALF, scaled));
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------
  * The entry points: ``blocks`` super-blocks of ``values`` (256 float32 each) into ``out`` (144 / 176 / 210 bytes a
  * block). Each returns 0, or 1 without quantizing when a value is not finite or beyond float16's range (the caller's
  * own checks then say which and where). */
 
 typedef void (*BlockQuantizer)(const float *, uint8_t *);
 
-static int quantize_blocks(BlockQuantizer quantize_block, int64_t block_bytes, const float *values, uint8_t *out,
-                           int64_t blocks)
+static int quantize_blocks(BlockQuantizer quantize_block, int64_t block_values, int64_t block_bytes,
+                           const float *values, uint8_t *out, int64_t blocks)
 {
-    if (!plainly_fits(values, blocks * SUPER_BLOCK))
+    if (!plainly_fits(values, blocks * block_values))
         return 1;
     for (int64_t b = 0; b < blocks; b++)
-        quantize_block(values + b * SUPER_BLOCK, out + b * block_bytes);
+        quantize_block(values + b * block_values, out + b * block_bytes);
     return 0;
 }
 
@@ -451,15 +478,20 @@ void cogexport_half_bits(const float *values, uint16_t *out, int64_t count)
 
 int cogexport_quantize_q4_k(const float *values, uint8_t *out, int64_t blocks)
 {
-    return quantize_blocks(q4_k_block, 144, values, out, blocks);
+    return quantize_blocks(q4_k_block, SUPER_BLOCK, 144, values, out, blocks);
 }
 
 int cogexport_quantize_q5_k(const float *values, uint8_t *out, int64_t blocks)
 {
-    return quantize_blocks(q5_k_block, 176, values, out, blocks);
+    return quantize_blocks(q5_k_block, SUPER_BLOCK, 176, values, out, blocks);
 }
 
 int cogexport_quantize_q6_k(const float *values, uint8_t *out, int64_t blocks)
 {
-    return quantize_blocks(q6_k_block, 210, values, out, blocks);
+    return quantize_blocks(q6_k_block, SUPER_BLOCK, 210, values, out, blocks);
+}
+
+int cogexport_quantize_q8_0(const float *values, uint8_t *out, int64_t blocks)
+{
+    return quantize_blocks(q8_0_block, Q8_VALUES, 34, values, out, blocks);
 }

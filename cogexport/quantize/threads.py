@@ -1,9 +1,9 @@
-"""Quantize with every core through the compiled K quantizer: a tensor's rows split into pieces, each quantized by a
+"""Quantize with every core through the compiled quantizer (the K types and Q8_0): a tensor's rows split into pieces, each quantized by a
 thread of one pool.
 
 The compiled quantizer (kernel.py) runs with Python's lock released, so threads of this process quantize at once:
 no copies into shared memory, no worker processes to start. The bytes are the same as quantizing in one thread:
-every block is quantized from its own 256 values alone, whichever thread holds its row. Anything that goes wrong
+every block is quantized from its own values alone, whichever thread holds its row. Anything that goes wrong
 in a piece is done again whole in the calling thread, so the error names the tensor and counts its values whole.
 
 Without the compiled quantizer the K types' torch search holds Python's lock much of the time, and worker processes
@@ -21,8 +21,8 @@ import torch
 from . import kernel
 from .rows import quantize_tensor
 
-# Values a piece holds at least: a few milliseconds of work (the K types take 25-110 ns a value on one core), far
-# above a task's cost in the pool; smaller tensors are quantized in the calling thread.
+# Values a piece holds at least: a millisecond of work or more (the K types take 25-110 ns a value on one core, Q8_0
+# a few), far above a task's cost in the pool; smaller tensors are quantized in the calling thread.
 MIN_PIECE_VALUES = 1 << 16
 # Pieces a tensor is cut into per thread at most: a core slowed by other work then leaves less of the tensor
 # waiting on it.
@@ -30,7 +30,7 @@ PIECES_PER_THREAD = 4
 
 
 class QuantizingThreads:
-    """``count`` threads quantizing pieces of the K types' tensors with the compiled quantizer; use as a context
+    """``count`` threads quantizing pieces of the tensors the compiled quantizer takes (the K types, Q8_0); use as a context
     manager (the threads stop at its end). Other types, and every type with a count of 1, are quantized in the
     calling thread (the job's worker threads already quantize several tensors at once)."""
 
