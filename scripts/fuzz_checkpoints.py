@@ -507,25 +507,25 @@ def mutations_for(source: Source, folder: Path) -> dict[str, Mutation]:
             path, (offset, dtype) = rng.choice(floats)
             return f"{path.relative_to(root)}: {set_exponent(path, offset, dtype, rng)}"
         found["flip safetensors exponent"] = spoil_exponent
-    if source.family == "dcp":
-        found.update(dcp_rank_mutations(folder))
-    elif source.family == "fastvideo":
-        found.update(dcp_rank_mutations(folder))
-        found.update(fastvideo_mutations(folder))
-    elif source.family == "megatron":
-        found.update(dcp_rank_mutations(folder))
-        found.update(megatron_mutations(folder))
-    elif source.family == "megatron-zarr":
-        found.update(megatron_run_mutations(folder))
-        found.update(zarr_mutations(folder))
-    elif source.family == "hf-storage":
-        found.update(hf_rank_mutations(folder))
-    else:
-        found.update(zero_rank_mutations(folder))
-    if source.family == "hf-trainer":
-        found.update(trainer_mutations(folder))
-    if source.family == "autotp":
-        found.update(autotp_mutations(folder))
+    found.update(layout_mutations(source, folder))
+    return found
+
+
+def layout_mutations(source: Source, folder: Path) -> dict[str, Mutation]:
+    """The mutations of the source's own layout (rank files, trackers, side files): ZeRO's rank files unless the
+    source comes from another stack. A new source's stack adds one entry here."""
+    makers = {
+        "dcp": (dcp_rank_mutations,),
+        "fastvideo": (dcp_rank_mutations, fastvideo_mutations),
+        "megatron": (dcp_rank_mutations, megatron_mutations),
+        "megatron-zarr": (megatron_run_mutations, zarr_mutations),
+        "hf-storage": (hf_rank_mutations,),
+        "hf-trainer": (zero_rank_mutations, trainer_mutations),
+        "autotp": (zero_rank_mutations, autotp_mutations),
+    }.get(source.family, (zero_rank_mutations,))
+    found: dict[str, Mutation] = {}
+    for make in makers:
+        found.update(make(folder))
     return found
 
 
