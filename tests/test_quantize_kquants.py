@@ -133,3 +133,25 @@ def test_compiled_float16_rounding_is_torchs(monkeypatch):
     kernel._library().cogexport_half_bits(ctypes.c_void_p(values.data_ptr()), ctypes.c_void_p(ours.data_ptr()),
                                           ctypes.c_int64(values.numel()))
     assert torch.equal(ours, values.to(torch.float16).view(torch.int16))
+
+
+def test_a_library_without_the_quantizers_is_taken_for_none(monkeypatch):
+    """An editable checkout whose library was built from an older kquant_kernel.c (a function missing) quantizes
+    with the torch code instead of failing every GGUF export: stood in for by a real shared library holding none."""
+    import ctypes.util
+
+    from cogexport.quantize import kernel
+
+    soname = ctypes.util.find_library("m") or "libm.so.6"
+    folders = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+    libm = next((Path(folder, soname) for folder in folders if Path(folder, soname).is_file()), None)
+    if libm is None:
+        pytest.skip("no libm file to stand in for an old build")
+    monkeypatch.setattr(kernel, "LIBRARY", libm)
+    kernel._library.cache_clear()
+    try:
+        assert kernel.LIBRARY.is_file() and not kernel.available()
+        tensor = torch.randn(2, 256)
+        assert quantize_tensor(tensor, "Q4_K").shape == (2, 144)
+    finally:
+        kernel._library.cache_clear()

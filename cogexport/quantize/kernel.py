@@ -38,7 +38,9 @@ def _library() -> ctypes.CDLL | None:
     except OSError:  # built for another machine or damaged: the torch path is exact too
         return None
     for type_name in BLOCK_BYTES:
-        function = getattr(library, _function_name(type_name))
+        function = getattr(library, _function_name(type_name), None)
+        if function is None:  # built from an older kquant_kernel.c (an editable checkout not reinstalled)
+            return None
         function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         function.restype = ctypes.c_int
     return library
