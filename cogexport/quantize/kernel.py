@@ -24,9 +24,9 @@ BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34}
 # The types whose torch code is about twice as slow as the compiled one's: an export without the library says so.
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 LIBRARY = Path(__file__).with_name("_kquant_kernel" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
-MISSING_NOTE = ("the compiled K-type quantizer is not built (no C compiler when cogexport was installed): the K types "
-                "were quantized by the torch path (the same bytes, about twice as slow); reinstall cogexport where a "
-                "C compiler is found to build it")
+MISSING_NOTE = ("the compiled K-type quantizer is not built (no C compiler when cogexport was installed, or built from "
+                "an older source): the K types were quantized by the torch path (the same bytes, about twice as "
+                "slow); reinstall cogexport where a C compiler is found to build it")
 
 
 @lru_cache(maxsize=1)
