@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the reductions that pass tensors through shared memory)
 
+from .piece_pool import PiecePool
 from .rows import quantize_tensor
 
 # Values a piece holds at least: sending one costs about a millisecond (a copy into shared memory and a message),
@@ -49,23 +50,13 @@ def _quantize_piece(rows: torch.Tensor, type_name: str) -> torch.Tensor | None:
         return None
 
 
-class QuantizingProcesses:
+class QuantizingProcesses(PiecePool):
     """``count`` worker processes quantizing pieces of tensors; use as a context manager (the workers stop at its
     end). With a count of 1 every tensor is quantized in this process."""
 
     def __init__(self, count: int, min_piece_values: int | None = None) -> None:
-        self.count = max(1, count)
-        self.min_piece_values = min_piece_values or MIN_PIECE_VALUES
-        self._pool: ProcessPoolExecutor | None = None
+        super().__init__(count, min_piece_values or MIN_PIECE_VALUES)
         self._broken = False
-
-    def __enter__(self) -> "QuantizingProcesses":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
 
     def quantize(self, load: Callable[[], torch.Tensor], type_name: str, name: str) -> torch.Tensor:
         """The stored bytes (rows, bytes a row) of the tensor ``load`` gives, rows along its last dimension, as

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from . import kernel
+from .piece_pool import PiecePool
 from .rows import quantize_tensor
 
 # Values a piece holds at least: a millisecond of work or more (the K types take 25-110 ns a value on one core, Q8_0
@@ -29,24 +30,14 @@ MIN_PIECE_VALUES = 1 << 16
 PIECES_PER_THREAD = 4
 
 
-class QuantizingThreads:
+class QuantizingThreads(PiecePool):
     """``count`` threads quantizing pieces of the tensors the compiled quantizer takes (the K types, Q8_0); use as a context
     manager (the threads stop at its end). Other types, and every type with a count of 1, are quantized in the
     calling thread (the job's worker threads already quantize several tensors at once)."""
 
     def __init__(self, count: int, min_piece_values: int | None = None) -> None:
-        self.count = max(1, count)
-        self.min_piece_values = min_piece_values or MIN_PIECE_VALUES
-        self._pool: ThreadPoolExecutor | None = None
+        super().__init__(count, min_piece_values or MIN_PIECE_VALUES)
         self._starting = threading.Lock()  # the job's worker threads call quantize at once
-
-    def __enter__(self) -> "QuantizingThreads":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
 
     def quantize(self, load: Callable[[], torch.Tensor], type_name: str, name: str) -> torch.Tensor:
         """The stored bytes (rows, bytes a row) of the tensor ``load`` gives, rows along its last dimension, as
