@@ -5,15 +5,13 @@ read every partition's transformer and the shared models once; the way back writ
 
 from __future__ import annotations
 
+import filecmp
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from ..errors import CogExportError
 from .family import ModelFamily, families
-
-_CHUNK = 16 << 20  # bytes compared at a time
-
 
 @dataclass(frozen=True)
 class ReleaseRoot:
@@ -90,22 +88,11 @@ def single_file(family: ModelFamily, component: str) -> str | None:
 def _first_difference(one: Path, other: Path) -> str | None:
     """Where two copies of a model (files, or folders of files) first differ, in words; None when equal."""
     if one.is_file() and other.is_file():
-        return None if _same_bytes(one, other) else f"{one} and {other} are not the same bytes"
+        return None if filecmp.cmp(one, other, shallow=False) else f"{one} and {other} are not the same bytes"
     names = {path.relative_to(one) for path in one.rglob("*") if path.is_file()} if one.is_dir() else set()
     others = {path.relative_to(other) for path in other.rglob("*") if path.is_file()} if other.is_dir() else set()
     if not one.is_dir() or names != others:
         return f"{one} and {other} do not hold the same files"
     return next((f"{one / name} and {other / name} are not the same bytes" for name in sorted(names)
-                 if not _same_bytes(one / name, other / name)), None)
+                 if not filecmp.cmp(one / name, other / name, shallow=False)), None)
 
-
-def _same_bytes(one: Path, other: Path) -> bool:
-    if one.stat().st_size != other.stat().st_size:
-        return False
-    with open(one, "rb") as first, open(other, "rb") as second:
-        while True:
-            a, b = first.read(_CHUNK), second.read(_CHUNK)
-            if a != b:
-                return False
-            if not a:
-                return True
