@@ -13,6 +13,7 @@ from typing import Sequence
 from ..errors import CogExportError
 from .family import ModelFamily, families
 
+
 @dataclass(frozen=True)
 class ReleaseRoot:
     family: ModelFamily
