@@ -30,10 +30,10 @@ def original_names(source: LazyCheckpoint, where: str) -> dict[str, LazyTensor]:
     """The checkpoint's transformer in its family's original names, as --to original / gguf name them."""
     family, table = choose_table(source, "transformer", "transformer", where)
     layout = family.transformer.original
-    if layout is None:
+    written = _quantized_layout(family) or (layout.table if layout else None)
+    if written is None:
         raise CogExportError(f"{family.name} has no original layout: {where} cannot be the source of a quantized file")
     diffusers = plan_translation(table, source, None, {}, what=where).tensors
-    written = _quantized_layout(family) or layout.table
     return plan_translation(load_table(written).inverted(), diffusers, None, {}, what=where).tensors
 
 

@@ -197,7 +197,7 @@ def _transformer_part(inputs: ExportInputs, name: str, names: tuple[str, ...], o
         family, table = choose_table(source, "transformer", "transformer", where,
                                      family_hint(inputs.base, options, search))
         family_check(family, where)
-        _check_layouts(family.transformer, table.name, family, where, refuse_original)
+        _check_layouts(_as_written(family.transformer, family, layout_of), table.name, family, where, refuse_original)
         # the release's expert subfolders (high_noise_model/, ...) when writing several experts (not partitions,
         # each a model of its own task)
         experts = tuple(release_folder_of(family, each, len(names)) for each in names) \
@@ -228,10 +228,8 @@ def _computed(tensor: torch.Tensor, dtype: torch.dtype) -> LazyTensor:
 def _written_back(part: ModelExport, where: str, refuse_original: bool,
                   layout_of: LayoutChoice | None = None) -> OriginalPart:
     spec = part.family.components[part.component if part.component in part.family.components else "transformer"]
+    spec = _as_written(spec, part.family, layout_of)
     _check_layouts(spec, part.table.name, part.family, where, refuse_original)
-    chosen = layout_of(part.family) if layout_of else None
-    if chosen:  # the format's table, written as the way back's first layout would be
-        spec = replace(spec, originals=(replace(spec.originals[0], table=chosen),))
     layout, tensors = original_tensors(spec, part.tensors, part.target.counts, where)
     read_as = plan_translation(load_table(layout.table).inverted(), part.plan.tensors, None, part.target.counts,
                                what=where).tensors
@@ -239,6 +237,17 @@ def _written_back(part: ModelExport, where: str, refuse_original: bool,
                         part.variant.task if part.variant else None, tensors, part.policy, read_as=read_as,
                         variant=part.variant, diffusers=dict(part.plan.tensors), published=part.published,
                         config_json=part.target.config_json)
+
+
+def _as_written(spec: ModelSpec, family: ModelFamily, layout_of: LayoutChoice | None) -> ModelSpec:
+    """The model's layouts as the format writes it: the format's own table where it chooses one (written as the way
+    back's first layout would be; for a family with no way back, whose release is Diffusers' own names, a layout of
+    that table alone), else the way back's."""
+    chosen = layout_of(family) if layout_of else None
+    if not chosen:
+        return spec
+    first = spec.originals[0] if spec.originals else OriginalLayout(table=chosen)
+    return replace(spec, originals=(replace(first, table=chosen),))
 
 
 def original_tensors(spec: ModelSpec, tensors: Mapping[str, LazyTensor], counts: dict,

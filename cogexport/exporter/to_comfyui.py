@@ -41,7 +41,7 @@ def export_comfyui(checkpoint, output, options: ExportOptions | None = None, **o
     with ExitStack() as stack:
         inputs = open_way_back(checkpoint, options, "transformer", stack)
         parts = plan_way_back(inputs, "transformer", options, refuse_original=False,
-                              family_check=quantized_family_check("ComfyUI quantized files"),
+                              family_check=quantized_family_check("ComfyUI quantized files", _refusal),
                               layout_of=quantized_layout)
         folder, precision, notes = _files(parts, options, quantization)
         card = QuantizedCard(f"ComfyUI {quantization.format}", quantization.name, precision, notes, _usage(folder))
@@ -49,6 +49,12 @@ def export_comfyui(checkpoint, output, options: ExportOptions | None = None, **o
                                                         trained=any(part.fused for part in parts))))
         return publish_way_back(folder, parts, f"ComfyUI {quantization.format} transformer", precision, notes,
                                 inputs, output, options)
+
+
+def _refusal(policy) -> str:
+    """Why the family gets no ComfyUI quantized file (its quantized.toml's [fp8] refused): no ComfyUI model of it
+    whose names are established, so none is written on a guess."""
+    return policy.fp8_refused
 
 
 def _files(parts: list[OriginalPart], options: ExportOptions,

@@ -56,7 +56,8 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
         card = QuantizedCard("GGUF", "gguf", precision, notes, _usage(parts, files, options))
         folder.add(TextFile("README.md", quantized_card(parts, card, options, inputs.source,
                                                         trained=any(part.fused for part in parts))))
-        return publish_way_back(folder, parts, "GGUF transformer", precision, notes, inputs, output, options)
+        return publish_way_back(folder, parts, "GGUF transformer", precision, notes + _no_loader_note(parts), inputs,
+                                output, options)
 
 
 def _fallback_note(plan, notes: list[str]) -> tuple[str, ...]:
@@ -66,6 +67,18 @@ def _fallback_note(plan, notes: list[str]) -> tuple[str, ...]:
     uses_k_types = any(tensor.type.name in kernel.K_TYPES for tensor in plan.tensors)
     return (kernel.MISSING_NOTE,) if uses_k_types and not kernel.available() and kernel.MISSING_NOTE not in notes \
         else ()
+
+
+def _no_loader_note(parts: list[OriginalPart]) -> list[str]:
+    """A family no GGUF loader reads (its quantized.toml's loaders empty) gets its file all the same, in the
+    conventions of the others, for the tools that read any GGUF file: the run says so (the card's usage does too)."""
+    family = parts[0].family
+    policy = quantization_policy(family.key)
+    if policy.gguf_loaders:
+        return []
+    return [f"no GGUF loader (ComfyUI-GGUF, Diffusers) reads {family.name} GGUF files today: this file (architecture "
+            f"{policy.architecture!r}, cogexport's own name) is for tools that read GGUF generically (the gguf "
+            "package, third-party nodes)"]
 
 
 def _release_strings(part: OriginalPart, policy) -> dict[str, str]:
@@ -99,6 +112,13 @@ def _usage(parts: list[OriginalPart], files: dict[str, str], options: ExportOpti
                          "dtype=torch.bfloat16)")
     if "ComfyUI-GGUF" in loaders:
         usage.append("# in ComfyUI: put the file in models/unet and load it with ComfyUI-GGUF's Unet Loader (GGUF)")
+    if not loaders:  # no loader of its own: the tensors in the original names, as any GGUF reader gives them
+        usage.append("# no GGUF loader reads this family's files: the gguf package reads their tensors (original "
+                     "names)\nimport gguf\nimport torch\n")
+        for part in parts:
+            usage.append(f"reader = gguf.GGUFReader(\"{where}/{files[part.component]}\")\n"
+                         "weights = {t.name: torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type))"
+                         ".reshape(tuple(reversed(t.shape.tolist()))) for t in reader.tensors}")
     return "\n".join(usage)
 
 
@@ -123,7 +143,7 @@ def _kind(written) -> str:
 
 FORMAT = OutputFormat(
     name="gguf",
-    title="a GGUF file of the transformer (--quant) for ComfyUI-GGUF and Diffusers",
+    title="a GGUF file of the transformer (--quant) for ComfyUI-GGUF and Diffusers (or generic GGUF readers)",
     writes="transformer",
     export=export_gguf,
     takes=frozenset({"quant"}),

@@ -4,11 +4,12 @@ the refusal of a family a quantized format has no policy for, and the result the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ..checkpoint.readers import info_dict
 from ..errors import CogExportError
 from ..models.family import ModelFamily, families
-from ..quantize import quantizable_families
+from ..quantize import QuantizationPolicy, quantizable_families, quantization_policy
 from ..write.folder_plan import FolderPlan
 from .inputs import ExportInputs
 from .options import ExportOptions
@@ -29,26 +30,29 @@ def in_folder(folder: str, name: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
-def quantized_family_check(files: str):
+def quantized_family_check(files: str, refusal: Callable[[QuantizationPolicy], str] = lambda policy: ""):
     """The check (original_parts.FamilyCheck) that the family's quantized.toml says how to write ``files`` ("GGUF
-    files"): a family without one is refused as soon as its checkpoint is recognised, in words naming the families
-    that have one and what the family's model can be exported to instead."""
+    files"): a family without one, or whose file gives a ``refusal`` (why no such file is written), is refused as soon
+    as its checkpoint is recognised, in words naming why, the families that have them and what the family's model
+    can be exported to instead."""
+    def writes(key: str) -> bool:
+        return key in quantizable_families() and not refusal(quantization_policy(key))
+
     def check(family: ModelFamily, where: str) -> None:
-        if family.key in quantizable_families():
+        if writes(family.key):
             return
-        supported = ", ".join(other.name for other in families() if other.key in quantizable_families())
+        why = refusal(quantization_policy(family.key)) if family.key in quantizable_families() else ""
+        supported = ", ".join(other.name for other in families() if writes(other.key))
         instead = "a Diffusers folder (drop --to)" + (" or its original layout (--to original)"
                                                         if family.transformer.originals else "")
         raise CogExportError(f"{where} is a {family.name} model: cogexport writes no {files} of {family.name} models "
-                             f"(only of {supported}); export it to {instead}")
+                             + (f"({why}; " if why else "(") + f"only of {supported}); export it to {instead}")
     return check
 
 
 def quantized_layout(family: ModelFamily) -> str | None:
     """The table a family's quantized files hold its transformer in, where its quantized.toml names one (the
     original_parts.LayoutChoice of --to gguf and --to comfyui)."""
-    from ..quantize import quantization_policy
-
     return quantization_policy(family.key).layout or None
 
 

@@ -100,15 +100,22 @@ class QuantizationPolicy:
     gguf_loaders: tuple[str, ...] = GGUF_LOADERS
     gguf_drop: tuple[str, ...] = ()
     layout: str = ""  # the family's table the files are written in, where not the way back's (its full name)
+    fp8_refused: str = ""  # why the family has no ComfyUI quantized files (empty: it has)
 
     def drops(self, name: str) -> bool:
-        return any(key in name for key in self.gguf_drop)
+        return names_any(self.gguf_drop, name)
 
     def role_of(self, name: str) -> str | None:
-        return next((role for role in ROLES if any(p in name for p in self.roles.get(role, ()))), None)
+        return next((role for role in ROLES if names_any(self.roles.get(role, ()), name)), None)
 
     def fp8_quantizes(self, name: str, shape: tuple[int, ...]) -> bool:
         return len(shape) >= 2 and any(fnmatch.fnmatchcase(name, glob) for glob in self.fp8_quantize)
+
+
+def names_any(patterns: tuple[str, ...], name: str) -> bool:
+    """Whether one of a policy list's patterns names ``name``: a substring of it, or with a leading ``^`` its start
+    (a top-level module whose name the blocks' modules end in too)."""
+    return any(name.startswith(p[1:]) if p.startswith("^") else p in name for p in patterns)
 
 
 class PolicyError(ExtensionError):
@@ -129,13 +136,15 @@ def parse_policy(data: str | Mapping, family: str) -> QuantizationPolicy:
     if not gguf.signature:
         raise PolicyError(f"{family}/{POLICY_FILE}: [gguf] signature names no tensor")
     unknown = [loader for loader in gguf.loaders if loader not in GGUF_LOADERS]
-    if unknown or not gguf.loaders:
-        raise PolicyError(f"{family}/{POLICY_FILE}: [gguf] loaders must name one or more of {', '.join(GGUF_LOADERS)}"
-                          + (f", not {quoted(unknown[0])}" if unknown else ""))
+    if unknown:  # none at all is a family no loader reads (its file for generic GGUF readers)
+        raise PolicyError(f"{family}/{POLICY_FILE}: [gguf] loaders may name {', '.join(GGUF_LOADERS)}, not "
+                          f"{quoted(unknown[0])}")
+    if policy.fp8.quantize and policy.fp8.refused:
+        raise PolicyError(f"{family}/{POLICY_FILE}: [fp8] names layers to quantize and a reason to refuse; one of them")
     roles = {role: getattr(gguf.roles, role) for role in ROLES}
     return QuantizationPolicy(family, gguf.architecture, gguf.signature, gguf.keep_f32, gguf.keep_float, roles,
                               policy.fp8.quantize, gguf.release_metadata, gguf.loaders, gguf.drop,
-                              f"{family}/{policy.layout}" if policy.layout else "")
+                              f"{family}/{policy.layout}" if policy.layout else "", policy.fp8.refused)
 
 
 @cache
@@ -282,14 +291,14 @@ def _high_precision(name: str, source: LazyTensor, policy: QuantizationPolicy,
         return "F32", "1-D"
     if source.numel <= SMALL_TENSOR:
         return "F32", f"at most {SMALL_TENSOR} values"
-    if any(key in name for key in policy.keep_f32):
+    if names_any(policy.keep_f32, name):
         return "F32", "kept in F32 for the family"
     return None, ""
 
 
 def _never_quantized(name: str, shape: tuple[int, ...], policy: QuantizationPolicy) -> bool:
     return (not name.endswith("weight") or "_norm.weight" in name or len(shape) != 2
-            or any(key in name for key in policy.keep_float))
+            or names_any(policy.keep_float, name))
 
 
 def _mixed_type(name: str, policy: QuantizationPolicy, preset: Preset, counts: dict[str, int]) -> str:

@@ -21,7 +21,9 @@ class GgufRoles:
 
 @dataclass(frozen=True, kw_only=True)
 class GgufSection:
-    """GGUF as ComfyUI-GGUF's tools/convert.py makes it and its loader reads it, on the original layout's names."""
+    """GGUF as ComfyUI-GGUF's tools/convert.py makes it and its loader reads it, on the original layout's names. Each
+    list of names holds substrings of a name, or with a leading `^` its start (a top-level module whose name the
+    blocks' modules also end in: `^proj_out.` is the final projection, not a block's `proj_out`)."""
 
     architecture: str = declared("general.architecture, as convert.py writes it and ComfyUI-GGUF's loader accepts it")
     signature: tuple[str, ...] = declared("globs convert.py recognises the architecture by (`*` stands for a block "
@@ -36,7 +38,9 @@ class GgufSection:
         "release's `config`)", ())
     loaders: tuple[str, ...] = declared(
         "what loads the family's GGUF files, as its model card says: `ComfyUI-GGUF` (its loader lists the "
-        "architecture), `Diffusers` (its single-file table has the family's class)", ("ComfyUI-GGUF", "Diffusers"))
+        "architecture), `Diffusers` (its single-file table has the family's class); `[]`: neither does, the file is "
+        "for tools that read GGUF generically (the architecture is then cogexport's own name), and the export says so",
+        ("ComfyUI-GGUF", "Diffusers"))
     drop: tuple[str, ...] = declared("convert.py's keys_ignore: substrings of the names left out of the file (training "
                                      "state and serialised extras no loader reads)", ())
 
@@ -48,6 +52,8 @@ class Fp8Section:
 
     quantize: tuple[str, ...] = declared("globs on the full names of the weights stored quantized, in every `--to "
                                          "comfyui` format (only tensors of two or more dimensions)", ())
+    refused: str = declared("why the family gets no ComfyUI quantized file (no ComfyUI model of it whose names are "
+                            "established), said when `--to comfyui` is refused; empty: `quantize` says which layers", "")
 
 
 @dataclass(frozen=True, kw_only=True)
