@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from cogexport.models.family import families
 from cogexport.models.recognize import component_tables
-from cogexport.quantize import quantizable_families
+from cogexport.quantize import quantizable_families, quantization_policy
 
 
 @pytest.mark.parametrize("name, text, kind", [
@@ -57,15 +57,20 @@ def test_the_layouts_tried_are_counted_once_each_by_family(cli, tmp_path, compon
         "no table names, none twice"
 
 
-@pytest.mark.parametrize("to", [["--to", "gguf", "--quant", "Q4_K_M"], ["--to", "comfyui", "--quant", "fp8"]])
-def test_a_family_without_quantized_files_is_refused_first_in_user_words(cli, tmp_path, to):
-    """A CogVideoX run of unpublished size: refused for the format at once, not after being asked for --base."""
-    assert "cogvideox" not in quantizable_families()
+def test_a_family_without_comfyui_quantized_files_is_refused_first_in_user_words(cli, tmp_path):
+    """A CogVideoX run of unpublished size: --to comfyui refused at once, with why (its quantized.toml's [fp8]
+    refused), not after being asked for --base; --to gguf writes its file (no loader reads it: the run says so)."""
+    assert "cogvideox" in quantizable_families() and quantization_policy("cogvideox").fp8_refused
     original = build_tiny_transformer("5b-i2v", num_layers=2, seed=1)
     run = write_sat_run(tmp_path / "run", original.state_dict()).run_dir
-    supported = ", ".join(family.name for family in families() if family.key in quantizable_families())
+    supported = ", ".join(family.name for family in families() if family.key in quantizable_families()
+                          and not quantization_policy(family.key).fp8_refused)
     for base in ([], ["--base", config_folder(tmp_path / "base", original)]):
-        line = assert_refused(cli, tmp_path, [run, tmp_path / "out", *to, *base], "is a CogVideoX model",
-                              f"of CogVideoX models (only of {supported}); export it to a Diffusers folder (drop --to) "
-                              "or its original layout (--to original)", inputs=[tmp_path / "run"])
+        line = assert_refused(cli, tmp_path, [run, tmp_path / "out", "--to", "comfyui", "--quant", "fp8", *base],
+                              "is a CogVideoX model", f"of CogVideoX models (which names ComfyUI's own CogVideoX model",
+                              f"only of {supported}); export it to a Diffusers folder (drop --to) or its original "
+                              "layout (--to original)", inputs=[tmp_path / "run"])
         assert "--base" not in line and "quantized.toml" not in line
+    written = cli(run, tmp_path / "gguf", "--to", "gguf", "--quant", "Q8_0", "--base", tmp_path / "base")
+    assert written.exit_code == 0, written.stderr
+    assert "no GGUF loader (ComfyUI-GGUF, Diffusers) reads CogVideoX GGUF files today" in written.stderr

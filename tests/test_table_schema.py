@@ -74,6 +74,10 @@ WAN_POLICY = (ROOT / "key_maps" / "wan" / "quantized.toml").read_text(encoding="
     (("[fp8]\n", "[fp8]\nscale = 1\n"), r"unknown field \[fp8\] scale"),
     (("[fp8]\n", "[fp9]\n"), r"unknown section \[fp9\]"),
     (('architecture = "wan"', "architecture = 3"), r"\[gguf\] architecture must be a string, not an integer 3"),
+    (('architecture = "wan"', 'architecture = "wan"\nloaders = ["ComfyUI"]'),
+     r"\[gguf\] loaders may name ComfyUI-GGUF, Diffusers, not 'ComfyUI'"),
+    (("[fp8]\n", '[fp8]\nrefused = "no ComfyUI model"\n'),
+     r"\[fp8\] names layers to quantize and a reason to refuse; one of them"),
 ])
 def test_quantized_toml_refuses_an_unknown_or_mistyped_field(change, message):
     assert_refused(lambda text: parse_policy(text, "wan"), WAN_POLICY, change, PolicyError,
