@@ -4,10 +4,12 @@ judges the result), forward inputs, and the judge of the original names for each
 converter where it has one (for HunyuanVideo 1.5, which it lacks, the conversion script's facts).
 
 ``FAMILIES`` are the families every quantized-output test runs on; ``MORE_FAMILIES`` the others with quantized
-outputs, which tests/test_quantized_families.py judges the same ways at fewer quantization types."""
+outputs, which tests/test_quantized_families.py judges the same ways at fewer quantization types (``NO_LOADER_FAMILIES``
+among them: the families whose GGUF files no loader reads, judged by the forward of their weights mapped back)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -261,3 +263,163 @@ def saved_tiny(family: TinyFamily, tmp_path_factory):
     folder = tmp_path_factory.mktemp(family.key)
     model.save_config(folder / "config")
     return family, model, original_tensors(family, model), folder
+
+
+# ---- the families no GGUF loader reads (ComfyUI-GGUF lists no architecture of theirs, Diffusers' single-file table no
+# class): judged by their forward output, each file mapped back to Diffusers' names by a path independent of
+# cogexport's tables (Diffusers' SAT converter's renames for CogVideoX; the layouts' own independent writers run
+# backwards for Kandinsky 6 and SanaVideo; none for the families whose release names are Diffusers' own).
+
+def _identity_converter() -> Callable[[dict], dict]:
+    return lambda checkpoint, **options: dict(checkpoint)
+
+
+def _cogvideox_converter() -> Callable[[dict], dict]:
+    """The renames of Diffusers' scripts/convert_cogvideox_to_diffusers.py (benchmark_export.py's copy of them)."""
+    from benchmark_export import SAT_PREFIX, rename_in_place
+
+    def converted(checkpoint: dict, **options) -> dict:
+        state = {SAT_PREFIX + name: tensor for name, tensor in checkpoint.items()}
+        rename_in_place(state)
+        return state
+    return converted
+
+
+def _renamed_back(rename: Callable[[str], str], names: Callable[[], list[str]]) -> Callable[[], Callable]:
+    """The inverse of an independent Diffusers -> native renaming, over the tiny model's Diffusers names."""
+    def converter() -> Callable[[dict], dict]:
+        back = {rename(name): name for name in names()}
+        return lambda checkpoint, **options: {back[name]: tensor for name, tensor in checkpoint.items()}
+    return converter
+
+
+def _kandinsky6_names() -> list[str]:
+    return list(NO_LOADER_FAMILIES["kandinsky6"].build().state_dict())
+
+
+def _kandinsky6_sr_names() -> list[str]:
+    return list(NO_LOADER_FAMILIES["kandinsky6_sr"].build().state_dict())
+
+
+def _kandinsky6_converter() -> Callable[[dict], dict]:
+    from kandinsky6_fixtures import native_name
+
+    return _renamed_back(native_name, _kandinsky6_names)()
+
+
+def _kandinsky6_sr_converter() -> Callable[[dict], dict]:
+    from kandinsky6_fixtures import sr_native_name
+
+    return _renamed_back(sr_native_name, _kandinsky6_sr_names)()
+
+
+def _sana_video_converter() -> Callable[[dict], dict]:
+    """make_tiny_sana_video.release_state_dict (an independent writer of NVlabs' layout) run backwards: its renames
+    inverted, the fused projections split, the buffers SanaVideoTransformer3DModel has no place for left out."""
+    from make_tiny_sana_video import original_name, release_buffers
+
+    names = list(NO_LOADER_FAMILIES["sana_video"].build().state_dict())
+    fused = re.compile(r".*\.(attn1\.to_[qkv]|attn2\.to_[kv])\.")
+    back = {original_name(name): name for name in names if not fused.match(name)}
+    buffers = set(release_buffers(NO_LOADER_FAMILIES["sana_video"].config))
+
+    def converted(checkpoint: dict, **options) -> dict:
+        out = {}
+        for name, tensor in checkpoint.items():
+            block = name.split(".")[1] if name.startswith("blocks.") else None
+            if name.endswith(".attn.qkv.weight"):
+                out.update(zip((f"transformer_blocks.{block}.attn1.to_{p}.weight" for p in "qkv"), tensor.chunk(3)))
+            elif ".cross_attn.kv_linear." in name:
+                kind = name.rsplit(".", 1)[1]
+                out.update(zip((f"transformer_blocks.{block}.attn2.to_{p}.{kind}" for p in "kv"), tensor.chunk(2)))
+            elif name not in buffers:
+                out[back[name]] = tensor
+        return out
+    return converted
+
+
+def _cogvideox_inputs(generator: torch.Generator) -> dict[str, Any]:
+    return dict(hidden_states=torch.randn(1, 2, 4, 4, 4, generator=generator),
+                encoder_hidden_states=torch.randn(1, 6, HIDDEN, generator=generator), timestep=torch.tensor([500]))
+
+
+def _framepack_inputs(generator: torch.Generator) -> dict[str, Any]:
+    def noise(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    return dict(hidden_states=noise(1, 4, 2, 8, 8), timestep=torch.tensor([500.0]),
+                encoder_hidden_states=noise(1, 5, HIDDEN), encoder_attention_mask=torch.ones(1, 5, dtype=torch.long),
+                pooled_projections=noise(1, HIDDEN), image_embeds=noise(1, 3, HIDDEN),
+                indices_latents=torch.tensor([4, 5]), guidance=torch.tensor([6000.0]),
+                latents_clean=noise(1, 4, 2, 8, 8), indices_latents_clean=torch.tensor([0, 3]),
+                latents_history_2x=noise(1, 4, 2, 8, 8), indices_latents_history_2x=torch.tensor([1, 2]),
+                latents_history_4x=noise(1, 4, 4, 8, 8), indices_latents_history_4x=torch.tensor([6, 7, 8, 9]))
+
+
+def _kandinsky5_inputs(generator: torch.Generator) -> dict[str, Any]:
+    return dict(hidden_states=torch.randn(1, 2, 4, 4, 9, generator=generator),
+                encoder_hidden_states=torch.randn(1, 6, HIDDEN, generator=generator), timestep=torch.tensor([0.5]),
+                pooled_projections=torch.randn(1, HIDDEN, generator=generator),
+                visual_rope_pos=[torch.arange(2), torch.arange(2), torch.arange(2)], text_rope_pos=torch.arange(6))
+
+
+def _kandinsky6_inputs(generator: torch.Generator) -> dict[str, Any]:
+    return dict(hidden_states=torch.randn(1, 2, 4, 4, 9, generator=generator),
+                audio_hidden_states=torch.randn(1, 6, 8, generator=generator),
+                encoder_hidden_states=torch.randn(1, 5, HIDDEN, generator=generator),
+                pooled_projections=torch.randn(1, HIDDEN, generator=generator), timestep=torch.tensor([500.0]),
+                visual_token_type_ids=torch.tensor([[0, 1]]))
+
+
+def _kandinsky6_sr_inputs(generator: torch.Generator) -> dict[str, Any]:
+    return dict(hidden_states=torch.randn(1, 1, 8, 8, 9, generator=generator), timestep=torch.tensor([500.0]))
+
+
+def _sana_video_inputs(generator: torch.Generator) -> dict[str, Any]:
+    return dict(hidden_states=torch.randn(1, 4, 2, 4, 4, generator=generator),
+                encoder_hidden_states=torch.randn(1, 5, HIDDEN, generator=generator),
+                encoder_attention_mask=torch.tensor([[1, 1, 1, 1, 0]]), timestep=torch.tensor([500.0]))
+
+
+_KANDINSKY = dict(in_text_dim=HIDDEN, in_text_dim2=HIDDEN, time_dim=HIDDEN, model_dim=HIDDEN, ff_dim=2 * HIDDEN,
+                  num_text_blocks=1, num_visual_blocks=1, axes_dims=(32, 48, 48))
+NO_LOADER_FAMILIES = {
+    "cogvideox": TinyFamily("cogvideox", "CogVideoXTransformer3DModel",
+                            dict(num_attention_heads=2, attention_head_dim=128, in_channels=4, out_channels=4,
+                                 time_embed_dim=HIDDEN, text_embed_dim=HIDDEN, num_layers=1, sample_width=8,
+                                 sample_height=8, sample_frames=5, max_text_seq_length=6),
+                            "cogvideox/sat_transformer", _cogvideox_converter, _cogvideox_inputs,
+                            diffusers_loads=False),
+    "framepack": TinyFamily("framepack", "HunyuanVideoFramepackTransformer3DModel",
+                            dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128,
+                                 num_layers=1, num_single_layers=1, num_refiner_layers=1, text_embed_dim=HIDDEN,
+                                 pooled_projection_dim=HIDDEN, rope_axes_dim=(16, 56, 56), has_image_proj=True,
+                                 image_proj_dim=HIDDEN, has_clean_x_embedder=True),
+                            "framepack/transformer", _identity_converter, _framepack_inputs, diffusers_loads=False),
+    "kandinsky5": TinyFamily("kandinsky5", "Kandinsky5Transformer3DModel",
+                             dict(_KANDINSKY, in_visual_dim=4, out_visual_dim=4, visual_cond=True),
+                             "kandinsky5/transformer", _identity_converter, _kandinsky5_inputs, diffusers_loads=False),
+    "kandinsky6": TinyFamily("kandinsky6", "Kandinsky6Transformer3DModel",
+                             dict(_KANDINSKY, in_visual_dim=4, out_visual_dim=4, in_audio_dim=8, out_audio_dim=8,
+                                  model_dim_a=HIDDEN, time_dim_a=HIDDEN, ff_dim_a=2 * HIDDEN, axes_dims_a=(32, 48, 48),
+                                  audio_freqs_scaling=0.144, text_token_padding=True, ca_rope=True, cross_gates=True,
+                                  fix_modulation=True, visual_token_type_num_embeddings=2),
+                             "kandinsky6/original_transformer", _kandinsky6_converter, _kandinsky6_inputs,
+                             diffusers_loads=False),
+    "kandinsky6_sr": TinyFamily("kandinsky6_sr", "Kandinsky6SRTransformer3DModel",
+                                dict(in_visual_dim=4, out_visual_dim=4, time_dim=HIDDEN, model_dim=HIDDEN,
+                                     ff_dim=2 * HIDDEN, num_visual_blocks=1, axes_dims=(32, 48, 48)),
+                                "kandinsky6_sr/original_transformer", _kandinsky6_sr_converter, _kandinsky6_sr_inputs,
+                                diffusers_loads=False),
+    "sana_video": TinyFamily("sana_video", "SanaVideoTransformer3DModel",
+                             dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128,
+                                  num_layers=1, num_cross_attention_heads=2, cross_attention_head_dim=128,
+                                  cross_attention_dim=HIDDEN, caption_channels=HIDDEN, mlp_ratio=2.0,
+                                  attention_bias=False, sample_size=8, patch_size=(1, 2, 2),
+                                  norm_elementwise_affine=False, norm_eps=1e-6, qk_norm="rms_norm_across_heads",
+                                  rope_max_seq_len=64),
+                             "sana_video/original_transformer", _sana_video_converter, _sana_video_inputs,
+                             diffusers_loads=False),
+}
+# judged with the others (read back, verified, what each keeps), and by their forward (test_quantized_families.py)
+MORE_FAMILIES.update(NO_LOADER_FAMILIES)

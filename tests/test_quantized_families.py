@@ -1,11 +1,14 @@
 """The families whose quantized outputs came after Wan, HunyuanVideo and LTX-Video (Wan VACE, Wan Animate,
-SkyReels-V2, HunyuanVideo 1.5, LTX-2, Mochi), judged as those are (test_gguf_file.py, test_gguf_diffusers.py,
-test_fp8_file.py) at fewer quantization types: each GGUF file read by ComfyUI-GGUF's loader rules where it loads the
-family (else refused by them) and by the gguf package, every tensor the reference's bytes of its source; loaded by
-Diffusers' GGUF loader where its single-file table has the class, giving exactly the forward output of its dequantized
-weights; what each family keeps in high precision (HunyuanVideo 1.5's cond_type_embedding, LTX-2's tables, Animate's
-motion encoder); LTX-2's ``config`` key, the release's own; and ComfyUI's quantized safetensors of each family, the
-names put back on their weights by the family's judge."""
+SkyReels-V2, HunyuanVideo 1.5, LTX-2, Mochi, Cosmos, Wan-Animate-2, MiniMax-H3), judged as those are
+(test_gguf_file.py, test_gguf_diffusers.py, test_fp8_file.py) at fewer quantization types: each GGUF file read by
+ComfyUI-GGUF's loader rules where it loads the family (else refused by them) and by the gguf package, every tensor the
+reference's bytes of its source; loaded by Diffusers' GGUF loader where its single-file table has the class, giving
+exactly the forward output of its dequantized weights; what each family keeps in high precision (HunyuanVideo 1.5's
+cond_type_embedding, LTX-2's tables, Animate's motion encoder); LTX-2's ``config`` key, the release's own; and
+ComfyUI's quantized safetensors of each family, the names put back on their weights by the family's judge. The GGUF
+files no loader reads (CogVideoX, HunyuanVideo FramePack, Kandinsky 5, Kandinsky 6 and its SR model, SanaVideo) are
+judged by the forward of their weights put back in Diffusers' names by an independent path, and from a release, a
+DeepSpeed run and a LoRA run fused first."""
 
 from __future__ import annotations
 
@@ -13,25 +16,32 @@ import json
 import sys
 
 import gguf
+import numpy as np
 import pytest
 import torch
+from conftest import assert_same_tensors
 from fixtures import SCRIPTS
-from quantized_models import MORE_FAMILIES, original_tensors, saved_tiny
+from quantized_models import MORE_FAMILIES, NO_LOADER_FAMILIES, original_tensors, saved_tiny
 from safetensors import safe_open
 from test_gguf_diffusers import dequantized_state, forward, gguf_package_weights, load_with_diffusers
 from test_gguf_file import COMFY_ARCHITECTURES, comfy_gguf_load, comfy_gguf_metadata, lazy
 
 from cogexport.checkpoint.gguf_file import GgufCheckpoint
-from cogexport.quantize.check import check_gguf
+from cogexport.models.family import family_named
+from cogexport.quantize.check import check_gguf, reference_bytes
 from cogexport.quantize.comfy_quant import comfy_quantization
 from cogexport.quantize.policy import plan_gguf, quantization_policy
 from cogexport.write.comfy_quant_file import plan_comfy_quant, write_comfy_quant
 from cogexport.write.gguf_file import write_gguf
 
 RUNS_IN_DIFFUSERS = [key for key, family in MORE_FAMILIES.items() if family.diffusers_loads]
+# the families with ComfyUI quantized files (the others' quantized.toml says why they have none)
+COMFY_QUANTIZED = [key for key in MORE_FAMILIES if quantization_policy(key).fp8_quantize]
 
 
-@pytest.fixture(scope="module", params=list(MORE_FAMILIES))
+# (the families no loader reads are judged through the command line below, verify comparing every tensor with the
+# reference's bytes as the read-back test does)
+@pytest.fixture(scope="module", params=[key for key in MORE_FAMILIES if key not in NO_LOADER_FAMILIES])
 def tiny(request, tmp_path_factory):
     return saved_tiny(MORE_FAMILIES[request.param], tmp_path_factory)
 
@@ -124,6 +134,38 @@ KEPT = {
     "mochi": {"pos_frequencies": ((3, 2, 64), "F32"), "x_embedder.proj.weight": ((768, 4, 2, 2), "F16"),
               "t5_y_embedder.to_kv.weight": ((512, 256), "F16"), "final_layer.linear.weight": ((16, 768), "F16"),
               "blocks.0.attn.qkv_x.weight": ((2304, 768), "Q4_K"), "blocks.0.mlp_y.w2.weight": ((768, 2048), "Q4_K")},
+    # the families no loader reads: ComfyUI-GGUF's rules on their names (`^`: a top-level module, not the blocks')
+    "cogvideox": {"mixins.pos_embed.pos_embedding": ((1, 1234, 256), "F32"),
+                  "mixins.patch_embed.text_proj.weight": ((256, 256), "F16"), "time_embed.0.weight": ((256, 256), "F16"),
+                  "ofs_embed.2.weight": ((256, 256), "F16"), "mixins.final_layer.linear.weight": ((16, 256), "F16"),
+                  "transformer.layers.0.attention.query_key_value.weight": ((768, 256), "Q5_K"),
+                  "transformer.layers.0.mlp.dense_4h_to_h.weight": ((256, 1024), "Q6_K"),
+                  "mixins.adaln_layer.adaLN_modulations.0.1.weight": ((3072, 256), "Q4_K")},
+    "framepack": {"proj_out.weight": ((16, 256), "F16"), "single_transformer_blocks.0.proj_out.weight": ((256, 1280), "Q4_K"),
+                  "norm_out.linear.weight": ((512, 256), "F16"), "image_projection.up.weight": ((768, 256), "F16"),
+                  "context_embedder.token_refiner.refiner_blocks.0.attn.to_v.weight": ((256, 256), "F16"),
+                  "clean_x_embedder.proj_4x.weight": ((256, 4, 4, 8, 8), "F32"),
+                  "transformer_blocks.0.attn.add_v_proj.weight": ((256, 256), "Q6_K"),
+                  "transformer_blocks.0.ff_context.net.2.weight": ((256, 1024), "Q6_K")},
+    "kandinsky5": {"out_layer.out_layer.weight": ((16, 256), "F16"), "out_layer.modulation.out_layer.weight": ((512, 256), "F16"),
+                   "visual_transformer_blocks.0.feed_forward.out_layer.weight": ((256, 512), "Q6_K"),
+                   "visual_transformer_blocks.0.self_attention.out_layer.weight": ((256, 256), "Q4_K"),
+                   "visual_transformer_blocks.0.cross_attention.to_value.weight": ((256, 256), "Q6_K"),
+                   "time_embeddings.in_layer.weight": ((256, 256), "F16")},
+    "kandinsky6": {"audio_outLayer.out_layer.weight": ((8, 256), "F16"), "out_layer.out_layer.weight": ((16, 256), "F16"),
+                   "visual_token_type_embeddings.weight": ((2, 4096), "F16"),
+                   "audio_pooled_text_embeddings.in_layer.weight": ((256, 256), "F16"),
+                   "visual_blocks.0.av_cross_attention.to_value.weight": ((256, 256), "Q6_K"),
+                   "visual_blocks.0.videoT.feed_forward.out_layer.weight": ((256, 512), "Q6_K"),
+                   "visual_blocks.0.va_modulation.out_layer.weight": ((768, 256), "Q4_K")},
+    "kandinsky6_sr": {"out_layer.modulation.out_layer.weight": ((512, 256), "F16"), "pooled_bias": ((256,), "F32"),
+                      "visual_transformer_blocks.0.self_attention.to_value.weight": ((256, 256), "Q6_K")},
+    "sana_video": {"y_embedder.y_embedding": ((300, 256), "F32"), "blocks.0.scale_shift_table": ((6, 256), "F32"),
+                   "final_layer.scale_shift_table": ((2, 2240), "F32"), "pos_embed": ((1, 16, 256), "F16"),
+                   "logvar_linear.weight": ((1, 2240), "F16"), "t_block.1.weight": ((1536, 256), "F16"),
+                   "blocks.0.mlp.inverted_conv.conv.weight": ((1024, 256, 1, 1), "F16"),
+                   "blocks.0.attn.qkv.weight": ((768, 256), "Q5_K"), "blocks.0.cross_attn.kv_linear.weight": ((512, 256), "Q5_K"),
+                   "blocks.0.cross_attn.q_linear.weight": ((256, 256), "Q4_K")},
 }
 
 
@@ -168,7 +210,7 @@ def test_ltx2_gguf_holds_the_release_config_comfyui_detects_it_by(cli, tmp_path)
     assert "LTX-2" in cli("inspect", path).stdout
 
 
-@pytest.mark.parametrize("key", list(MORE_FAMILIES))
+@pytest.mark.parametrize("key", COMFY_QUANTIZED)
 def test_comfyui_fp8_quantizes_the_family_layers_and_the_judge_puts_every_name_back(key, tmp_path):
     family = MORE_FAMILIES[key]
     model = family.build()
@@ -235,3 +277,129 @@ def test_minimax_h3_quantized_files_hold_comfyuis_single_file_layout(cli, tmp_pa
     state = model.state_dict()
     stacked = torch.cat([state[f"transformer_blocks.0.attn.to_{p}.weight"] for p in "qkv"])
     assert (qkv - stacked).norm() / stacked.norm() < 0.05
+
+
+def _dequantized(stored: np.ndarray, kind: str, shape: tuple[int, ...]) -> torch.Tensor:
+    values = gguf.quants.dequantize(stored, gguf.GGMLQuantizationType[kind])
+    return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)
+
+
+def _loaded(family, weights: dict[str, torch.Tensor]):
+    model = family.model_class()(**family.config).eval()
+    model.load_state_dict(weights, strict=True)
+    return model
+
+
+@pytest.mark.parametrize("key", list(NO_LOADER_FAMILIES))
+def test_a_gguf_no_loader_reads_runs_as_the_reference_quantization_of_its_weights(key, cli, tmp_path):
+    """A Diffusers folder through the command line, for a family no GGUF loader reads (the run says so): the file
+    read by the gguf package and put back in Diffusers' names by a path independent of cogexport's tables (the
+    family's converter, which gives the model's own tensors back from the unquantized original names) gives a model
+    whose forward output is exactly that of the model's weights quantized by the reference quantizers at the file's
+    types and dequantized the same way; verify agrees, inspect names the family."""
+    family = NO_LOADER_FAMILIES[key]
+    model = family.build()
+    model.save_pretrained(tmp_path / "model")
+    result = cli(tmp_path / "model", tmp_path / "gguf", "--to", "gguf", "--quant", "Q4_K_M")
+    assert result.exit_code == 0, result.stderr
+    name = family_named(key).name
+    assert f"no GGUF loader (ComfyUI-GGUF, Diffusers) reads {name} GGUF files today" in result.stderr
+    (path,) = (tmp_path / "gguf").glob("*.gguf")
+    truth = {name: tensor.load() for name, tensor in original_tensors(family, model).items()}
+    converter = family.converter_function()
+    assert_same_tensors(converter(truth), model.state_dict())  # the judge of the names
+    by_file, by_reference = {}, {}
+    for tensor in gguf.GGUFReader(path).tensors:
+        shape, kind = tuple(reversed(tensor.shape.tolist())), tensor.tensor_type.name
+        by_file[tensor.name] = _dequantized(np.array(tensor.data), kind, shape)
+        by_reference[tensor.name] = _dequantized(reference_bytes(truth[tensor.name], kind)[0], kind, shape)
+    assert by_file.keys() == truth.keys()
+    output = forward(_loaded(family, converter(by_file)), family)
+    assert torch.equal(output, forward(_loaded(family, converter(by_reference)), family))
+    unquantized = forward(model, family)
+    assert ((output - unquantized).norm() / unquantized.norm()).item() < 0.25
+    policy = quantization_policy(key)  # its architecture cogexport's own: ComfyUI-GGUF's loader refuses the file by it
+    assert comfy_gguf_metadata(path)["general.architecture"] == policy.architecture not in COMFY_ARCHITECTURES
+    assert not policy.gguf_loaders
+    verified = cli("verify", tmp_path / "gguf", "--against", tmp_path / "model")
+    assert verified.exit_code == 0, verified.stdout + verified.stderr
+    assert name in cli("inspect", path).stdout
+
+
+def test_sana_video_gguf_from_the_release_keeps_its_null_caption_and_tables_in_f32(cli, tmp_path):
+    """NVlabs' release -> Diffusers (what its class has no place for kept beside) -> GGUF: every tensor of the
+    release under its name (make_tiny_sana_video.py writes it independently of the key maps), the learned null caption
+    and the scale-shift tables in F32, the position buffer and the logvar head not quantized; verified against the
+    Diffusers folder it was made from."""
+    sys.path.insert(0, str(SCRIPTS))
+    from make_tiny_sana_video import release_state_dict, write_release
+
+    model = NO_LOADER_FAMILIES["sana_video"].build()
+    model.save_pretrained(tmp_path / "base")
+    release = write_release(tmp_path / "release", model)["pth"]
+    assert cli(release, tmp_path / "diffusers", "--base", tmp_path / "base", "--dtype", "fp32").exit_code == 0
+    result = cli(tmp_path / "diffusers", tmp_path / "gguf", "--to", "gguf", "--quant", "Q8_0")
+    assert result.exit_code == 0, result.stderr
+    (path,) = (tmp_path / "gguf").glob("*.gguf")
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    truth = release_state_dict(model)
+    assert set(types) == set(truth)
+    assert {types[name] for name in truth if "scale_shift_table" in name} == {"F32"}
+    assert (types["y_embedder.y_embedding"], types["pos_embed"], types["blocks.0.attn.qkv.weight"]) == ("F32", "F16",
+                                                                                                        "Q8_0")
+    assert types["logvar_linear.weight"] in ("F32", "F16")
+    with GgufCheckpoint(path) as checkpoint:  # every tensor the reference's bytes of the independent writer's
+        assert all(check.exact for check in check_gguf(checkpoint, {n: lazy(t) for n, t in truth.items()}))
+    verified = cli("verify", tmp_path / "gguf", "--against", tmp_path / "diffusers")
+    assert verified.exit_code == 0, verified.stdout + verified.stderr
+
+
+def test_gguf_of_a_deepspeed_run_of_a_family_no_loader_reads_is_its_fp32_masters_quantized(cli, tmp_path):
+    """A SanaVideo fine-tune under DeepSpeed ZeRO-2 (bf16, 2 ranks): the file holds the fp32 masters taken in
+    training (not the bf16 module copies), each tensor the reference's bytes of them in the release's names (an
+    independent writer's)."""
+    sys.path.insert(0, str(SCRIPTS))
+    from make_tiny_sana_video import release_state_dict
+    from sana_video_fixtures import build_transformer, deepspeed_finetune
+
+    run = deepspeed_finetune()
+    trained = build_transformer(seed=0)
+    trained.save_pretrained(tmp_path / "base")
+    trained.load_state_dict(run.expected_state_dict(), strict=True)
+    result = cli(run.checkpoint, tmp_path / "gguf", "--base", tmp_path / "base", "--to", "gguf", "--quant", "Q8_0")
+    assert result.exit_code == 0, result.stderr
+    (path,) = (tmp_path / "gguf").glob("*.gguf")
+    truth = {name: t for name, t in release_state_dict(trained).items() if not name.startswith(("y_embedder.y_embedding",
+                                                                                              "pos_embed", "logvar"))}
+    with GgufCheckpoint(path) as checkpoint:
+        assert set(checkpoint) == set(truth)
+        checks = check_gguf(checkpoint, {n: lazy(t) for n, t in truth.items()})
+        assert all(check.exact for check in checks), [check.name for check in checks if not check.exact]
+        # the run's tensors are small (most of at most 1,024 values: F32, the masters bit for bit), which a bf16
+        # copy would miss as the F16 ones would
+        assert {check.type for check in checks} == {"F32", "F16"}
+
+
+def test_gguf_of_a_lora_run_of_a_family_no_loader_reads_is_fused_first(cli, tmp_path):
+    """A Diffusers Kandinsky 5 LoRA (the pipeline's own save_lora_weights) on a Diffusers folder: fused, then
+    quantized; every tensor the reference's bytes of the fused weights (Kandinsky 5's release names are Diffusers'
+    own)."""
+    from diffusers import Kandinsky5T2VPipeline
+    from lora_helpers import merged, random_modules, write_diffusers_lora
+
+    model = NO_LOADER_FAMILIES["kandinsky5"].build()
+    model.save_pretrained(tmp_path / "base")
+    weights = model.state_dict()
+    layers = [f"visual_transformer_blocks.0.{module}" for module in (
+        "self_attention.to_query", "self_attention.to_value", "cross_attention.out_layer", "feed_forward.out_layer")]
+    modules = random_modules({n: t.shape for n, t in weights.items()}, layers, 0, ((4, 8.0), (8, 4.0)))
+    lora = write_diffusers_lora(Kandinsky5T2VPipeline, tmp_path / "lora", modules)
+    truth = merged(weights, {m: (a, b, alpha / r) for m, (a, b, r, alpha) in modules.items()})
+    result = cli(lora, tmp_path / "gguf", "--base", tmp_path / "base", "--to", "gguf", "--quant", "Q4_K_M")
+    assert result.exit_code == 0, result.stderr
+    (path,) = (tmp_path / "gguf").glob("*.gguf")
+    with GgufCheckpoint(path) as checkpoint:
+        assert set(checkpoint) == set(truth)
+        checks = check_gguf(checkpoint, {n: lazy(t) for n, t in truth.items()})
+    assert all(check.exact for check in checks), [check.name for check in checks if not check.exact]
+    assert all(not torch.equal(truth[f"{layer}.weight"], weights[f"{layer}.weight"]) for layer in layers)
