@@ -67,7 +67,7 @@ def test_a_family_without_comfyui_quantized_files_is_refused_first_in_user_words
                           and not quantization_policy(family.key).fp8_refused)
     for base in ([], ["--base", config_folder(tmp_path / "base", original)]):
         line = assert_refused(cli, tmp_path, [run, tmp_path / "out", "--to", "comfyui", "--quant", "fp8", *base],
-                              "is a CogVideoX model", f"of CogVideoX models (which names ComfyUI's own CogVideoX model",
+                              "is a CogVideoX model", "of CogVideoX models (which names ComfyUI's own CogVideoX model",
                               f"only of {supported}); export it to a Diffusers folder (drop --to) or its original "
                               "layout (--to original)", inputs=[tmp_path / "run"])
         assert "--base" not in line and "quantized.toml" not in line

@@ -136,23 +136,27 @@ KEPT = {
               "blocks.0.attn.qkv_x.weight": ((2304, 768), "Q4_K"), "blocks.0.mlp_y.w2.weight": ((768, 2048), "Q4_K")},
     # the families no loader reads: ComfyUI-GGUF's rules on their names (`^`: a top-level module, not the blocks')
     "cogvideox": {"mixins.pos_embed.pos_embedding": ((1, 1234, 256), "F32"),
-                  "mixins.patch_embed.text_proj.weight": ((256, 256), "F16"), "time_embed.0.weight": ((256, 256), "F16"),
+                  "mixins.patch_embed.text_proj.weight": ((256, 256), "F16"),
+                  "time_embed.0.weight": ((256, 256), "F16"),
                   "ofs_embed.2.weight": ((256, 256), "F16"), "mixins.final_layer.linear.weight": ((16, 256), "F16"),
                   "transformer.layers.0.attention.query_key_value.weight": ((768, 256), "Q5_K"),
                   "transformer.layers.0.mlp.dense_4h_to_h.weight": ((256, 1024), "Q6_K"),
                   "mixins.adaln_layer.adaLN_modulations.0.1.weight": ((3072, 256), "Q4_K")},
-    "framepack": {"proj_out.weight": ((16, 256), "F16"), "single_transformer_blocks.0.proj_out.weight": ((256, 1280), "Q4_K"),
+    "framepack": {"proj_out.weight": ((16, 256), "F16"),
+                  "single_transformer_blocks.0.proj_out.weight": ((256, 1280), "Q4_K"),
                   "norm_out.linear.weight": ((512, 256), "F16"), "image_projection.up.weight": ((768, 256), "F16"),
                   "context_embedder.token_refiner.refiner_blocks.0.attn.to_v.weight": ((256, 256), "F16"),
                   "clean_x_embedder.proj_4x.weight": ((256, 4, 4, 8, 8), "F32"),
                   "transformer_blocks.0.attn.add_v_proj.weight": ((256, 256), "Q6_K"),
                   "transformer_blocks.0.ff_context.net.2.weight": ((256, 1024), "Q6_K")},
-    "kandinsky5": {"out_layer.out_layer.weight": ((16, 256), "F16"), "out_layer.modulation.out_layer.weight": ((512, 256), "F16"),
+    "kandinsky5": {"out_layer.out_layer.weight": ((16, 256), "F16"),
+                   "out_layer.modulation.out_layer.weight": ((512, 256), "F16"),
                    "visual_transformer_blocks.0.feed_forward.out_layer.weight": ((256, 512), "Q6_K"),
                    "visual_transformer_blocks.0.self_attention.out_layer.weight": ((256, 256), "Q4_K"),
                    "visual_transformer_blocks.0.cross_attention.to_value.weight": ((256, 256), "Q6_K"),
                    "time_embeddings.in_layer.weight": ((256, 256), "F16")},
-    "kandinsky6": {"audio_outLayer.out_layer.weight": ((8, 256), "F16"), "out_layer.out_layer.weight": ((16, 256), "F16"),
+    "kandinsky6": {"audio_outLayer.out_layer.weight": ((8, 256), "F16"),
+                   "out_layer.out_layer.weight": ((16, 256), "F16"),
                    "visual_token_type_embeddings.weight": ((2, 4096), "F16"),
                    "audio_pooled_text_embeddings.in_layer.weight": ((256, 256), "F16"),
                    "visual_blocks.0.av_cross_attention.to_value.weight": ((256, 256), "Q6_K"),
@@ -164,7 +168,8 @@ KEPT = {
                    "final_layer.scale_shift_table": ((2, 2240), "F32"), "pos_embed": ((1, 16, 256), "F16"),
                    "logvar_linear.weight": ((1, 2240), "F16"), "t_block.1.weight": ((1536, 256), "F16"),
                    "blocks.0.mlp.inverted_conv.conv.weight": ((1024, 256, 1, 1), "F16"),
-                   "blocks.0.attn.qkv.weight": ((768, 256), "Q5_K"), "blocks.0.cross_attn.kv_linear.weight": ((512, 256), "Q5_K"),
+                   "blocks.0.attn.qkv.weight": ((768, 256), "Q5_K"),
+                   "blocks.0.cross_attn.kv_linear.weight": ((512, 256), "Q5_K"),
                    "blocks.0.cross_attn.q_linear.weight": ((256, 256), "Q4_K")},
 }
 
@@ -369,8 +374,8 @@ def test_gguf_of_a_deepspeed_run_of_a_family_no_loader_reads_is_its_fp32_masters
     result = cli(run.checkpoint, tmp_path / "gguf", "--base", tmp_path / "base", "--to", "gguf", "--quant", "Q8_0")
     assert result.exit_code == 0, result.stderr
     (path,) = (tmp_path / "gguf").glob("*.gguf")
-    truth = {name: t for name, t in release_state_dict(trained).items() if not name.startswith(("y_embedder.y_embedding",
-                                                                                              "pos_embed", "logvar"))}
+    buffers = ("y_embedder.y_embedding", "pos_embed", "logvar")  # the release's own, which the run never had
+    truth = {name: t for name, t in release_state_dict(trained).items() if not name.startswith(buffers)}
     with GgufCheckpoint(path) as checkpoint:
         assert set(checkpoint) == set(truth)
         checks = check_gguf(checkpoint, {n: lazy(t) for n, t in truth.items()})

@@ -53,7 +53,7 @@ class Fp8Section:
     quantize: tuple[str, ...] = declared("globs on the full names of the weights stored quantized, in every `--to "
                                          "comfyui` format (only tensors of two or more dimensions)", ())
     refused: str = declared("why the family gets no ComfyUI quantized file (no ComfyUI model of it whose names are "
-                            "established), said when `--to comfyui` is refused; empty: `quantize` says which layers", "")
+                            "established), said when `--to comfyui` is refused; empty: `quantize` names the layers", "")
 
 
 @dataclass(frozen=True, kw_only=True)
