@@ -16,13 +16,14 @@ from ..keymap.table import KeyMapTable
 from ..lazy import LazyTensor
 from ..lora import LoraAdapter, base_weights, check_fits, plan_fused
 from ..models.base_folder import BaseFolder
-from ..models.family import ModelFamily, Variant, component_title
+from ..models.family import DEFAULT_TRANSFORMER_FOLDER, ModelFamily, Variant, component_title
 from ..models.recognize import (Recognised, choose_table, component_tables, diffusers_config_beside, family_beside,
                                 fitting_tables, recognise)
 from ..models.target import TargetModel, build_target
 from ..models.target_choice import TargetRequest, TransformerChoice, choose_transformer
 from ..precision import PrecisionPolicy
 from ..write.shards import ShardPlan
+from .adapter_component import adapter_task_options
 from .inputs import ExportInputs
 from .options import MODEL_DTYPE, ExportOptions
 
@@ -109,6 +110,7 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     """The transformer (or one expert) with the adapter fused in: the base weights come from the run when it saved
     them, else from --base."""
     where = inputs.where_of(component)
+    options = adapter_task_options(adapter, options, where)
     request = target_request(options, inputs.base, component, inputs.expert_names)
     family = model_family(adapter, inputs.base, options)
     chosen = choose_transformer(adapter_recognised(adapter), family, request, where)
@@ -116,16 +118,26 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     if adapter.has_base_weights:
         weights = base_weights(adapter, chosen.target.schema, chosen.target.counts, where)
     else:
-        weights = _base_transformer_weights(inputs, family, chosen.target, component)
+        weights = _base_transformer_weights(inputs, family, chosen.target, component,
+                                            _base_folder(component, chosen, inputs))
     fused = plan_fused(adapter, weights, where)
     return _transformer_part(component, chosen, Plan(fused), adapter.base_table, options, " + LoRA")
 
 
+def _base_folder(component: str, chosen: TransformerChoice, inputs: ExportInputs) -> str:
+    """Where a --base pipeline holds the transformer an adapter is fused into: its task's transformer folder (a
+    pipeline holding several tasks' transformers: MiniMax-H3's transformer_ref/ for Ref2VA), an expert's own."""
+    if inputs.base is None or not inputs.base.is_pipeline or component != DEFAULT_TRANSFORMER_FOLDER:
+        return component
+    return chosen.family.task(chosen.variant.task).transformer_folder
+
+
 def _base_transformer_weights(inputs: ExportInputs, family: ModelFamily, target: TargetModel,
-                              component: str) -> dict[str, LazyTensor]:
-    """The base model's own transformer weights (for fusing an adapter that came without them)."""
+                              component: str, held_in: str) -> dict[str, LazyTensor]:
+    """The base model's own transformer weights (for fusing an adapter that came without them): a pipeline's
+    ``held_in`` folder."""
     base = inputs.base
-    files = None if base is None else base.weight_files(component)
+    files = None if base is None else base.weight_files(held_in)
     if files is None:
         raise CogExportError(f"--lora fuse needs the base weights: {inputs.where_of(component)} holds only the "
                              "adapter; pass --base with the Diffusers pipeline or transformer folder (with its "
