@@ -124,8 +124,13 @@ def test_a_diffusers_adapter_for_ref2va_is_written_under_transformer_ref_and_loa
     # fused without --component pipeline: the Ref2VA transformer alone, from --base's transformer_ref/
     fused = cli(run[given], tmp_path / "fused", "--base", run["base"], "--lora", "fuse", "--dtype", "fp32", *told)
     assert fused.exit_code == 0, fused.stderr
-    assert_all_equal(load_file(tmp_path / "fused" / WEIGHTS),
-                     merged(load_file(run["base"] / "transformer_ref" / WEIGHTS), run["truth"]))
+    expected = merged(load_file(run["base"] / "transformer_ref" / WEIGHTS), run["truth"])
+    assert_all_equal(load_file(tmp_path / "fused" / WEIGHTS), expected)
+    # --base the Ref2VA transformer folder itself: the same model
+    alone = cli(run[given], tmp_path / "alone", "--base", run["base"] / "transformer_ref", "--lora", "fuse", "--dtype",
+                "fp32", *told)
+    assert alone.exit_code == 0, alone.stderr
+    assert_all_equal(load_file(tmp_path / "alone" / WEIGHTS), expected)
     from diffusers import MiniMaxH3Transformer3DModel
 
     given_inputs = packed_inputs(seed=6)
