@@ -6,9 +6,10 @@ swiglu_gate_first, under that prefix) writes transformer_ref.transformer_blocks.
 lora_adapter_metadata keyed transformer_ref.<field>: what Diffusers' MiniMaxH3LoraLoaderMixin.save_lora_weights writes
 for transformer_ref_lora_layers, which the tests use to write it.
 
-Judged by Diffusers (load_lora_adapter with prefix "transformer_ref", as its load_lora_weights routes such a file,
-then its fuse_lora), PEFT's merge of the written PEFT adapter, and W + (alpha / r) B A in PEFT's order (fp32,
-torch.equal); the forward of the model with the adapter loaded against the fused model's."""
+Judged by Diffusers (the modular pipeline's load_lora_weights, which routes such a file into transformer_ref, then its
+fuse_lora; load_lora_adapter with prefix "transformer_ref" on the Ref2VA transformer), PEFT's merge of the written PEFT
+adapter, and W + (alpha / r) B A in PEFT's order (fp32, torch.equal); the forward of the model with the adapter loaded
+against the fused model's."""
 
 from __future__ import annotations
 
@@ -69,9 +70,10 @@ def diffusers_loaded(run: dict, adapter: Path):
 
 def test_a_ref2va_lora_fuses_into_the_pipelines_transformer_ref_as_diffusers_and_peft_do(run, cli, tmp_path):
     """No --model-type: the prefix says Ref2VA, so the adapter goes into transformer_ref/ and transformer/ stays the
-    base's. Fused: W + scale B A exactly, Diffusers' fuse_lora and PEFT's merge of the written PEFT adapter too. The
-    same adapter prefixed transformer. goes into transformer/."""
-    from diffusers import MiniMaxH3Transformer3DModel
+    base's. Fused: W + scale B A exactly, what the modular pipeline's load_lora_weights and fuse_lora make of the
+    written adapter and PEFT's merge of the written PEFT adapter too. The same adapter prefixed transformer. goes into
+    transformer/."""
+    from diffusers import MiniMaxH3Transformer3DModel, ModularPipeline
 
     result = cli(run["ref2va"], tmp_path / "fused", "--base", run["base"], "--lora", "fuse", "--dtype", "fp32",
                  "--component", "pipeline")
@@ -82,17 +84,21 @@ def test_a_ref2va_lora_fuses_into_the_pipelines_transformer_ref_as_diffusers_and
     assert (tmp_path / "fused" / "transformer" / WEIGHTS).read_bytes() == \
         (run["base"] / "transformer" / WEIGHTS).read_bytes()  # FL2VA's, the base's
     # Diffusers' own loader refuses SimpleTuner's file (its LoraConfig takes no swiglu_gate_first): it loads the
-    # adapter cogexport writes for it, which records the LoraConfig alone
+    # adapter cogexport writes for it, which records the LoraConfig alone. The modular pipeline's load_lora_weights
+    # routes it by its prefix into transformer_ref alone.
     assert cli(run["ref2va"], tmp_path / "adapter").exit_code == 0
-    diffusers = diffusers_loaded(run, tmp_path / "adapter" / "pytorch_lora_weights.safetensors")
+    pipeline = ModularPipeline.from_pretrained(run["base"])
+    pipeline.load_components(names=["transformer", "transformer_ref"], dtype=torch.float32)
+    pipeline.load_lora_weights(str(tmp_path / "adapter" / "pytorch_lora_weights.safetensors"), adapter_name="trained")
+    assert not any("lora_A" in name for name, _ in pipeline.transformer.named_parameters())
     given = packed_inputs(seed=5)
-    with_adapter = diffusers_forward(diffusers, given)
+    with_adapter = diffusers_forward(pipeline.transformer_ref.eval(), given)
     fused_model = MiniMaxH3Transformer3DModel.from_pretrained(tmp_path / "fused" / "transformer_ref").eval()
     assert all(torch.allclose(a, b, atol=1e-4, rtol=1e-4)  # unfused LoRA adds B A x in another order
                for a, b in zip(diffusers_forward(fused_model, given), with_adapter))
-    diffusers.fuse_lora(lora_scale=1.0)
-    diffusers.unload_lora()
-    assert_all_equal(ours, diffusers.state_dict())
+    pipeline.fuse_lora(components=["transformer_ref"], lora_scale=1.0)
+    pipeline.unload_lora_weights()
+    assert_all_equal(ours, pipeline.transformer_ref.state_dict())
     assert cli(run["ref2va"], tmp_path / "peft", "--lora-format", "peft").exit_code == 0
     assert_all_equal(ours, peft_fused(MiniMaxH3Transformer3DModel, diffusers_config(), base, tmp_path / "peft"))
     checked = cli("verify", tmp_path / "fused" / "transformer_ref", "--against", run["ref2va"], "--base", run["base"])
