@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from ..errors import CogExportError
-from ..models.family import DEFAULT_TRANSFORMER_FOLDER
+from ..models.family import DEFAULT_TRANSFORMER_FOLDER, all_transformer_folders
 from .adapter import LoraModule
 from .parts import LORA, LOKR_W2
 
@@ -115,7 +115,7 @@ def _diffusers_metadata(raw: str, where: str) -> tuple[dict, str | None]:
         return {}, None
     by_component: dict[str, dict] = {}
     for key, value in values.items():
-        component = next((c for c in _transformer_folders() if key.startswith(f"{c}.")), None)
+        component = next((c for c in all_transformer_folders() if key.startswith(f"{c}.")), None)
         if component is not None:
             by_component.setdefault(component, {})[key[len(component) + 1:]] = value
     if len(by_component) > 1:
@@ -125,13 +125,6 @@ def _diffusers_metadata(raw: str, where: str) -> tuple[dict, str | None]:
     if by_component:
         return next(iter(by_component.values())), next(iter(by_component))
     return values, None
-
-
-def _transformer_folders() -> tuple[str, ...]:
-    """Every family's pipeline components a transformer adapter is for (the file's family is not known yet)."""
-    from ..models.family import families
-
-    return tuple(dict.fromkeys(folder for family in families() for folder in family.transformer_folders))
 
 
 def _find_key(tree: object, key: str) -> object:

@@ -481,3 +481,9 @@ def family_of_variant(name: str) -> tuple[ModelFamily, Variant]:
 
 def all_tasks() -> tuple[str, ...]:
     return tuple(dict.fromkeys(task for family in families() for task in family.tasks))
+
+
+def all_transformer_folders() -> tuple[str, ...]:
+    """Every family's pipeline components a transformer is (the prefixes of Diffusers LoRA files, before the file's
+    family is known)."""
+    return tuple(dict.fromkeys(folder for family in families() for folder in family.transformer_folders))
