@@ -149,6 +149,22 @@ def test_a_diffusers_adapter_for_ref2va_is_written_under_transformer_ref_and_loa
     assert checked.exit_code == 0, checked.stdout + checked.stderr
 
 
+def test_a_ref2va_fuse_takes_its_config_from_transformer_ref_too(run, cli, tmp_path):
+    """A pipeline whose two transformers differ in size (its transformer/ one block deep): the Ref2VA adapter is
+    checked against, and fused into, transformer_ref/'s model, never planned on transformer/'s config."""
+    import shutil
+
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    base = Path(shutil.copytree(run["base"], tmp_path / "base", ignore=shutil.ignore_patterns("transformer")))
+    MiniMaxH3Transformer3DModel.from_config({**diffusers_config(), "num_layers": 1}).save_pretrained(
+        base / "transformer")
+    result = cli(run["ref2va"], tmp_path / "fused", "--base", base, "--lora", "fuse", "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    assert_all_equal(load_file(tmp_path / "fused" / WEIGHTS),
+                     merged(load_file(base / "transformer_ref" / WEIGHTS), run["truth"]))
+
+
 def _rewritten(run: dict, path: Path, keys, recorded) -> Path:
     """SimpleTuner's Ref2VA file with its keys renamed by ``keys`` and its metadata by ``recorded``."""
     with safe_open(run["ref2va"], "pt") as handle:

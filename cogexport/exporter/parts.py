@@ -111,25 +111,27 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     them, else from --base."""
     where = inputs.where_of(component)
     options = adapter_task_options(adapter, options, where)
-    request = target_request(options, inputs.base, component, inputs.expert_names)
     family = model_family(adapter, inputs.base, options)
+    held_in = _base_folder(component, family, options.model_type, inputs)
+    request = target_request(options, inputs.base, held_in, inputs.expert_names)
     chosen = choose_transformer(adapter_recognised(adapter), family, request, where)
     check_fits(adapter, chosen.target.schema, where)
     if adapter.has_base_weights:
         weights = base_weights(adapter, chosen.target.schema, chosen.target.counts, where)
     else:
-        weights = _base_transformer_weights(inputs, family, chosen.target, component,
-                                            _base_folder(component, chosen, inputs))
+        weights = _base_transformer_weights(inputs, family, chosen.target, component, held_in)
     fused = plan_fused(adapter, weights, where)
     return _transformer_part(component, chosen, Plan(fused), adapter.base_table, options, " + LoRA")
 
 
-def _base_folder(component: str, chosen: TransformerChoice, inputs: ExportInputs) -> str:
-    """Where a --base pipeline holds the transformer an adapter is fused into: its task's transformer folder (a
-    pipeline holding several tasks' transformers: MiniMax-H3's transformer_ref/ for Ref2VA), an expert's own."""
-    if inputs.base is None or not inputs.base.is_pipeline or component != DEFAULT_TRANSFORMER_FOLDER:
+def _base_folder(component: str, family: ModelFamily, task: str | None, inputs: ExportInputs) -> str:
+    """Where a --base pipeline holds the transformer an adapter is fused into (its config and weights): --model-type's
+    task's transformer folder (a pipeline holding several tasks' transformers: MiniMax-H3's transformer_ref/ for
+    Ref2VA), an expert's own."""
+    if inputs.base is None or not inputs.base.is_pipeline or component != DEFAULT_TRANSFORMER_FOLDER or \
+            task not in family.tasks:
         return component
-    return chosen.family.task(chosen.variant.task).transformer_folder
+    return family.task(task).transformer_folder
 
 
 def _base_transformer_weights(inputs: ExportInputs, family: ModelFamily, target: TargetModel,
