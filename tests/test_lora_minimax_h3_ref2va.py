@@ -151,7 +151,8 @@ def test_a_diffusers_adapter_for_ref2va_is_written_under_transformer_ref_and_loa
 
 def test_a_ref2va_fuse_takes_its_config_from_transformer_ref_too(run, cli, tmp_path):
     """A pipeline whose two transformers differ in size (its transformer/ one block deep): the Ref2VA adapter is
-    checked against, and fused into, transformer_ref/'s model, never planned on transformer/'s config."""
+    checked against, and fused into, transformer_ref/'s model, never planned on transformer/'s config; so is the
+    adapter written alone."""
     import shutil
 
     from diffusers import MiniMaxH3Transformer3DModel
@@ -163,6 +164,8 @@ def test_a_ref2va_fuse_takes_its_config_from_transformer_ref_too(run, cli, tmp_p
     assert result.exit_code == 0, result.stderr
     assert_all_equal(load_file(tmp_path / "fused" / WEIGHTS),
                      merged(load_file(base / "transformer_ref" / WEIGHTS), run["truth"]))
+    result = cli(run["ref2va"], tmp_path / "adapter", "--base", base)  # the adapter checked against it too
+    assert result.exit_code == 0, result.stderr
 
 
 def _rewritten(run: dict, path: Path, keys, recorded) -> Path:

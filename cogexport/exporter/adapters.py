@@ -20,7 +20,7 @@ from .experts import assign_experts
 from .inputs import ExportInputs
 from .options import ExportOptions, lora_mode
 from .output_formats import OutputFormat
-from .parts import adapter_recognised, family_hint, model_family, target_request
+from .parts import adapter_recognised, base_transformer_folder, family_hint, model_family, target_request
 from .result import ExportResult
 
 DEFAULT_LORA_FORMAT = "diffusers"
@@ -94,9 +94,11 @@ def _adapter_target(adapter: LoraAdapter, inputs: ExportInputs, options: ExportO
         schema = adapter.base_shapes()
         check_fits(adapter, schema, where)
         return None, schema
-    if (base is not None and base.config(component)) or recognised is not None or options.model_name:
-        request = target_request(options, base, component, inputs.expert_names)
-        chosen = choose_transformer(recognised, model_family(adapter, base, options), request, where)
+    family = model_family(adapter, base, options)
+    held_in = base_transformer_folder(component, family, options.model_type, inputs)
+    if (base is not None and base.config(held_in)) or recognised is not None or options.model_name:
+        request = target_request(options, base, held_in, inputs.expert_names)
+        chosen = choose_transformer(recognised, family, request, where)
         check_fits(adapter, chosen.target.schema, where)
         return chosen, chosen.target.schema
     return None, adapter.names

@@ -112,7 +112,7 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     where = inputs.where_of(component)
     options = adapter_task_options(adapter, options, where)
     family = model_family(adapter, inputs.base, options)
-    held_in = _base_folder(component, family, options.model_type, inputs)
+    held_in = base_transformer_folder(component, family, options.model_type, inputs)
     request = target_request(options, inputs.base, held_in, inputs.expert_names)
     chosen = choose_transformer(adapter_recognised(adapter), family, request, where)
     check_fits(adapter, chosen.target.schema, where)
@@ -124,7 +124,7 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     return _transformer_part(component, chosen, Plan(fused), adapter.base_table, options, " + LoRA")
 
 
-def _base_folder(component: str, family: ModelFamily, task: str | None, inputs: ExportInputs) -> str:
+def base_transformer_folder(component: str, family: ModelFamily, task: str | None, inputs: ExportInputs) -> str:
     """Where a --base pipeline holds the transformer an adapter is fused into (its config and weights): --model-type's
     task's transformer folder (a pipeline holding several tasks' transformers: MiniMax-H3's transformer_ref/ for
     Ref2VA), an expert's own."""
