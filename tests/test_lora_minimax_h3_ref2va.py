@@ -210,3 +210,22 @@ def test_a_ref2va_lora_that_contradicts_itself_or_the_model_type_is_refused(case
     lora = _rewritten(run, tmp_path / "given" / "lora.safetensors", keys, recorded)
     options = [value for option in options for value in ((option, run["base"]) if option == "--base" else (option,))]
     assert_refused(cli, tmp_path, [lora, tmp_path / "out", *options], *phrases, inputs=[lora, run["base"]])
+
+
+def test_a_ref2va_fine_tune_into_a_pipeline_takes_its_config_from_transformer_ref(run, cli, tmp_path):
+    """Not a LoRA: a Ref2VA transformer fine-tuned whole, exported with --model-type ref2va and a --base pipeline
+    whose transformer/ is one block deep: the pipeline written, its transformer_ref/ planned on transformer_ref/'s
+    config, where it used to be checked against transformer/'s and refused."""
+    import shutil
+
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    base = Path(shutil.copytree(run["base"], tmp_path / "base", ignore=shutil.ignore_patterns("transformer")))
+    MiniMaxH3Transformer3DModel.from_config({**diffusers_config(), "num_layers": 1}).save_pretrained(
+        base / "transformer")
+    trained = base / "transformer_ref" / WEIGHTS
+    result = cli(trained, tmp_path / "out", "--base", base, "--model-type", "ref2va", "--dtype", "fp32")
+    assert result.exit_code == 0, result.stderr
+    assert_all_equal(load_file(tmp_path / "out" / "transformer_ref" / WEIGHTS), load_file(trained))
+    written = json.loads((tmp_path / "out" / "transformer_ref" / "config.json").read_text())
+    assert written["num_layers"] == json.loads((base / "transformer_ref" / "config.json").read_text())["num_layers"]

@@ -95,7 +95,7 @@ def _adapter_target(adapter: LoraAdapter, inputs: ExportInputs, options: ExportO
         check_fits(adapter, schema, where)
         return None, schema
     family = model_family(adapter, base, options)
-    held_in = base_transformer_folder(component, family, options.model_type, inputs)
+    held_in = base_transformer_folder(component, family, options.model_type, inputs.base)
     if (base is not None and base.config(held_in)) or recognised is not None or options.model_name:
         request = target_request(options, base, held_in, inputs.expert_names)
         chosen = choose_transformer(recognised, family, request, where)

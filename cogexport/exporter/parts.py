@@ -75,7 +75,8 @@ def plan_transformer(source: Mapping[str, LazyTensor], options: ExportOptions, w
     family, table = choose_table(source, "transformer", "transformer", where, family_hint(base, options, folders))
     metadata = source.info.header_metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
     recognised = recognise(source, table, family, experts, metadata)
-    chosen = choose_transformer(recognised, family, target_request(options, base, component, experts), where, folders)
+    request = target_request(options, base, base_transformer_folder(component, family, options.model_type, base), experts)
+    chosen = choose_transformer(recognised, family, request, where, folders)
     plan = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where,
                             target=chosen.described_as, remedy=chosen.remedy)
     return _transformer_part(component, chosen, plan, table, options)
@@ -112,7 +113,7 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     where = inputs.where_of(component)
     options = adapter_task_options(adapter, options, where)
     family = model_family(adapter, inputs.base, options)
-    held_in = base_transformer_folder(component, family, options.model_type, inputs)
+    held_in = base_transformer_folder(component, family, options.model_type, inputs.base)
     request = target_request(options, inputs.base, held_in, inputs.expert_names)
     chosen = choose_transformer(adapter_recognised(adapter), family, request, where)
     check_fits(adapter, chosen.target.schema, where)
@@ -124,11 +125,11 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     return _transformer_part(component, chosen, Plan(fused), adapter.base_table, options, " + LoRA")
 
 
-def base_transformer_folder(component: str, family: ModelFamily, task: str | None, inputs: ExportInputs) -> str:
-    """Where a --base pipeline holds the transformer an adapter is fused into (its config and weights): --model-type's
-    task's transformer folder (a pipeline holding several tasks' transformers: MiniMax-H3's transformer_ref/ for
-    Ref2VA), an expert's own."""
-    if inputs.base is None or not inputs.base.is_pipeline or component != DEFAULT_TRANSFORMER_FOLDER or \
+def base_transformer_folder(component: str, family: ModelFamily, task: str | None, base: BaseFolder | None) -> str:
+    """Where a --base pipeline holds the transformer a checkpoint is exported as (its config; for an adapter, the
+    weights it is fused into too): --model-type's task's transformer folder (a pipeline holding several tasks'
+    transformers: MiniMax-H3's transformer_ref/ for Ref2VA), an expert's own."""
+    if base is None or not base.is_pipeline or component != DEFAULT_TRANSFORMER_FOLDER or \
             task not in family.tasks:
         return component
     return family.task(task).transformer_folder
