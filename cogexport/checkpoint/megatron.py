@@ -34,6 +34,7 @@ from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
 from .dcp_metadata import METADATA_FILE, TensorEntry
 from .locate import natural_sorted
+from .megatron_flattened import flattened_view
 from .megatron_masters import LOW, MASTER_STATES, IterationFiles, masters_of
 from .megatron_zarr import ZarrFiles
 from .text_files import read_checkpoint_json
@@ -225,7 +226,7 @@ class MegatronCheckpoint(LazyCheckpoint):
         self.folder = Path(folder)
         self._keys: dict[str, str] = {}  # each name -> the saved key it is (a layer of)
         name, backend = sharded_backend(self.folder)
-        self.files = ZarrFiles(self.folder) if name == ZARR else DcpFiles(self.folder)
+        self.files = ZarrFiles(self.folder) if name == ZARR else flattened_view(DcpFiles(self.folder))
         self._chunks = "zarr chunks" if name == ZARR else "DCP chunks"
         self.facts = MegatronFacts(writer="Megatron-Core (dist_checkpointing.save)", sharded_backend=backend,
                                    world_size=self.files.world_size)
