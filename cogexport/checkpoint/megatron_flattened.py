@@ -42,14 +42,19 @@ class Pieces:
     ranges: dict[tuple[int, ...], tuple[tuple[int, int, Chunk], ...]]
 
 
+def is_flattened_form(stored: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether ``stored`` is megatron-core's flattened form of some cut of ``shape`` into even pieces."""
+    return len(stored) == len(shape) + 1 and all(f > 0 and g % f == 0 for g, f in zip(shape, stored)) and \
+        math.prod(g // f for g, f in zip(shape, stored)) == stored[-1]
+
+
 def pieces_of(files: DcpFiles, key: str, shape: tuple[int, ...]) -> Pieces:
     """The pieces of the tensor stored under ``key`` whose original shape is ``shape``; one line if the stored shape
     or chunks do not follow megatron-core's rule (module docstring)."""
     entry = files.metadata.entries[key]
     stored = tuple(entry.size)
     where = f"{files.folder / METADATA_FILE}: {quoted(key)}"
-    if len(stored) != len(shape) + 1 or any(f == 0 or g % f for g, f in zip(shape, stored)) or \
-            math.prod(g // f for g, f in zip(shape, stored)) != stored[-1]:
+    if not is_flattened_form(stored, shape):
         raise CogExportError(f"{where} is stored as {list(stored)}, which is not megatron-core's flattened form of "
                              f"the shape {list(shape)} it records (pieces per axis, then one piece's elements): the "
                              ".metadata is damaged; copy the iteration folder again")
