@@ -374,7 +374,9 @@ class MegatronCheckpoint(LazyCheckpoint):
         low = [dtype for dtype in saved if dtype != "fp32"]
         if low:
             buckets = " (the distributed optimizer's masters are in its flat buckets, optimizer.distributed.*, laid " \
-                      "out as its grad buffers were, which the save does not record: not read)" if sets.buckets else ""
+                      "out as its grad buffers were: the .metadata marks where each part begins, but not which " \
+                      "parameter a part is nor which parts are padding, and the run never saves its buffers' layout " \
+                      "(parameter order, alignment, bucket size): not read)" if sets.buckets else ""
             if sets.unplaced:
                 buckets = unplaced_masters(self.files, sets.unplaced)
             info.notes.append(f"the saved model weights are {'/'.join(low)}, the training dtype, and the save holds no "
