@@ -34,6 +34,7 @@ from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
 from .dcp_metadata import METADATA_FILE, TensorEntry
 from .locate import natural_sorted
+from .megatron_experts import experts_at, per_expert
 from .megatron_flattened import flattened_view, is_flattened_form
 from .megatron_masters import LOW, MASTER_STATES, IterationFiles, masters_of
 from .megatron_zarr import ZarrFiles
@@ -296,7 +297,7 @@ class MegatronCheckpoint(LazyCheckpoint):
             for layer in range(self.files.metadata.entries[members[0][0]].size[0]):
                 for key, name, at in members:
                     read = sets.masters.get(key, key)
-                    self._add(layer_name(name, at, layer), key, self.files.lazy_row(
+                    self._add_layer(layer_name(name, at, layer), key, self.files.lazy_row(
                         read, self.files.metadata.entries[read], layer, f"layer {layer} of {read} ({self._chunks})"))
         self.facts.stacked = [key for members in stacks.values() for key, _, _ in members]
         self._check_nesting()
@@ -321,6 +322,15 @@ class MegatronCheckpoint(LazyCheckpoint):
         if entry.size[0] != layers:
             raise CogExportError(f"{self.folder}: {key} stacks {entry.size[0]} layers, {first} {layers}: the tensors "
                                  f"of {prefix} disagree on the number of layers; the checkpoint is damaged")
+
+    def _add_layer(self, name: str, key: str, tensor) -> None:
+        """One layer of a stacked key; a mixture-of-experts layer's experts stacked on their axis one by one."""
+        at = experts_at(name)
+        if at is None or not len(tensor.shape):
+            self._add(name, key, tensor)
+            return
+        for expert_name, expert in per_expert(name, at, tensor):
+            self._add(expert_name, key, expert)
 
     def _add(self, name: str, key: str, tensor) -> None:
         if name in self._tensors:
