@@ -52,6 +52,13 @@ def test_a_fully_sharded_model_space_run_consolidates_to_its_fp32_masters(cli, t
     assert not any("exp_avg" in name or "optimizer" in name for name in written)
 
 
+def test_inspect_says_the_states_were_saved_flattened(cli):
+    report = json.loads(cli("inspect", ITERATION, "--json").stdout)
+    held = " ".join(report["contents"])
+    assert "48 of them saved flattened (the distributed optimizer's fully_sharded_model_space" in held, held
+    assert report["problems"] == []
+
+
 def test_a_split_piece_is_read_from_both_ranks_ranges():
     checkpoint = open_checkpoint(DATA / "run")
     for layer in (0, 1):

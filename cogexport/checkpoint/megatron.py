@@ -354,6 +354,10 @@ class MegatronCheckpoint(LazyCheckpoint):
         states = sorted({state for found in sets.optimized.values() for state in found})
         if states:
             held.append(f"optimizer states {', '.join(states)} of {len(sets.optimized)} parameters")
+        flattened = getattr(self.files, "flattened", None)
+        if flattened:
+            held.append(f"{len(flattened)} of them saved flattened (the distributed optimizer's "
+                        "fully_sharded_model_space, megatron-core 0.8-0.15), put back in their parameters' shapes")
         beside = sorted(p.name for p in self.folder.iterdir() if p.name == COMMON_FILE or BRIDGE_STATE.match(p.name))
         if beside:
             held.append(f"beside it (not read: training state and the run's settings): {', '.join(beside)}")
