@@ -2,11 +2,12 @@
 ``fully_sharded_model_space`` layout (megatron-core 0.8-0.15's default), with megatron-core's own code, on CPU, and
 the ground truth taken inside the ranks before the save: the data of tests/data/megatron-fsms-tp2/.
 
-    MCORE015_VENV/bin/python scripts/make_megatron_fsms_checkpoint.py OUT --tp 2 --dp 2
+    PYTHONPATH=$PWD /tmp/mcore-venv/bin/python scripts/make_megatron_fsms_checkpoint.py OUT --tp 2 --dp 2
 
 megatron-core 0.16 and later refuse a ShardedTensor with a ``flattened_range`` ("not supported"), so this runs in a
 venv holding megatron-core 0.15.3 (``--no-deps``) that sees this project's torch, as make_megatron_zarr_checkpoint.py
-does (its docstring has the commands; zarr and tensorstore are not needed here).
+does (its docstring has the commands; zarr and tensorstore are not needed here); ``PYTHONPATH`` lets the shared
+helpers import this checkout's cogexport. ``--check-only`` runs the last step alone on an OUT already made.
 
 The run is make_megatron_bf16_checkpoint.py's (a tiny bf16 GPTModel, its output layer frozen, trained three steps as
 the mixed-precision optimizers train it: Adam on an fp32 master of each bf16 parameter), here on ``tp * dp`` gloo
