@@ -29,8 +29,10 @@ from .keymap.plan import plan_translation
 from .keymap.table import KeyMapTable
 from .lazy import LazyTensor
 from .lora import plan_fused
+from .lora.formats import FORMATS
 from .models.base_folder import read_json
-from .models.family import family_of_class, model_class
+from .models.family import (DEFAULT_TRANSFORMER_FOLDER, all_transformer_folders, family_of_class,
+                             model_class)
 from .models.recognize import choose_table, component_tables, expert_folders, fitting_tables, lora_key
 from .models.release_root import release_root
 from .models.target import build_target
@@ -68,10 +70,22 @@ def _model_checks(output: Path, request: VerifyRequest) -> list[tuple[Path, list
         return [(output / name, [where]) for name, where in models.items() if (output / name / "config.json").is_file()]
     experts = expert_folders(against)  # a release holding one model per expert: each against its own
     checks = [(output / component, [folder]) for component, folder in experts.items()] if experts else \
-        [(output / "transformer", against), *_release_components(output, against, request.choice)]
+        [(output / _transformer_folder(output, against, request.choice), against),
+         *_release_components(output, against, request.choice)]
     if request.vae_against is not None:
         checks.append((output / "vae", [request.vae_against]))
     return checks
+
+
+def _transformer_folder(output: Path, sources: list[Path], choice: SourceChoice) -> str:
+    """The pipeline folder the run's transformer went to: transformer/, or the task's own folder a Diffusers LoRA's
+    keys name (MiniMax-H3's transformer_ref: a Ref2VA adapter is fused there)."""
+    held = [folder for folder in all_transformer_folders() if (output / folder / "config.json").is_file()]
+    if held == [DEFAULT_TRANSFORMER_FOLDER] or not held:  # nothing to choose: the source is not opened twice
+        return DEFAULT_TRANSFORMER_FOLDER
+    with choice.open(sources) as source:
+        named = FORMATS["diffusers"].component_in(list(source), held, ", ".join(map(str, sources)))
+    return named or DEFAULT_TRANSFORMER_FOLDER
 
 
 def _verify_folder(folder: Path, sources: list[Path], request: VerifyRequest) -> VerifyReport:

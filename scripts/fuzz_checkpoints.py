@@ -12,9 +12,11 @@ Trainer run folders (``transformers.Trainer`` under DeepSpeed on CPU ranks: ZeRO
 DeepSpeed AutoTP run (TP 2 x DP 2 under ZeRO-3: rank files of both parallel dimensions deleted, swapped and copied
 over each other, its affine maps damaged; consolidate judged, and export too when asked for by ``--only autotp``) and
 a Megatron-Core run (megatron-core's own GPTModel at TP 2 x PP 2 saved by its ``dist_checkpointing.save``: the run
-folder given, its newest iteration damaged) and a Megatron-Core iteration saved with the older zarr backend (kept as
+folder given, its newest iteration damaged), a Megatron-Core iteration saved with the older zarr backend (kept as
 data in tests/data/megatron-zarr-tp2/: megatron-core 0.15.3's own zarr strategy, a bf16 GPTModel at TP 2 with fp32
-masters). Each case copies one source and damages it one way:
+masters) and a megatron-core 0.15.3 torch_dist iteration whose distributed optimizer saved its state flattened
+(``fully_sharded_model_space``; kept as data in tests/data/megatron-fsms-tp2/: a bf16 GPTModel at TP 2 x DP 2). Each
+case copies one source and damages it one way:
 
   truncate                 a data file cut short (a rank file, a ``.distcp`` or ``.metadata``, a safetensors file)
   flip <region>            one byte changed in a torch.save archive's zip directory, one of the three records of
@@ -54,6 +56,9 @@ masters). Each case copies one source and damages it one way:
                            weights, the student's optimizer filed as a role. (Megatron-Core) the same of an iteration:
                            an optimizer state filed as the model's ``<key>.exp_avg``, the model under ``ema.``, a
                            weight filed as ``optimizer.state.fp32_param.<key>`` or as ``rng_state/<key>``
+  rewrite mcore_data       (Megatron-Core 0.8-0.15 torch_dist) the ``.metadata`` re-pickled with one flattened
+                           tensor's recorded original shape changed (an axis doubled or halved, the axes reversed,
+                           one dropped), the record dropped, or a record given to a model tensor
   damage the affine map    (AutoTP) rank 0's model states re-saved (valid CRCs) with one tensor's affine map changed:
                            a share's block moved, a share's shape, a rank dropped, the whole's shape, its pattern
                            matching nothing (then the pattern lists say how it joins: right, or refused)
@@ -316,6 +321,22 @@ def megatron_zarr_source() -> Source:
     return Source("megatron-zarr-tp2", "megatron-zarr", data, "run", truth, damage="run/iter_0000003")
 
 
+def megatron_fsms_source() -> Source:
+    """A Megatron-Core torch_dist iteration whose distributed optimizer saved its state flattened, in the
+    fully_sharded_model_space layout (tests/data/megatron-fsms-tp2/: megatron-core 0.15.3's own layout code and
+    torch_dist strategy, a bf16 GPTModel at TP 2 x DP 2; kept as data, as this venv's megatron-core no longer saves
+    flattened tensors): the run folder given, its iteration damaged; consolidate must write the masters, put back
+    from the ranks' flat ranges, in place of the trained bf16 copies, the rest as saved, layer by layer."""
+    from megatron_fixtures import unstacked
+
+    data = ROOT / "tests" / "data" / "megatron-fsms-tp2"
+    saved = load_file(data / "truth.safetensors")
+    masters = unstacked({key[len("master."):]: t for key, t in saved.items() if key.startswith("master.")})
+    model = unstacked({key[len("model."):]: t for key, t in saved.items() if key.startswith("model.")})
+    truth = {name: masters.get(name, tensor.float()) for name, tensor in model.items()}
+    return Source("megatron-fsms-tp2-dp2", "megatron-fsms", data, "run", truth, damage="run/iter_0000003")
+
+
 # each family's sources, made (their fixtures built or found) only when the campaign takes that family
 SOURCE_FAMILIES: list[tuple[str, Callable[[], list[Source]]]] = [
     ("deepspeed", lambda: [zero_source(v) for v in ZERO_VARIANTS]), ("cogvideox", cogvideox_sources),
@@ -323,7 +344,8 @@ SOURCE_FAMILIES: list[tuple[str, Callable[[], list[Source]]]] = [
                                                                                          for save in HF_SAVES]),
     ("fastvideo", lambda: [fastvideo_source()]), ("hf-trainer", lambda: [trainer_source(run) for run in TRAINER_RUNS]),
     ("autotp", lambda: [autotp_source(full=False)]), ("megatron", lambda: [megatron_source()]),
-    ("megatron-zarr", lambda: [megatron_zarr_source()])]  # last: the sources before keep their turns
+    ("megatron-zarr", lambda: [megatron_zarr_source()]),
+    ("megatron-fsms", lambda: [megatron_fsms_source()])]  # last: the sources before keep their turns
 
 
 def sources(only: tuple[str, ...] = ()) -> list[Source]:
@@ -519,6 +541,7 @@ def layout_mutations(source: Source, folder: Path) -> dict[str, Mutation]:
         "fastvideo": (dcp_rank_mutations, fastvideo_mutations),
         "megatron": (dcp_rank_mutations, megatron_mutations),
         "megatron-zarr": (megatron_run_mutations, zarr_mutations),
+        "megatron-fsms": (dcp_rank_mutations, megatron_mutations, flattened_record_mutations),
         "hf-storage": (hf_rank_mutations,),
         "hf-trainer": (zero_rank_mutations, trainer_mutations),
         "autotp": (zero_rank_mutations, autotp_mutations),
@@ -709,6 +732,8 @@ def rekeyed(metadata: Any, paths: dict[str, tuple]) -> Any:
         metadata.planner_data = {fqn(key): paths.get(key, path) for key, path in metadata.planner_data.items()}
     metadata.storage_data = {dataclasses.replace(index, fqn=fqn(index.fqn)): where
                              for index, where in metadata.storage_data.items()}
+    if getattr(metadata, "mcore_data", None):  # megatron-core 0.8-0.15's records of flattened tensors' shapes
+        metadata.mcore_data = {fqn(key): record for key, record in metadata.mcore_data.items()}
     for plan in getattr(metadata, "all_local_plans", None) or []:  # Megatron-Core's saved plans name them too
         plan.items[:] = [dataclasses.replace(item, index=dataclasses.replace(item.index, fqn=fqn(item.index.fqn)))
                          for item in plan.items]
@@ -752,6 +777,40 @@ def megatron_mutations(iteration: Path) -> dict[str, Mutation]:
         return f"{(iteration / '.metadata').relative_to(root)}: {how}"
 
     return {**megatron_run_mutations(iteration), "key set of the wrong kind": misfile_key_set}
+
+
+def flattened_record_mutations(iteration: Path) -> dict[str, Mutation]:
+    """A megatron-core 0.8-0.15 iteration's records of its flattened tensors' shapes (``mcore_data`` in its
+    .metadata, re-pickled, bytes untouched): one record's shape changed, one record dropped, or a record added for a
+    model tensor. (All of them dropped is not damage of this kind: the masters cannot be placed, the bf16 weights are
+    read and a note says why; tests/test_megatron_fsms.py checks it.)"""
+    def rewrite_records(root: Path, rng: random.Random) -> str:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        metadata = FileSystemReader(str(iteration)).read_metadata()
+        recorded = sorted(k for k, record in metadata.mcore_data.items() if record)  # the others' records are empty
+        key = rng.choice(recorded)
+        shape = list(metadata.mcore_data[key]["nd_reformulated_orig_global_shape"])
+        axis = rng.randrange(len(shape))
+        model = sorted(k for k in metadata.state_dict_metadata if not k.startswith(("optimizer.", "rng_state"))
+                       and "_extra_state" not in k and k not in recorded)
+        how, record = rng.choice([
+            (f"axis {axis} doubled", shape[:axis] + [shape[axis] * 2] + shape[axis + 1:]),
+            (f"axis {axis} halved", shape[:axis] + [max(1, shape[axis] // 2)] + shape[axis + 1:]),
+            ("its axes reversed", shape[::-1]), ("an axis dropped", shape[1:] or [1]),
+            ("dropped", None), ("given to a model tensor", "model")])
+        if record is None:
+            del metadata.mcore_data[key]
+        elif record == "model":
+            key = rng.choice(model)
+            metadata.mcore_data[key] = {"nd_reformulated_orig_global_shape": tuple(
+                metadata.state_dict_metadata[key].size)}
+        else:
+            metadata.mcore_data[key] = {"nd_reformulated_orig_global_shape": tuple(record)}
+        (iteration / ".metadata").write_bytes(pickle.dumps(metadata))
+        return f"{(iteration / '.metadata').relative_to(root)}: the mcore_data record of {key} {how}"
+
+    return {"rewrite mcore_data": rewrite_records}
 
 
 def megatron_run_mutations(iteration: Path) -> dict[str, Mutation]:

@@ -4,8 +4,10 @@ Hugging Face writer per-rank saves (FSDP2 at 3 ranks, and mapped at 2), a FastVi
 metadata.json damaged, a rank lost, key sets filed under the wrong kind), Hugging Face Trainer run folders (ZeRO-2
 with the Trainer's 16-bit copy, ZeRO-3 with a copy of placeholders), a DeepSpeed AutoTP save (TP 2 x DP 2: its affine
 maps damaged, rank files lost, swapped or copied), a Megatron-Core run (TP 2 x PP 2: its backend file and tracker
-rewritten, a rank lost, key sets filed under the wrong kind) and a Megatron-Core zarr-backend iteration (its chunk
-files lost or cut short, its .zarray files rewritten), damaged in every way the script knows (the
+rewritten, a rank lost, key sets filed under the wrong kind), a Megatron-Core zarr-backend iteration (its chunk
+files lost or cut short, its .zarray files rewritten) and a megatron-core 0.15 torch_dist iteration with the
+distributed optimizer's flattened fully_sharded_model_space state (its records of the flattened shapes rewritten, key
+sets filed under the wrong kind), damaged in every way the script knows (the
 three records of a zip archive's end included); each inspect, consolidate and export run must give the exactly right output, or one
 clean line with exit 2 (inspect: the problems listed, exit 1), nothing written and the input unchanged. safetensors data
 changed into other finite values is the one damage no reader can tell (the format keeps no checksum); changed into a
@@ -20,8 +22,8 @@ import sys
 
 from fixtures import SCRIPTS
 
-# seven damaged copies of each of the twenty-three sources; the seed deals every family the classes asserted below
-SEED, COUNT = 379, 161
+# seven damaged copies of each of the twenty-four sources; the seed deals every family the classes asserted below
+SEED, COUNT = 379, 168
 ZIP_END = {"flip zip64 end record", "flip zip64 locator", "flip end of central directory"}
 DCP_CLASSES = {"truncate", "flip .metadata pickle", "flip zip directory", "flip local header", "flip pickle",
                "flip tensor data", "delete rank file", "swap rank files", "duplicate rank file", "rewrite .metadata",
@@ -30,6 +32,7 @@ FASTVIDEO_CLASSES = {"delete rank file", "key set of the wrong kind", "rewrite m
 MEGATRON_CLASSES = {"delete rank file", "key set of the wrong kind"}  # and two of the three rewrites, below
 AUTOTP_CLASSES = {"damage the affine map"}  # and two of the three rank file damages, below
 ZARR_CLASSES = {"rewrite .zarray", "truncate chunk file", "delete chunk file", "rewrite metadata.json"}
+FSMS_CLASSES = {"rewrite mcore_data", "key set of the wrong kind", "rewrite .metadata", "flip tensor data"}
 DATA_DAMAGE = {"flip safetensors data", "flip safetensors exponent"}
 HF_STORAGE_CLASSES = {"truncate", "flip safetensors header", "flip sharding info", "move a piece", "delete rank file",
                       "swap rank files", "duplicate rank file", *DATA_DAMAGE}
@@ -41,7 +44,7 @@ def test_damaged_checkpoints_never_become_a_silently_wrong_model():
     assert done.returncode in (0, 1), done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["failures"] == [], json.dumps(result["failures"], indent=1)
-    assert result["cases"] == COUNT and len(result["by_source"]) == 23
+    assert result["cases"] == COUNT and len(result["by_source"]) == 24
     # The slice exercises both outcomes: damage refused in one line, and damage that leaves the output exact.
     outcomes = {outcome for classes in result["by_tool"].values() for outcome in classes}
     assert {"clean error", "right", "problems listed"} <= outcomes
@@ -55,6 +58,7 @@ def test_damaged_checkpoints_never_become_a_silently_wrong_model():
     assert AUTOTP_CLASSES <= autotp and len(autotp & {"delete rank file", "swap rank files",
                                                       "duplicate rank file"}) >= 2, autotp
     assert ZARR_CLASSES <= set(result["by_family"]["megatron-zarr"]), result["by_family"]["megatron-zarr"]
+    assert FSMS_CLASSES <= set(result["by_family"]["megatron-fsms"]), result["by_family"]["megatron-fsms"]
     assert DATA_DAMAGE <= set(result["by_family"]["cogvideox"])
     for family in ("cogvideox", "hf-storage"):  # a NaN or an infinity made in the data: refused by every command
         spoiled = result["by_family"][family]["flip safetensors exponent"]

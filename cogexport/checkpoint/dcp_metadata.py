@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,9 @@ _STAND_INS = (
     # save): inert dataclasses and an enum, recorded and never read
     *(f"torch.distributed.checkpoint.planner.{name}" for name in ("SavePlan", "WriteItem", "WriteItemType",
                                                                   "TensorWriteData")),
+    # megatron-core 0.8-0.15 pickle their subclasses of Metadata and SavePlan, which add ``mcore_data``: the global
+    # shape each flattened tensor had before its strategy stored it under another (read below)
+    *(f"megatron.core.dist_checkpointing.strategies.torch.{name}" for name in ("MCoreMetadata", "MCoreSavePlan")),
     # StorageMeta.checkpoint_id: the folder the save was written to (pathlib moved its classes in Python 3.13)
     *(f"{module}.{name}" for module in ("pathlib", "pathlib._local")
       for name in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")),
@@ -95,6 +98,9 @@ class DcpMetadata:
     paths: dict[str, tuple]  # flat key -> its path in the saved nested dict (planner_data)
     storage: dict[tuple[str, tuple[int, ...] | None], StorageLocation]  # (flat key, chunk offsets) -> bytes
     version: str | None
+    # flat key -> the global shape its writer recorded it had before storing it under another (megatron-core's
+    # ``mcore_data[key]["nd_reformulated_orig_global_shape"]``); what the stored shape means is the writer's reader's
+    reformulated: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def path_of(self, key: str) -> tuple:
         return tuple(self.paths.get(key) or (key,))
@@ -154,7 +160,7 @@ def _dtype(properties: Any) -> torch.dtype:
 
 
 def _records(root: Any) -> DcpMetadata:
-    fields = _state(root, "Metadata")
+    fields = _state(root, "Metadata", "MCoreMetadata")
     entries: dict[str, TensorEntry | BytesEntry] = {}
     for key, value in (fields.get("state_dict_metadata") or {}).items():
         if not isinstance(key, str):
@@ -185,7 +191,27 @@ def _records(root: Any) -> DcpMetadata:
              if isinstance(key, str) and isinstance(path, (tuple, list))}
     _check_paths(entries, paths)
     version = fields.get("version")
-    return DcpMetadata(entries, paths, storage, version if isinstance(version, str) else None)
+    return DcpMetadata(entries, paths, storage, version if isinstance(version, str) else None,
+                       _reformulated(fields.get("mcore_data"), entries))
+
+
+def _reformulated(mcore_data: Any, entries: dict) -> dict[str, tuple[int, ...]]:
+    """The original global shape of each tensor megatron-core recorded one for (the others' records are empty)."""
+    if mcore_data is None:
+        return {}
+    if not isinstance(mcore_data, dict):
+        raise _Malformed("mcore_data is not a mapping")
+    shapes = {}
+    for key, record in mcore_data.items():
+        if not isinstance(key, str) or not isinstance(record, dict):
+            raise _Malformed(f"the mcore_data record of {key!r} is not a mapping")
+        shape = record.get("nd_reformulated_orig_global_shape")
+        if shape is None:
+            continue
+        if not isinstance(entries.get(key), TensorEntry):
+            raise _Malformed(f"mcore_data records a shape for {key!r}, which is no tensor entry")
+        shapes[key] = _ints(shape, f"the original shape of {key}")
+    return shapes
 
 
 def _check_paths(entries: dict, paths: dict[str, tuple]) -> None:

@@ -34,6 +34,8 @@ from .base import CheckpointInfo, LazyCheckpoint, ReaderFacts
 from .dcp import DcpFiles, dtype_name, module_name
 from .dcp_metadata import METADATA_FILE, TensorEntry
 from .locate import natural_sorted
+from .megatron_experts import experts_at, per_expert
+from .megatron_flattened import flattened_view, is_flattened_form
 from .megatron_masters import LOW, MASTER_STATES, IterationFiles, masters_of
 from .megatron_zarr import ZarrFiles
 from .text_files import read_checkpoint_json
@@ -141,6 +143,7 @@ class KeySets:
     masters: dict[str, str] = field(default_factory=dict)  # the model's key -> its fp32 master's key, read instead
     master_state: str | None = None  # the optimizer state the masters are saved under (fp32_param or param)
     buckets: int = 0  # tensors of the distributed optimizer's flat buckets (optimizer.distributed.*), never read
+    unplaced: list[str] = field(default_factory=list)  # parameters whose states are flattened with no record of how
     held: dict[str, int] = field(default_factory=dict)  # what else the save holds -> how many keys
 
 
@@ -178,26 +181,43 @@ def place_keys(files: IterationFiles) -> KeySets:
     if not sets.model:
         raise CogExportError(f"{files.folder} holds no model weights (only {', '.join(sorted(sets.held)) or 'nothing'})"
                              "; point at an iteration saved with the model")
-    check_optimized_keys(files, sets)
-    sets.master_state, sets.masters = masters_of(files, sets.optimized)
+    sets.unplaced = check_optimized_keys(files, sets)
+    if not sets.unplaced:  # else no master is read: never some parameters at the masters' precision, some at bf16
+        sets.master_state, sets.masters = masters_of(files, sets.optimized)
     return sets
 
 
-def check_optimized_keys(files: IterationFiles, sets: KeySets) -> None:
+def check_optimized_keys(files: IterationFiles, sets: KeySets) -> list[str]:
     """Megatron-Core keys each optimizer state by its parameter's own key, in the parameter's global shape: a state of
     a key the model lacks, or of another shape, means keys filed under the wrong kind (a damaged .metadata, the model
-    moved under another group or a weight under the optimizer's); which tensors are the model cannot be told then."""
-    entries = files.metadata.entries
+    moved under another group or a weight under the optimizer's); which tensors are the model cannot be told then.
+    One exception: the states of a save recording no flattened shapes at all (megatron_flattened.py) that are in a
+    flattened form of their parameter's shape, returned: megatron-core's layout without the record that places them."""
+    entries, unrecorded = files.metadata.entries, []
+    recorded = bool(getattr(files.metadata, "reformulated", None))
     for key, states in sets.optimized.items():
         state = f"optimizer.state.{sorted(states)[0]}.{key}"
         if key not in sets.model:
             raise CogExportError(f"{files.folder}: the optimizer holds state for {quoted(key)} ({quoted(state)}), "
                                  "which is not among the model's keys: the save's keys are filed under the wrong "
                                  "kind (a damaged .metadata?); copy the iteration folder again")
-        if entries[state].size != entries[key].size:
-            raise CogExportError(f"{files.folder}: {quoted(state)} is {tuple(entries[state].size)}, its parameter "
-                                 f"{quoted(key)} {tuple(entries[key].size)}: the .metadata is damaged; copy the "
-                                 "iteration folder again")
+        shapes = {tuple(entries[f"optimizer.state.{name}.{key}"].size) for name in states}
+        if shapes == {tuple(entries[key].size)}:
+            continue
+        if not recorded and all(is_flattened_form(shape, tuple(entries[key].size)) for shape in shapes):
+            unrecorded.append(key)
+            continue
+        state = next(f"optimizer.state.{name}.{key}" for name in sorted(states)
+                     if entries[f"optimizer.state.{name}.{key}"].size != entries[key].size)
+        if recorded and is_flattened_form(tuple(entries[state].size), tuple(entries[key].size)):
+            raise CogExportError(f"{files.folder}: {quoted(state)} is stored flattened "
+                                 f"({list(entries[state].size)}, for its parameter's {list(entries[key].size)}) but "
+                                 "the .metadata records no original shape for it, as it does for the save's other "
+                                 "flattened tensors: the .metadata is damaged; copy the iteration folder again")
+        raise CogExportError(f"{files.folder}: {quoted(state)} is {tuple(entries[state].size)}, its parameter "
+                             f"{quoted(key)} {tuple(entries[key].size)}: the .metadata is damaged; copy the "
+                             "iteration folder again")
+    return unrecorded
 
 
 def stacked_at(name: str) -> int | None:
@@ -215,6 +235,21 @@ def layer_name(name: str, at: int, layer: int) -> str:
     return ".".join([*parts[:at], str(layer), *parts[at:]])
 
 
+def unplaced_masters(files: IterationFiles, unplaced: list[str]) -> str:
+    """Why the flattened masters of a save without megatron-core's record of their shapes are not read."""
+    key = unplaced[0]
+    state = next(name for name in files.metadata.entries if OPTIMIZER_STATE.match(name)
+                 and OPTIMIZER_STATE.match(name).group(2) == key)
+    masters = any(f"optimizer.state.{name}.{k}" in files.metadata.entries for name in MASTER_STATES for k in unplaced)
+    among = ", fp32 masters among them," if masters else ""
+    return f" (its optimizer states of {len(unplaced)} parameters{among} are stored flattened, " \
+           f"{quoted(state)} as {list(files.metadata.entries[state].size)} for its parameter's " \
+           f"{list(files.metadata.entries[key].size)}: megatron-core 0.8-0.15's fully_sharded_model_space layout, " \
+           "but " \
+           "the .metadata lacks the record of the shapes they were flattened from (megatron-core's mcore_data: the " \
+           "save was rewritten by another tool?), so where each element goes cannot be told exactly: not read)"
+
+
 # -- the checkpoint --------------------------------------------------------------------------------------------------
 class MegatronCheckpoint(LazyCheckpoint):
     """One iteration of a Megatron-Core run: the model's tensors under per-layer names, read lazily from its DCP
@@ -225,7 +260,7 @@ class MegatronCheckpoint(LazyCheckpoint):
         self.folder = Path(folder)
         self._keys: dict[str, str] = {}  # each name -> the saved key it is (a layer of)
         name, backend = sharded_backend(self.folder)
-        self.files = ZarrFiles(self.folder) if name == ZARR else DcpFiles(self.folder)
+        self.files = ZarrFiles(self.folder) if name == ZARR else flattened_view(DcpFiles(self.folder))
         self._chunks = "zarr chunks" if name == ZARR else "DCP chunks"
         self.facts = MegatronFacts(writer="Megatron-Core (dist_checkpointing.save)", sharded_backend=backend,
                                    world_size=self.files.world_size)
@@ -263,7 +298,7 @@ class MegatronCheckpoint(LazyCheckpoint):
             for layer in range(self.files.metadata.entries[members[0][0]].size[0]):
                 for key, name, at in members:
                     read = sets.masters.get(key, key)
-                    self._add(layer_name(name, at, layer), key, self.files.lazy_row(
+                    self._add_layer(layer_name(name, at, layer), key, self.files.lazy_row(
                         read, self.files.metadata.entries[read], layer, f"layer {layer} of {read} ({self._chunks})"))
         self.facts.stacked = [key for members in stacks.values() for key, _, _ in members]
         self._check_nesting()
@@ -289,6 +324,15 @@ class MegatronCheckpoint(LazyCheckpoint):
             raise CogExportError(f"{self.folder}: {key} stacks {entry.size[0]} layers, {first} {layers}: the tensors "
                                  f"of {prefix} disagree on the number of layers; the checkpoint is damaged")
 
+    def _add_layer(self, name: str, key: str, tensor) -> None:
+        """One layer of a stacked key; a mixture-of-experts layer's experts stacked on their axis one by one."""
+        at = experts_at(name)
+        if at is None or not len(tensor.shape):
+            self._add(name, key, tensor)
+            return
+        for expert_name, expert in per_expert(name, at, tensor):
+            self._add(expert_name, key, expert)
+
     def _add(self, name: str, key: str, tensor) -> None:
         if name in self._tensors:
             raise CogExportError(f"{self.folder}: two saved entries are both the model's {name!r} (a stacked tensor "
@@ -311,6 +355,10 @@ class MegatronCheckpoint(LazyCheckpoint):
         states = sorted({state for found in sets.optimized.values() for state in found})
         if states:
             held.append(f"optimizer states {', '.join(states)} of {len(sets.optimized)} parameters")
+        flattened = getattr(self.files, "flattened", None)
+        if flattened:
+            held.append(f"{len(flattened)} of them saved flattened (the distributed optimizer's "
+                        "fully_sharded_model_space, megatron-core 0.8-0.15), put back in their parameters' shapes")
         beside = sorted(p.name for p in self.folder.iterdir() if p.name == COMMON_FILE or BRIDGE_STATE.match(p.name))
         if beside:
             held.append(f"beside it (not read: training state and the run's settings): {', '.join(beside)}")
@@ -341,7 +389,11 @@ class MegatronCheckpoint(LazyCheckpoint):
         low = [dtype for dtype in saved if dtype != "fp32"]
         if low:
             buckets = " (the distributed optimizer's masters are in its flat buckets, optimizer.distributed.*, laid " \
-                      "out as its grad buffers were, which the save does not record: not read)" if sets.buckets else ""
+                      "out as its grad buffers were: the .metadata marks where each part begins, but not which " \
+                      "parameter a part is nor which parts are padding, and the run never saves its buffers' layout " \
+                      "(parameter order, alignment, bucket size): not read)" if sets.buckets else ""
+            if sets.unplaced:
+                buckets = unplaced_masters(self.files, sets.unplaced)
             info.notes.append(f"the saved model weights are {'/'.join(low)}, the training dtype, and the save holds no "
                               f"fp32 masters in the model's shapes (optimizer.state.{'/'.join(MASTER_STATES)}.*)"
                               f"{buckets}: the export is exact to the {'/'.join(low)} values, no finer")

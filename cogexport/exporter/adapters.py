@@ -14,12 +14,13 @@ from ..lora.formats import writable_format
 from ..models.target_choice import TransformerChoice, choose_transformer
 from ..precision import AsRead, PrecisionPolicy, adapter_part, describe_written
 from ..write.folder_plan import FolderPlan, TensorFile, TextFile
+from .adapter_component import adapter_task_options, written_component
 from .cards import AdapterCardFacts, adapter_card
 from .experts import assign_experts
 from .inputs import ExportInputs
 from .options import ExportOptions, lora_mode
 from .output_formats import OutputFormat
-from .parts import adapter_recognised, family_hint, model_family, target_request
+from .parts import adapter_recognised, base_transformer_folder, family_hint, model_family, target_request
 from .result import ExportResult
 
 DEFAULT_LORA_FORMAT = "diffusers"
@@ -66,6 +67,7 @@ class _PlannedAdapter:
     subfolder: str  # the release's expert subfolder, "" for one model
     output: AdapterOutput
     chosen: TransformerChoice | None  # the model it is for, when known
+    component: str  # the pipeline component it is written for (its task's transformer folder)
 
 
 def adapter_precision(options: ExportOptions) -> PrecisionPolicy | AsRead:
@@ -92,9 +94,11 @@ def _adapter_target(adapter: LoraAdapter, inputs: ExportInputs, options: ExportO
         schema = adapter.base_shapes()
         check_fits(adapter, schema, where)
         return None, schema
-    if (base is not None and base.config(component)) or recognised is not None or options.model_name:
-        request = target_request(options, base, component, inputs.expert_names)
-        chosen = choose_transformer(recognised, model_family(adapter, base, options), request, where)
+    family = model_family(adapter, base, options)
+    held_in = base_transformer_folder(component, family, options.model_type, inputs.base)
+    if (base is not None and base.config(held_in)) or recognised is not None or options.model_name:
+        request = target_request(options, base, held_in, inputs.expert_names)
+        chosen = choose_transformer(recognised, family, request, where)
         check_fits(adapter, chosen.target.schema, where)
         return chosen, chosen.target.schema
     return None, adapter.names
@@ -104,11 +108,13 @@ def _plan_adapters(adapters: dict[str, LoraAdapter], inputs: ExportInputs, optio
                    format_name: str) -> dict[str, _PlannedAdapter]:
     planned = {}
     for component, adapter in adapters.items():
-        chosen, schema = _adapter_target(adapter, inputs, options, component)
+        told = adapter_task_options(adapter, options, inputs.where_of(component))
+        chosen, schema = _adapter_target(adapter, inputs, told, component)
         base_model = options.base_model or (chosen.variant.hub_id if chosen and chosen.published else None)
+        written = written_component(adapter, told)
         output = plan_output(adapter, format_name, schema, adapter_precision(options), inputs.where_of(component),
-                             base_model)
-        planned[component] = _PlannedAdapter(inputs.expert_folders.get(component, ""), output, chosen)
+                             base_model, written)
+        planned[component] = _PlannedAdapter(inputs.expert_folders.get(component, ""), output, chosen, written)
     return planned
 
 
@@ -142,8 +148,11 @@ def plan_adapter_export(inputs: ExportInputs, adapters: dict[str, LoraAdapter], 
         folder.add(TensorFile(_in(each.subfolder, each.output.file), each.output.tensors,
                               metadata=each.output.metadata),
                    *(TextFile(_in(each.subfolder, name), text) for name, text in each.output.side_files.items()))
-    files = {component: _in(planned[first_of[id(a)]].subfolder, planned[first_of[id(a)]].output.file)
-             for component, a in adapters.items()}
+    files = {}
+    for component, adapter in adapters.items():
+        each = planned[first_of[id(adapter)]]
+        # the card loads each into its pipeline component: an expert's own (transformer_2), else its task's
+        files[each.component if component == "transformer" else component] = _in(each.subfolder, each.output.file)
     facts = _card_facts(adapters, planned, files, options)
     written = written_precision(folder)
     folder.add(TextFile("README.md", adapter_card(facts, lora_format, options, inputs.source, written)))

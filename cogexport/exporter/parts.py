@@ -16,13 +16,14 @@ from ..keymap.table import KeyMapTable
 from ..lazy import LazyTensor
 from ..lora import LoraAdapter, base_weights, check_fits, plan_fused
 from ..models.base_folder import BaseFolder
-from ..models.family import ModelFamily, Variant, component_title
+from ..models.family import DEFAULT_TRANSFORMER_FOLDER, ModelFamily, Variant, component_title
 from ..models.recognize import (Recognised, choose_table, component_tables, diffusers_config_beside, family_beside,
                                 fitting_tables, recognise)
 from ..models.target import TargetModel, build_target
 from ..models.target_choice import TargetRequest, TransformerChoice, choose_transformer
 from ..precision import PrecisionPolicy
 from ..write.shards import ShardPlan
+from .adapter_component import adapter_task_options
 from .inputs import ExportInputs
 from .options import MODEL_DTYPE, ExportOptions
 
@@ -74,7 +75,8 @@ def plan_transformer(source: Mapping[str, LazyTensor], options: ExportOptions, w
     family, table = choose_table(source, "transformer", "transformer", where, family_hint(base, options, folders))
     metadata = source.info.header_metadata if isinstance(source, LazyCheckpoint) else None  # a plain mapping has none
     recognised = recognise(source, table, family, experts, metadata)
-    chosen = choose_transformer(recognised, family, target_request(options, base, component, experts), where, folders)
+    request = target_request(options, base, base_transformer_folder(component, family, options.model_type, base), experts)
+    chosen = choose_transformer(recognised, family, request, where, folders)
     plan = plan_translation(table, source, chosen.target.schema, chosen.target.counts, what=where,
                             target=chosen.described_as, remedy=chosen.remedy)
     return _transformer_part(component, chosen, plan, table, options)
@@ -109,23 +111,36 @@ def plan_fused_transformer(adapter: LoraAdapter, inputs: ExportInputs, component
     """The transformer (or one expert) with the adapter fused in: the base weights come from the run when it saved
     them, else from --base."""
     where = inputs.where_of(component)
-    request = target_request(options, inputs.base, component, inputs.expert_names)
+    options = adapter_task_options(adapter, options, where)
     family = model_family(adapter, inputs.base, options)
+    held_in = base_transformer_folder(component, family, options.model_type, inputs.base)
+    request = target_request(options, inputs.base, held_in, inputs.expert_names)
     chosen = choose_transformer(adapter_recognised(adapter), family, request, where)
     check_fits(adapter, chosen.target.schema, where)
     if adapter.has_base_weights:
         weights = base_weights(adapter, chosen.target.schema, chosen.target.counts, where)
     else:
-        weights = _base_transformer_weights(inputs, family, chosen.target, component)
+        weights = _base_transformer_weights(inputs, family, chosen.target, component, held_in)
     fused = plan_fused(adapter, weights, where)
     return _transformer_part(component, chosen, Plan(fused), adapter.base_table, options, " + LoRA")
 
 
+def base_transformer_folder(component: str, family: ModelFamily, task: str | None, base: BaseFolder | None) -> str:
+    """Where a --base pipeline holds the transformer a checkpoint is exported as (its config; for an adapter, the
+    weights it is fused into too): --model-type's task's transformer folder (a pipeline holding several tasks'
+    transformers: MiniMax-H3's transformer_ref/ for Ref2VA), an expert's own."""
+    if base is None or not base.is_pipeline or component != DEFAULT_TRANSFORMER_FOLDER or \
+            task not in family.tasks:
+        return component
+    return family.task(task).transformer_folder
+
+
 def _base_transformer_weights(inputs: ExportInputs, family: ModelFamily, target: TargetModel,
-                              component: str) -> dict[str, LazyTensor]:
-    """The base model's own transformer weights (for fusing an adapter that came without them)."""
+                              component: str, held_in: str) -> dict[str, LazyTensor]:
+    """The base model's own transformer weights (for fusing an adapter that came without them): a pipeline's
+    ``held_in`` folder."""
     base = inputs.base
-    files = None if base is None else base.weight_files(component)
+    files = None if base is None else base.weight_files(held_in)
     if files is None:
         raise CogExportError(f"--lora fuse needs the base weights: {inputs.where_of(component)} holds only the "
                              "adapter; pass --base with the Diffusers pipeline or transformer folder (with its "

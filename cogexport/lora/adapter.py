@@ -94,6 +94,9 @@ class LoraAdapter:
     use_rslora: bool = False
     warnings: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # the model's sizes its layers were split by (head count)
+    # the pipeline component the file says it adapts (its keys' or adapter config's prefix: transformer_ref for
+    # MiniMax-H3's Ref2VA); None when it says none
+    component: str | None = None
 
     # -- the adapted modules ------------------------------------------------------------------------------------
     @property

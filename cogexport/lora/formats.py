@@ -16,7 +16,7 @@ were written.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from ..errors import CogExportError, ExtensionError
 from ..keymap.table_fields import LoraLayout
@@ -53,6 +53,11 @@ class LoraFormat:
     strip: tuple[str, ...] = declared("prefixes removed, in order, when every key has them", ())
     prefix: str = declared("a prefix every key must have", "")
     write_prefix: str = declared("the prefix written keys get", "")
+    component_prefix: bool = declared(
+        "each key begins with the pipeline component the adapter is for, as Diffusers' loaders route it: one of the "
+        "family's tasks' `transformer_folder` (`transformer.`; MiniMax-H3's Ref2VA `transformer_ref.`), read as that "
+        "component's adapter and written for the task's (`write_prefix` when none is said); the header's adapter "
+        "config is keyed by it too", False)
     encoded: bool = declared("kohya-style: a module path's dots are written as underscores (resolved against the "
                              "family's real module names)", False)
     base_weights: bool = declared("a wrapped model: `base_layer` weights and plain (unwrapped) keys beside the "
@@ -96,11 +101,29 @@ class LoraFormat:
     def holds(self, part: str) -> bool:
         return part in self.write_parts
 
-    def split(self, keys: Iterable[str]) -> tuple[dict[str, tuple[str, str | None]], list[str]] | None:
+    def component_in(self, keys: Iterable[str], components: Sequence[str], where: str) -> str | None:
+        """The pipeline component (of ``components``) every key begins with; None for a format whose keys name
+        none, or keys that do not all name one. Keys of two components are refused: a file read as one model's
+        adapter would otherwise take the other model's layers for its own (both have the same layer names)."""
+        if not self.component_prefix:
+            return None
+        found = [next((c for c in components if key.startswith(f"{c}.")), None) for key in keys
+                 if key not in self.extras]
+        named = sorted({component for component in found if component is not None})
+        if len(named) > 1:
+            raise CogExportError(f"{where} holds adapters of {len(named)} pipeline components (keys beginning "
+                                 f"{' and '.join(f'{c}.' for c in named)}); cogexport reads one model's adapter: "
+                                 "save each component's adapter in a file of its own")
+        return named[0] if named and None not in found else None
+
+    def split(self, keys: Iterable[str],
+              component: str | None = None) -> tuple[dict[str, tuple[str, str | None]], list[str]] | None:
         """Each key as (module, part) (part None for a plain key of a wrapped model), and the keys that fit no
         suffix; None when the keys do not carry this format's prefix or none is an adapter key. Keys named in
-        ``extras`` are left out."""
+        ``extras`` are left out; ``component`` (component_in's) is taken off every key first."""
         names = {key: key for key in keys if key not in self.extras}
+        if component is not None:
+            names = {key: name.removeprefix(f"{component}.") for key, name in names.items()}
         for strip in self.strip:
             if names and all(name.startswith(strip) for name in names.values()):
                 names = {key: name[len(strip):] for key, name in names.items()}
@@ -127,10 +150,12 @@ class LoraFormat:
             return None  # a wrapped model without its model: an adapter file (DiffSynth-Studio's), not this
         return parsed, unknown
 
-    def key(self, module: str, part: str) -> str:
-        """The key this format writes for a module's part (the module already in the format's naming)."""
+    def key(self, module: str, part: str, component: str | None = None) -> str:
+        """The key this format writes for a module's part (the module already in the format's naming), for the
+        pipeline component ``component`` in a format whose keys name it."""
         name = module.replace(".", "_") if self.encoded else module
-        return f"{self.write_prefix}{name}{self.write_parts[part]}"
+        prefix = f"{component}." if component is not None and self.component_prefix else self.write_prefix
+        return f"{prefix}{name}{self.write_parts[part]}"
 
     def usage_lines(self, pipeline: str, base_model: str | None, files: Mapping[str, str]) -> list[str]:
         """How the adapter is loaded at its trained strength by this format's loaders, for the model card: ``files``
@@ -169,7 +194,8 @@ _AT_SCALE_ONE = dict(default_alpha="rank", default_alpha_reason="no .alpha tenso
                      alpha_recorded=True)  # kohya-style loaders apply a module without .alpha at scale 1
 
 _BUILT_IN = (
-    LoraFormat("diffusers", "Diffusers", {**_LORA_AB, **LYCORIS_SUFFIXES}, strip=("transformer.",),
+    # keys begin with the pipeline component, "transformer." unless a task's transformer is another
+    LoraFormat("diffusers", "Diffusers", {**_LORA_AB, **LYCORIS_SUFFIXES}, component_prefix=True,
                write_prefix="transformer.", file="pytorch_lora_weights.safetensors",
                write_parts={DOWN: ".lora_A.weight", UP: ".lora_B.weight", BIAS: ".lora_B.bias"},
                strength_where="lora_alpha, r and per-module patterns are in the file's lora_adapter_metadata",

@@ -25,7 +25,7 @@ from .modules import rule_of, translate_modules
 from .names import blocks_needed, decode_kohya, names_counts, names_schema
 from .parts import ALPHA, BASE_BIAS, BASE_WEIGHT
 from .recorded_settings import reads, refusal
-from .strength import Recorded, Strength, recorded_config, set_strengths, whole_w2_rule
+from .strength import DIFFUSERS_METADATA, Recorded, Strength, recorded_config, set_strengths, whole_w2_rule
 from .tables import LoraTable, lora_tables
 from .unread import unread_adapter
 
@@ -45,6 +45,7 @@ class _Layout:
     modules: dict[str, dict[str, str]]  # module, in the file's naming -> part -> key
     plain: dict[str, str]  # base weight name, in the file's naming -> key
     unknown: list[str]
+    component: str | None = None  # the pipeline component the keys name (a format with component_prefix)
     source: dict[str, LoraModule] = field(default_factory=dict)  # built: modules in the table's module naming
     alpha_keys: dict[str, str] = field(default_factory=dict)
     modules_out: dict[str, LoraModule] = field(default_factory=dict)  # built: Diffusers names
@@ -72,7 +73,8 @@ def _layouts(source: Mapping[str, LazyTensor],
             except CogExportError as error:
                 problems.append(((1, 0), error, table.family.key))
                 continue
-        split = table.format.split(tensors)
+        component = table.format.component_in(tensors, table.family.transformer_folders, where)
+        split = table.format.split(tensors, component)
         if split is None:
             continue
         parsed, unknown = split
@@ -85,7 +87,7 @@ def _layouts(source: Mapping[str, LazyTensor],
                 plain[f"{module}.{part.rsplit('.', 1)[1]}"] = key
             else:
                 modules.setdefault(module, {})[part] = key
-        found.append(_Layout(table, tensors, modules, plain, unknown))
+        found.append(_Layout(table, tensors, modules, plain, unknown, component))
     return found, problems
 
 
@@ -286,7 +288,7 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
     """The adapter a LoRA file or run holds, named and sized from its keys and shapes, with its strength. ``counts``
     are the sizes of the model it is for (--base's), which a fused layer's split may need (its head count); by default
     those of the family's published model."""
-    recorded = recorded_config(metadata, folders)
+    recorded = recorded_config(metadata, folders, where)
     layout = _choose(source, where, family, recorded)
     table = layout.table
     for option, what in (("use_dora", "DoRA magnitudes"), ("lora_bias", "LoRA biases")):
@@ -315,13 +317,29 @@ def read_adapter(source: Mapping[str, LazyTensor], where: str, alpha_override: f
     adapter = LoraAdapter(table.family, table, layout.modules_out,
                           names_schema(table.family, blocks_needed(layout.modules_out)), alpha_source, alpha_recorded,
                           base_source=base_source, base_table=base_table, use_rslora=rslora, warnings=notes,
-                          counts=counts)
+                          counts=counts, component=_component(layout, recorded, where))
     if not adapter.adapted:
         raise CogExportError(f"{where} has LoRA names but no lora_A / lora_B pairs or LyCORIS factors")
     if not alpha_recorded:
         adapter.warnings.append(f"{where} does not record its LoRA alpha; using {adapter.alpha:g} ({alpha_source}); "
                                 "pass --lora-alpha if the run used another")
     return adapter
+
+
+def _component(layout: _Layout, recorded: Recorded, where: str) -> str | None:
+    """The pipeline component the file says its adapter is for (None: it does not say): the prefix of its keys and
+    that of its adapter config, which must agree and be one of the family's transformers."""
+    said = dict.fromkeys(c for c in (layout.component, recorded.component) if c is not None)
+    family = layout.table.family
+    if len(said) > 1:
+        raise CogExportError(f"{where}: its keys name the pipeline component {layout.component}, its "
+                             f"{DIFFUSERS_METADATA} {recorded.component}, so which model it adapts is not said; "
+                             "rename the prefixes of one to the other's (the component it was trained for)")
+    component = next(iter(said), None)
+    if component is not None and component not in family.transformer_folders:
+        raise CogExportError(f"{where}: its {DIFFUSERS_METADATA} is keyed {component}., which is no pipeline "
+                             f"component of a {family.name} transformer ({', '.join(family.transformer_folders)})")
+    return component
 
 
 def _alpha_values(layout: _Layout, where: str) -> dict[str, tuple[str, float]]:

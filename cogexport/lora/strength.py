@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from ..errors import CogExportError
+from ..models.family import DEFAULT_TRANSFORMER_FOLDER, all_transformer_folders
 from .adapter import LoraModule
 from .parts import LORA, LOKR_W2
 
 DIFFUSERS_METADATA = "lora_adapter_metadata"
 FINETRAINERS_METADATA = "lora_config"
-PIPELINE_PREFIX = "transformer."  # the pipeline component a Diffusers adapter config belongs to
 
 
 @dataclass
@@ -36,6 +36,7 @@ class Recorded:
 
     config: dict
     where: str | None
+    component: str | None = None  # the pipeline component Diffusers' lora_adapter_metadata keyed them by
 
 
 def positive(value: object, what: str) -> float:
@@ -55,17 +56,17 @@ def pattern_value(pattern: Mapping[str, object], module: str) -> object | None:
     return None if key is None else pattern[key]
 
 
-def recorded_config(metadata: Mapping[str, str] | None, folders: Iterable[Path]) -> Recorded:
+def recorded_config(metadata: Mapping[str, str] | None, folders: Iterable[Path], where: str = "the file") -> Recorded:
     """The LoRA settings (lora_alpha, alpha_pattern, use_rslora, ...) the file's header or the run's side files
     record."""
     metadata = metadata or {}
     raw = metadata.get(DIFFUSERS_METADATA)
     if raw:
-        config = _diffusers_metadata(raw)
+        config, component = _diffusers_metadata(raw, where)
         if "lora_alpha" not in config:
             raise CogExportError(f"the file's {DIFFUSERS_METADATA} is not valid (expected JSON with "
-                                 f"{PIPELINE_PREFIX}lora_alpha)")
-        return Recorded(config, f"the file's {DIFFUSERS_METADATA}")
+                                 f"{component or DEFAULT_TRANSFORMER_FOLDER}.lora_alpha)")
+        return Recorded(config, f"the file's {DIFFUSERS_METADATA}", component)
     raw = metadata.get(FINETRAINERS_METADATA)
     if raw:
         try:
@@ -102,17 +103,28 @@ def recorded_config(metadata: Mapping[str, str] | None, folders: Iterable[Path])
     return Recorded({}, None)
 
 
-def _diffusers_metadata(raw: str) -> dict:
-    """Diffusers' LoraConfig arguments, each prefixed with the pipeline component; SimpleTuner's ComfyUI files keep
-    the same JSON without the prefix."""
+def _diffusers_metadata(raw: str, where: str) -> tuple[dict, str | None]:
+    """Diffusers' LoraConfig arguments, each prefixed with the pipeline component they are for (a transformer
+    folder of some family's tasks), and that component; SimpleTuner's ComfyUI files keep the same JSON without the
+    prefix (component None). Two components' configs in one file are refused: whose would apply is not said."""
     try:
         values = json.loads(raw)
     except ValueError:
-        return {}
+        return {}, None
     if not isinstance(values, dict):
-        return {}
-    prefixed = {key[len(PIPELINE_PREFIX):]: value for key, value in values.items() if key.startswith(PIPELINE_PREFIX)}
-    return prefixed or values
+        return {}, None
+    by_component: dict[str, dict] = {}
+    for key, value in values.items():
+        component = next((c for c in all_transformer_folders() if key.startswith(f"{c}.")), None)
+        if component is not None:
+            by_component.setdefault(component, {})[key[len(component) + 1:]] = value
+    if len(by_component) > 1:
+        raise CogExportError(f"{where}: its {DIFFUSERS_METADATA} holds the adapter configs of "
+                             f"{len(by_component)} pipeline components ({', '.join(sorted(by_component))}); cogexport "
+                             "reads one model's adapter: save each component's adapter in a file of its own")
+    if by_component:
+        return next(iter(by_component.values())), next(iter(by_component))
+    return values, None
 
 
 def _find_key(tree: object, key: str) -> object:

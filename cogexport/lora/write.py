@@ -26,6 +26,7 @@ import torch
 
 from ..errors import CogExportError
 from ..lazy import LazyTensor
+from ..models.family import DEFAULT_TRANSFORMER_FOLDER
 from ..precision import AsRead, PrecisionPolicy
 from .adapter import LoraAdapter, LoraModule
 from .formats import (FULL_AT_ONE, IN_HEADER, IN_SIDE_FILE, LORA_AB_NAMES, LoraFormat, holders, writable_format,
@@ -33,7 +34,7 @@ from .formats import (FULL_AT_ONE, IN_HEADER, IN_SIDE_FILE, LORA_AB_NAMES, LoraF
 from .lycoris_loaders import lycoris_problem, peft_config, whole_at_one
 from .modules import translate_modules
 from .parts import ALPHA, BIAS, DIFF, DIFF_B, KIND_TITLES, LORA, MAGNITUDE, PART_NAMES
-from .strength import DIFFUSERS_METADATA, PIPELINE_PREFIX
+from .strength import DIFFUSERS_METADATA
 from .tables import output_table
 
 PEFT_CONFIG = "adapter_config.json"
@@ -55,8 +56,10 @@ def formats_for(adapter: LoraAdapter) -> list[str]:
 
 
 def plan_output(adapter: LoraAdapter, format_name: str, model_schema: Mapping[str, torch.Size],
-                policy: PrecisionPolicy | AsRead, where: str, base_model: str | None = None) -> AdapterOutput:
-    """The tensors, header metadata and side files of ``adapter`` in ``format_name``."""
+                policy: PrecisionPolicy | AsRead, where: str, base_model: str | None = None,
+                component: str = DEFAULT_TRANSFORMER_FOLDER) -> AdapterOutput:
+    """The tensors, header metadata and side files of ``adapter`` in ``format_name``, for the pipeline component
+    ``component`` (a format whose keys name it)."""
     target = writable_format(format_name)
     table = output_table(adapter.family, format_name)
     if table is None:
@@ -70,12 +73,12 @@ def plan_output(adapter: LoraAdapter, format_name: str, model_schema: Mapping[st
     modules, _ = translate_modules(modules, table.modules.inverted(), where, adapter.use_rslora, adapter.counts)
     tensors: dict[str, LazyTensor] = {}
     for name in sorted(modules):
-        tensors.update(_module_tensors(name, modules[name], target, adapter.use_rslora, where))
+        tensors.update(_module_tensors(name, modules[name], target, adapter.use_rslora, where, component))
     config = _adapter_config(held, target, model_schema, where)
     metadata = {"format": "pt"}
     side_files = {}
     if target.adapter_config == IN_HEADER:
-        metadata[DIFFUSERS_METADATA] = json.dumps({PIPELINE_PREFIX + key: value for key, value in config.items()},
+        metadata[DIFFUSERS_METADATA] = json.dumps({f"{component}.{key}": value for key, value in config.items()},
                                                   indent=2, sort_keys=True)
     elif target.adapter_config == IN_SIDE_FILE:
         side_files[PEFT_CONFIG] = json.dumps(_peft_file(config, base_model), indent=2, sort_keys=True)
@@ -85,17 +88,17 @@ def plan_output(adapter: LoraAdapter, format_name: str, model_schema: Mapping[st
     return AdapterOutput(target.file, tensors, metadata, side_files)
 
 
-def _module_tensors(name: str, module: LoraModule, target: LoraFormat, rslora: bool,
-                    where: str) -> dict[str, LazyTensor]:
+def _module_tensors(name: str, module: LoraModule, target: LoraFormat, rslora: bool, where: str,
+                    component: str) -> dict[str, LazyTensor]:
     """One module's tensors in the format's names, with the .alpha its loader divides by the module's rank."""
-    tensors = {target.key(name, part): tensor for part, tensor in module.parts.items()}
+    tensors = {target.key(name, part, component): tensor for part, tensor in module.parts.items()}
     if not target.holds(ALPHA) or module.kind is None:
         return tensors
     rank, scale = module.rank, module.scale(rslora)
     if target.alpha_optional and scale == 1.0:
         return tensors  # its loaders apply a module without .alpha at scale 1
     preferred = module.alpha if module.kind != LORA or not rslora else None
-    tensors[target.key(name, ALPHA)] = _alpha_tensor(name, scale, rank or 1, preferred, target.title, where)
+    tensors[target.key(name, ALPHA, component)] = _alpha_tensor(name, scale, rank or 1, preferred, target.title, where)
     return tensors
 
 

@@ -98,6 +98,10 @@ class ModelSpec:
 SCHEDULER = "scheduler"
 
 
+# the pipeline component a task's transformer is unless its family says otherwise ([tasks.X] transformer_folder)
+DEFAULT_TRANSFORMER_FOLDER = "transformer"
+
+
 @dataclass(frozen=True)
 class Task:
     name: str
@@ -106,7 +110,7 @@ class Task:
     from_base: tuple[str, ...]
     scheduler: str | None = None  # the task's own scheduler class, when not the family's
     scheduler_config: Mapping[str, Any] | None = None
-    transformer_folder: str = "transformer"  # where a pipeline folder holds this task's transformer
+    transformer_folder: str = DEFAULT_TRANSFORMER_FOLDER  # where a pipeline folder holds this task's transformer
 
 
 @dataclass(frozen=True, eq=False)  # one object per family: compared and hashed by identity
@@ -228,6 +232,17 @@ class ModelFamily:
 
     def task(self, name: str) -> Task:
         return self.tasks[name]
+
+    @property
+    def transformer_folders(self) -> tuple[str, ...]:
+        """The pipeline components the tasks' transformers are, the default first: the prefixes a Diffusers LoRA's
+        keys and adapter config may carry (one pipeline may hold several tasks' transformers: MiniMax-H3's
+        transformer_ref/ for Ref2VA)."""
+        return tuple(dict.fromkeys((DEFAULT_TRANSFORMER_FOLDER, *(t.transformer_folder for t in self.tasks.values()))))
+
+    def tasks_in_folder(self, folder: str) -> tuple[str, ...]:
+        """The tasks whose transformer is the pipeline component ``folder``."""
+        return tuple(name for name, task in self.tasks.items() if task.transformer_folder == folder)
 
     def from_base(self, variant: Variant) -> tuple[str, ...]:
         """The pipeline components a --base folder supplies for this variant."""
@@ -466,3 +481,9 @@ def family_of_variant(name: str) -> tuple[ModelFamily, Variant]:
 
 def all_tasks() -> tuple[str, ...]:
     return tuple(dict.fromkeys(task for family in families() for task in family.tasks))
+
+
+def all_transformer_folders() -> tuple[str, ...]:
+    """Every family's pipeline components a transformer is (the prefixes of Diffusers LoRA files, before the file's
+    family is known)."""
+    return tuple(dict.fromkeys(folder for family in families() for folder in family.transformer_folders))

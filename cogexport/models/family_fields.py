@@ -130,7 +130,8 @@ class TaskSection:
         "that scheduler's config values (with `scheduler`; default: `[pipeline] scheduler_config`)", None)
     transformer_folder: str = declared(
         "the pipeline folder's subfolder this task's transformer goes to, when its pipeline holds the transformers of "
-        "several tasks (MiniMax-H3's `transformer_ref`)", "transformer")
+        "several tasks (MiniMax-H3's `transformer_ref`); also the component prefix of a Diffusers-layout LoRA of that "
+        "transformer, read as this task's adapter and written for it", "transformer")
 
 
 @dataclass(frozen=True, kw_only=True)
