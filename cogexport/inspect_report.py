@@ -217,14 +217,21 @@ def _model_rows(models: dict) -> list[tuple[str, str]]:
     for component in model_components():
         entry = models.get(component)
         if entry:
-            what = entry.get("model", "") + (f" ({entry['model_type']}, {entry['layers']} layers, hidden "
-                                             f"{entry['hidden_size']})" if "layers" in entry else "")
+            what = entry.get("model", "") + (f" ({_size(entry)})" if "layers" in entry else "")
             rows.append((component, f"{what + ', ' if what else ''}{entry['description']}: {entry['keys']} keys"
                                     + (f", {entry['other_keys']} other keys ignored" if entry["other_keys"] else "")))
     lora = models.get("lora")
     if lora:
         rows.append(("lora", _adapter_row(lora)))
     return rows
+
+
+def _size(entry: dict) -> str:
+    """The task and its layers and width, or, for a family whose shape facts count no single kind of layer (Kandinsky's
+    text and visual blocks), their own description."""
+    if entry["layers"] is None or entry["hidden_size"] is None:
+        return f"{entry['model_type']}; {entry['description_of_shape']}"
+    return f"{entry['model_type']}, {entry['layers']} layers, hidden {entry['hidden_size']}"
 
 
 def _adapter_row(lora: dict) -> str:

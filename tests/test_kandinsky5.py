@@ -136,6 +136,9 @@ def test_deepspeed_finetune_exports_the_fp32_masters(cli, tmp_path):
     assert_same_tensors(load_file(tmp_path / "out" / WEIGHTS), run.masters())
     result = cli("verify", tmp_path / "out", "--against", run.checkpoint)
     assert result.exit_code == 0, result.stdout + result.stderr
+    result = cli("inspect", run.checkpoint)  # its blocks as the family counts them (it used to say "None layers")
+    assert result.exit_code == 0, result.stderr
+    assert "2 text and 2 visual blocks" in result.stdout and "None" not in result.stdout, result.stdout
 
 
 def test_dcp_finetune_exports_exactly(cli, tmp_path):
