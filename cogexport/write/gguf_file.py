@@ -3,8 +3,9 @@
 The header (every tensor's name, type, shape and offset) depends only on the plan, so it is written first; then each
 tensor is loaded, quantized and written, and dropped before the next: memory holds one tensor and its bytes. Written
 as part of a folder (``GgufFile``), the tensors are quantized ahead by the folder's worker threads (torch's
-operations release the GIL: quantizing is compute, one core a tensor), each handed to the writer in the file's order:
-memory holds one tensor being quantized per worker, and quantized bytes within the feed's budget. The key-value data
+operations release the GIL: quantizing is compute, one core a tensor), each handed to the writer in the file's order,
+while the job's reading thread reads the next tensors' values (read_ahead.py): memory holds one tensor being
+quantized per worker, two read ahead, and quantized bytes within the feed's budget. The key-value data
 is what ComfyUI-GGUF's ``tools/convert.py`` and ``llama-quantize`` write for an image model:
 ``general.architecture``, ``general.quantization_version`` and ``general.file_type``; a tensor stored in another
 shape than its own gets ``comfy.gguf.orig_shape.<name>`` (an array of int32), which ComfyUI-GGUF's loader restores;
