@@ -55,7 +55,8 @@ def test_reading_ahead_writes_the_serial_file(tiny_wan, read_in, cli, tmp_path):
     files = {}
     for workers in ("1", "2"):
         read_in.clear()
-        result = cli(folder / "model", tmp_path / f"w{workers}", "--to", "gguf", "--quant", "Q8_0", "--workers", workers)
+        result = cli(folder / "model", tmp_path / f"w{workers}", "--to", "gguf", "--quant", "Q8_0",
+                     "--workers", workers)
         assert result.exit_code == 0, result.stderr
         files[workers] = (gguf_bytes(tmp_path / f"w{workers}"), set(read_in))
     assert files["1"][1] == {"MainThread"} and files["2"][1] == {"cogexport-read"}
