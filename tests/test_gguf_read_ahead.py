@@ -120,4 +120,5 @@ def test_reads_go_at_most_two_tensors_past_the_latest_asked_for_and_errors_surfa
             ahead[5].load()
         assert torch.equal(ahead[1].load(), torch.full((4,), 1.0))  # before the run's start: read where asked
     assert set(loaded) <= {1, 3, 4, 5, 6, 7} and {1, 3, 4, 5} <= set(loaded)  # never 0 or 2; 7's error never raised
+    assert torch.equal(ahead[0].load(), torch.full((4,), 0.0))  # past the job's end: read where asked, no thread
     assert not [thread for thread in threading.enumerate() if thread.name.startswith("cogexport-read")]

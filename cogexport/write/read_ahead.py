@@ -36,6 +36,7 @@ class ReadAhead:
     def __init__(self, ahead: int = DEFAULT_AHEAD) -> None:
         self.ahead = max(0, ahead)
         self._pool: ThreadPoolExecutor | None = None
+        self._closed = False  # past the job's end every tensor is read where it is asked for: no thread is left
         self._lock = threading.Lock()  # the feed's threads ask at once
 
     def __enter__(self) -> "ReadAhead":
@@ -43,7 +44,7 @@ class ReadAhead:
 
     def __exit__(self, *exc_info) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
+            pool, self._pool, self._closed = self._pool, None, True
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -71,14 +72,16 @@ class _Sequence:
 
     def load(self, index: int) -> torch.Tensor:
         with self._reading._lock:
-            if self._reading._pool is None and self._next is not None:  # the job's reading has stopped
-                return self._tensors[index].load()
-            if self._next is None:
-                self._next = index  # a torchrun rank's run starts within the file
-            last = min(len(self._tensors), index + 1 + self._reading.ahead)
-            for place in range(self._next, last):
-                self._queued[place] = self._reading._submit(self._tensors[place])
-            self._next = max(self._next, last)
-            queued = self._queued.pop(index, None)
-        # a place before the first asked for was never queued: read here
+            queued = None if self._reading._closed else self._queue_through(index)
+        # past the job's end, or a place before the first asked for (never queued): read here
         return self._tensors[index].load() if queued is None else queued.result()
+
+    def _queue_through(self, index: int) -> Future | None:
+        """Queue the reads up to ``ahead`` places past ``index``; returns ``index``'s own, off the queue."""
+        if self._next is None:
+            self._next = index  # a torchrun rank's run starts within the file
+        last = min(len(self._tensors), index + 1 + self._reading.ahead)
+        for place in range(self._next, last):
+            self._queued[place] = self._reading._submit(self._tensors[place])
+        self._next = max(self._next, last)
+        return self._queued.pop(index, None)
