@@ -109,8 +109,9 @@ verbose_option = click.option(
 workers_option = click.option("--workers", type=click.IntRange(1), metavar="N",
                               help="Threads reading, checking and casting (or quantizing) tensors ahead of the writer "
                                    "(1: one thread does all in turn) [default: one per core but the writer's; one per "
-                                   "core for --to gguf, whose big K-type tensors are quantized in pieces by as many "
-                                   "threads (worker processes where the compiled quantizer is not built)]. Under "
+                                   "core for --to gguf, whose big K-type and Q8_0 tensors are quantized in pieces by as "
+                                   "many threads (worker processes where the compiled quantizer is not built), the "
+                                   "next tensors read meanwhile by one more]. Under "
                                    "torchrun, each process writes its share of the files (of each file's tensors, "
                                    "where there are fewer files than processes), its workers its share of the cores.")
 allow_nonfinite_option = click.option(

@@ -17,6 +17,7 @@ from ..quantize.policy import PolicyError
 from ..write.folder_plan import FolderPlan, TextFile
 from ..write.gguf_file import GgufFile
 from ..write.io_engine import default_workers
+from ..write.read_ahead import DEFAULT_AHEAD, ReadAhead
 from .cards import QuantizedCard, quantized_card
 from .options import ExportOptions, checked_format
 from .original_parts import open_way_back, plan_way_back, release_folder
@@ -37,6 +38,8 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
 
     with ExitStack() as stack:
         processes = stack.enter_context(quantizing_pool(options.workers))
+        # with workers, the next tensors are read while these are quantized (--workers 1: one thread, in turn)
+        reading = stack.enter_context(ReadAhead(DEFAULT_AHEAD if options.workers > 1 else 0))
         inputs = open_way_back(checkpoint, options, "transformer", stack)
         parts = plan_way_back(inputs, "transformer", options, refuse_original=False,
                               family_check=quantized_family_check("GGUF files"), layout_of=quantized_layout)
@@ -46,7 +49,7 @@ def export_gguf(checkpoint, output, options: ExportOptions | None = None, **over
             plan = plan_gguf(part.read_as, policy, options.quant, _release_strings(part, policy))
             name = f"{file_stem(part)}-{plan.preset.name}.gguf"
             files[part.component] = in_folder(release_folder(part, len(parts)), name)
-            folder.add(GgufFile(files[part.component], plan, processes))
+            folder.add(GgufFile(files[part.component], plan, processes, reading))
             if not part.published:  # no published model has its shapes: its loader's config goes beside the file
                 folder.add(TextFile(in_folder(release_folder(part, len(parts)), f"{CONFIG_FOLDER}/config.json"),
                                     part.config_json))

@@ -30,16 +30,17 @@ CHUNK_VALUES = 1 << 17
 
 
 def quantize_tensor(tensor: torch.Tensor, type_name: str, name: str = "tensor",
-                    allow_nonfinite: bool = False) -> torch.Tensor:
+                    allow_nonfinite: bool = False, into: torch.Tensor | None = None) -> torch.Tensor:
     """``tensor`` (any float dtype, its rows along the last dimension) stored as ``type_name``: a uint8 tensor of
-    shape (rows, bytes per row). Refuses rows the type cannot hold, naming ``name``, and non-finite values
-    (``NonfiniteValuesError``, which says how the float types can write them anyway: ``allow_nonfinite``)."""
+    shape (rows, bytes per row), ``into`` where given (contiguous: a piece's rows of the whole tensor's bytes, so
+    that the pieces need no joining copy). Refuses rows the type cannot hold, naming ``name``, and non-finite
+    values (``NonfiniteValuesError``, which says how the float types can write them anyway: ``allow_nonfinite``)."""
     kind = ggml_type(type_name)
     rows = tensor.reshape(-1, tensor.shape[-1] if tensor.dim() else 1)
     if not kind.fits(rows.shape[1]):
         raise CogExportError(f"{quoted(name)}: rows of {rows.shape[1]} values cannot be stored as {type_name} "
                              f"(blocks of {kind.block})")
-    out = torch.empty(rows.shape[0], kind.row_bytes(rows.shape[1]), dtype=torch.uint8)
+    out = torch.empty(rows.shape[0], kind.row_bytes(rows.shape[1]), dtype=torch.uint8) if into is None else into
     step = max(1, CHUNK_VALUES // max(1, rows.shape[1]))
     compiled = kernel.handles(type_name)
     # the compiled quantizer's threads call this at once: torch's thread count, one setting of the process, is

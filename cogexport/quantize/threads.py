@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from . import kernel
+from .formats import ggml_type
 from .piece_pool import PiecePool
 from .rows import quantize_tensor
 
@@ -48,9 +49,14 @@ class QuantizingThreads(PiecePool):
         if pieces <= 1:
             return quantize_tensor(values, type_name, name)
         pool = self._started()
-        futures = [pool.submit(quantize_tensor, piece, type_name, name) for piece in rows.tensor_split(pieces)]
+        # each piece's rows written straight into their place in the tensor's bytes: no joining copy
+        out = torch.empty(rows.shape[0], ggml_type(type_name).row_bytes(rows.shape[1]), dtype=torch.uint8)
+        futures = [pool.submit(quantize_tensor, piece, type_name, name, into=into)
+                   for piece, into in zip(rows.tensor_split(pieces), out.tensor_split(pieces))]
         try:
-            return torch.cat([future.result() for future in futures])
+            for future in futures:
+                future.result()
+            return out
         except Exception:  # a value a piece cannot hold: the whole tensor again here, for the error it raises
             for future in futures:
                 future.cancel()

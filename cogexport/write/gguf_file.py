@@ -3,8 +3,9 @@
 The header (every tensor's name, type, shape and offset) depends only on the plan, so it is written first; then each
 tensor is loaded, quantized and written, and dropped before the next: memory holds one tensor and its bytes. Written
 as part of a folder (``GgufFile``), the tensors are quantized ahead by the folder's worker threads (torch's
-operations release the GIL: quantizing is compute, one core a tensor), each handed to the writer in the file's order:
-memory holds one tensor being quantized per worker, and quantized bytes within the feed's budget. The key-value data
+operations release the GIL: quantizing is compute, one core a tensor), each handed to the writer in the file's order,
+while the job's reading thread reads the next tensors' values (read_ahead.py): memory holds one tensor being
+quantized per worker, two read ahead, and quantized bytes within the feed's budget. The key-value data
 is what ComfyUI-GGUF's ``tools/convert.py`` and ``llama-quantize`` write for an image model:
 ``general.architecture``, ``general.quantization_version`` and ``general.file_type``; a tensor stored in another
 shape than its own gets ``comfy.gguf.orig_shape.<name>`` (an array of int32), which ComfyUI-GGUF's loader restores;
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import tempfile
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -28,6 +29,7 @@ from ..quantize import quantize_tensor
 from ..quantize.policy import GgufPlan, PlannedTensor
 from .file_parts import FileLayout, placed_one_after_another, write_run
 from .io_engine import TensorFeed
+from .read_ahead import ReadAhead
 
 if TYPE_CHECKING:
     import gguf
@@ -127,6 +129,9 @@ class GgufFile:
     plan: GgufPlan
     # where big tensors are quantized (None: in the writing thread); how, not what: left out of the plan's digest
     processes: QuantizingPool | None = field(default=None, metadata={"how": True})
+    # the job's reading thread: the tensors after those being quantized are read meanwhile (None: each is read
+    # where it is quantized)
+    reading: ReadAhead | None = field(default=None, metadata={"how": True})
 
     @property
     def nbytes(self) -> int:
@@ -138,7 +143,9 @@ class GgufFile:
 
     def write_order(self) -> list[LazyTensor]:
         """The tensors' bytes in the order they are written (the payloads ``write`` takes)."""
-        return [quantized(tensor, self.processes) for tensor in self.plan.tensors]
+        sources = (self.reading or ReadAhead(0)).sequence([tensor.source for tensor in self.plan.tensors])
+        return [quantized(replace(tensor, source=source), self.processes)
+                for tensor, source in zip(self.plan.tensors, sources)]
 
     def write_names(self) -> list[str]:
         return [tensor.name for tensor in self.plan.tensors]
