@@ -55,7 +55,7 @@ class LoraFormat:
     write_prefix: str = declared("the prefix written keys get", "")
     component_prefix: bool = declared(
         "each key begins with the pipeline component the adapter is for, as Diffusers' loaders route it: one of the "
-        "family's tasks' `transformer_folder` (`transformer.`; MiniMax-H3's Ref2VA `transformer_ref.`), read as that "
+        "family's tasks' `transformer_folder` (`transformer.`, or a second task's `transformer_ref.`), read as that "
         "component's adapter and written for the task's (`write_prefix` when none is said); the header's adapter "
         "config is keyed by it too", False)
     encoded: bool = declared("kohya-style: a module path's dots are written as underscores (resolved against the "
