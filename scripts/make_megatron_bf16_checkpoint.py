@@ -23,7 +23,6 @@ which have masters, and the config. The same two CUDA calls as make_megatron_che
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
@@ -34,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_megatron_checkpoint import LEARNING_RATE, gathered_truth, rng_state, stand_in_cuda  # noqa: E402
+from megatron_iteration import save_iteration, truth_keys, write_truth  # noqa: E402
 from tiny_training import gloo_group, launch  # noqa: E402
 
 ITERATION = 3
@@ -105,7 +105,7 @@ def saved_dtypes(model_state: dict) -> dict[str, torch.dtype]:
 def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     warnings.filterwarnings("ignore")
     stand_in_cuda()
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import parallel_state
 
     torch.manual_seed(1234)
     with gloo_group(rendezvous, rank, world_size):
@@ -124,23 +124,13 @@ def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
         prefix = "optimizer.state.fp32_param."
         truth.update({f"master.{key[len(prefix):]}": t
                       for key, t in gathered_truth(optimizer_part["fp32_from_fp16_params"]).items()})
-        run = Path(spec["out"]) / "run"
-        folder = run / f"iter_{ITERATION:07d}"
+        state = {"checkpoint_version": 3.0, "iteration": ITERATION, "model": model_state,
+                 "optimizer": optimizer_part, "rng_state": rng_state(spec["tp"], 1)}
+        run = save_iteration(spec["out"], rank, ITERATION, state)
         if rank == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-        torch.distributed.barrier()
-        dist_checkpointing.save({"checkpoint_version": 3.0, "iteration": ITERATION, "model": model_state,
-                                 "optimizer": optimizer_part, "rng_state": rng_state(spec["tp"], 1)}, str(folder))
-        if rank == 0:
-            from safetensors.torch import save_file
-
-            (run / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
-            save_file({k: v.contiguous() for k, v in truth.items()}, str(Path(spec["out"]) / "truth.safetensors"))
-            keys = sorted(key[len("model."):] for key in truth if key.startswith("model."))
-            trainable = sorted(key[len("master."):] for key in truth if key.startswith("master."))
-            facts = {"keys": keys, "trainable": trainable, "frozen": FROZEN, "tp": spec["tp"],
-                     "num_layers": config.num_layers}
-            (Path(spec["out"]) / "truth.json").write_text(json.dumps(facts, indent=1))
+            facts = {"keys": truth_keys(truth, "model"), "trainable": truth_keys(truth, "master"), "frozen": FROZEN,
+                     "tp": spec["tp"], "num_layers": config.num_layers}
+            write_truth(spec["out"], run, ITERATION, truth, facts)
         parallel_state.destroy_model_parallel()
 
 

@@ -34,7 +34,6 @@ reformulation) and checks it against the truth.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import types
@@ -47,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_megatron_bf16_checkpoint import FROZEN, ITERATION, saved_dtypes, tiny_bf16_gpt, train  # noqa: E402
 from make_megatron_checkpoint import gathered_truth, rng_state, sharded_tensors, stand_in_cuda  # noqa: E402
+from megatron_iteration import save_iteration, truth_keys, write_truth  # noqa: E402
 from tiny_training import gloo_group, launch  # noqa: E402
 
 BUCKET_SIZE = 600  # elements: small, so the model's parameters fall into several buckets, some split between ranks
@@ -124,7 +124,7 @@ def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     warnings.filterwarnings("ignore")
     stand_in_cuda()
     stand_in_numpy_product()
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import parallel_state
 
     torch.manual_seed(1234)  # every rank alike: the data-parallel replicas train the same weights
     with gloo_group(rendezvous, rank, world_size):
@@ -139,30 +139,22 @@ def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
         every: list = [None] * world_size
         torch.distributed.all_gather_object(every, held_ranges(param_state))
         optimizer_part = {"param_state": param_state, "param_state_sharding_type": "fully_sharded_model_space"}
-        run = Path(spec["out"]) / "run"
-        folder = run / f"iter_{ITERATION:07d}"
-        if rank == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-        torch.distributed.barrier()
-        dist_checkpointing.save({"checkpoint_version": 3.0, "iteration": ITERATION, "model": model_state,
-                                 "optimizer": optimizer_part, "rng_state": rng_state(spec["tp"], 1)}, str(folder))
+        state = {"checkpoint_version": 3.0, "iteration": ITERATION, "model": model_state,
+                 "optimizer": optimizer_part, "rng_state": rng_state(spec["tp"], 1)}
+        run = save_iteration(spec["out"], rank, ITERATION, state)
         if rank == 0:
             write_outputs(spec, run, truth, every, config)
         parallel_state.destroy_model_parallel()
 
 
 def write_outputs(spec: dict, run: Path, truth: dict, every: list, config) -> None:
-    from safetensors.torch import save_file
     import megatron.core
 
-    (run / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
-    save_file({k: v.contiguous() for k, v in truth.items()}, str(Path(spec["out"]) / "truth.safetensors"))
-    facts = {"keys": sorted(key[len("model."):] for key in truth if key.startswith("model.")),
-             "trainable": sorted(key[len("master."):] for key in truth if key.startswith("master.")),
+    facts = {"keys": truth_keys(truth, "model"), "trainable": truth_keys(truth, "master"),
              "frozen": FROZEN, "tp": spec["tp"], "dp": spec["dp"], "num_layers": config.num_layers,
              "bucket_size": BUCKET_SIZE, "megatron_core": megatron.core.__version__,
              "fp32_param_ranges_by_rank": every}
-    (Path(spec["out"]) / "truth.json").write_text(json.dumps(facts, indent=1))
+    write_truth(spec["out"], run, ITERATION, truth, facts)
 
 
 def check_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:

@@ -19,7 +19,6 @@ The same two CUDA calls as make_megatron_checkpoint.py are stood in for.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
@@ -30,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_megatron_checkpoint import gathered_truth, stand_in_cuda  # noqa: E402
+from megatron_iteration import save_iteration, write_truth  # noqa: E402
 from tiny_training import gloo_group, launch  # noqa: E402
 
 EXPERTS = 4
@@ -50,7 +50,7 @@ def tiny_moe_gpt():
 def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     warnings.filterwarnings("ignore")
     stand_in_cuda()
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import parallel_state
 
     torch.manual_seed(1234)  # every rank alike: the weights outside the experts are replicated
     with gloo_group(rendezvous, rank, world_size):
@@ -65,19 +65,10 @@ def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
                     parameter.normal_(0.0, 0.02)
         state = model.sharded_state_dict()
         truth = gathered_truth(state)
-        run = Path(spec["out"]) / "run"
-        folder = run / "iter_0000001"
+        run = save_iteration(spec["out"], rank, 1, {"checkpoint_version": 3.0, "iteration": 1, "model": state})
         if rank == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-        torch.distributed.barrier()
-        dist_checkpointing.save({"checkpoint_version": 3.0, "iteration": 1, "model": state}, str(folder))
-        if rank == 0:
-            from safetensors.torch import save_file
-
-            (run / "latest_checkpointed_iteration.txt").write_text("1")
-            save_file({k: v.contiguous() for k, v in truth.items()}, str(Path(spec["out"]) / "truth.safetensors"))
             facts = {"keys": sorted(truth), "experts": EXPERTS, "ep": spec["ep"], "num_layers": config.num_layers}
-            (Path(spec["out"]) / "truth.json").write_text(json.dumps(facts, indent=1))
+            write_truth(spec["out"], run, 1, truth, facts)
         parallel_state.destroy_model_parallel()
 
 

@@ -25,7 +25,6 @@ zarr strategy's own ``torch.cuda.synchronize`` is the first of them.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_megatron_bf16_checkpoint import (FROZEN, ITERATION, optimizer_state, saved_dtypes,  # noqa: E402
                                            tiny_bf16_gpt, train)
 from make_megatron_checkpoint import gathered_truth, rng_state, stand_in_cuda  # noqa: E402
+from megatron_iteration import save_iteration, truth_keys, write_truth  # noqa: E402
 from tiny_training import gloo_group, launch  # noqa: E402
 
 BACKEND = ("zarr", 1)
@@ -66,32 +66,21 @@ def trained(tp: int) -> tuple:
 def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     warnings.filterwarnings("ignore")
     stand_in_cuda()
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import parallel_state
 
     torch.manual_seed(1234)
     with gloo_group(rendezvous, rank, world_size):
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=spec["tp"])
         config, model_state, optimizer_part, truth = trained(spec["tp"])
-        run = Path(spec["out"]) / "run"
-        folder = run / f"iter_{ITERATION:07d}"
+        state = {"checkpoint_version": 3.0, "iteration": ITERATION, "model": model_state,
+                 "optimizer": optimizer_part, "rng_state": rng_state(spec["tp"], 1)}
+        run = save_iteration(spec["out"], rank, ITERATION, state, sharded_strategy=BACKEND)
         if rank == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-        torch.distributed.barrier()
-        dist_checkpointing.save({"checkpoint_version": 3.0, "iteration": ITERATION, "model": model_state,
-                                 "optimizer": optimizer_part, "rng_state": rng_state(spec["tp"], 1)}, str(folder),
-                                sharded_strategy=BACKEND)
-        if rank == 0:
-            from safetensors.torch import save_file
-
-            (run / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
-            save_file({k: v.contiguous() for k, v in truth.items()}, str(Path(spec["out"]) / "truth.safetensors"))
-            keys = sorted(key[len("model."):] for key in truth if key.startswith("model."))
-            masters = sorted(key[len("master."):] for key in truth if key.startswith("master."))
             import megatron.core
 
-            facts = {"keys": keys, "trainable": masters, "frozen": FROZEN, "tp": spec["tp"],
-                     "num_layers": config.num_layers, "megatron_core": megatron.core.__version__}
-            (Path(spec["out"]) / "truth.json").write_text(json.dumps(facts, indent=1))
+            facts = {"keys": truth_keys(truth, "model"), "trainable": truth_keys(truth, "master"), "frozen": FROZEN,
+                     "tp": spec["tp"], "num_layers": config.num_layers, "megatron_core": megatron.core.__version__}
+            write_truth(spec["out"], run, ITERATION, truth, facts)
         parallel_state.destroy_model_parallel()
 
 

@@ -85,13 +85,13 @@ class MegatronBf16Fixture(GroundTruth):
 
 def megatron_bf16_run(tp: int = 2) -> MegatronBf16Fixture:
     command = [str(SCRIPTS / "make_megatron_bf16_checkpoint.py"), "--tp", str(tp)]
-    return MegatronBf16Fixture(cached_fixture(f"megatron-bf16-tp{tp}", ("make_megatron_bf16_checkpoint.py",
-                                                                       *SCRIPTS_USED), command))
+    scripts = ("make_megatron_bf16_checkpoint.py", "megatron_iteration.py", *SCRIPTS_USED)
+    return MegatronBf16Fixture(cached_fixture(f"megatron-bf16-tp{tp}", scripts, command))
 
 
 def megatron_moe_run(ep: int = 2) -> MegatronFixture:
     """OUT/run (iter_0000001/ of a mixture-of-experts GPTModel at expert-parallel ``ep``) and the truth: every model
     tensor under megatron-core's key (experts stacked [L, E, ...]), in ``tensors`` as saved (no iteration prefix)."""
     command = [str(SCRIPTS / "make_megatron_moe_checkpoint.py"), "--ep", str(ep)]
-    return MegatronFixture(cached_fixture(f"megatron-moe-ep{ep}", ("make_megatron_moe_checkpoint.py",
-                                                                  *SCRIPTS_USED), command))
+    scripts = ("make_megatron_moe_checkpoint.py", "megatron_iteration.py", *SCRIPTS_USED)
+    return MegatronFixture(cached_fixture(f"megatron-moe-ep{ep}", scripts, command))
