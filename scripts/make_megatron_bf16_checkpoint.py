@@ -102,6 +102,33 @@ def saved_dtypes(model_state: dict) -> dict[str, torch.dtype]:
     return {sharded.key: sharded.data.dtype for sharded in sharded_tensors(model_state)}
 
 
+def trained_model(tp: int):
+    """The model trained as Float16OptimizerWithFloat16Params trains it (biases started off zero: each its own
+    values, so none is another's; the output layer frozen), its config, masters and optimizer."""
+    model, config = tiny_bf16_gpt(tp)
+    dict(model.named_parameters())[FROZEN].requires_grad_(False)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, 0.02)
+    masters, optimizer = train(model)
+    return model, config, masters, optimizer
+
+
+def trained(tp: int) -> tuple:
+    """The trained model's config, its sharded state, the optimizer's part of the save and the truth: every model
+    tensor in its own dtype (the gathered tensors are fp32) and every master."""
+    model, config, masters, optimizer = trained_model(tp)
+    model_state = model.sharded_state_dict()
+    optimizer_part = optimizer_state(model, model_state, masters, optimizer)
+    dtypes = saved_dtypes(model_state)
+    truth = {f"model.{key}": t.to(dtypes[key]) for key, t in gathered_truth(model_state).items()}
+    prefix = "optimizer.state.fp32_param."
+    truth.update({f"master.{key[len(prefix):]}": t
+                  for key, t in gathered_truth(optimizer_part["fp32_from_fp16_params"]).items()})
+    return config, model_state, optimizer_part, truth
+
+
 def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     warnings.filterwarnings("ignore")
     stand_in_cuda()
@@ -110,20 +137,7 @@ def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
     torch.manual_seed(1234)
     with gloo_group(rendezvous, rank, world_size):
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=spec["tp"])
-        model, config = tiny_bf16_gpt(spec["tp"])
-        dict(model.named_parameters())[FROZEN].requires_grad_(False)
-        with torch.no_grad():  # biases start at zero and would stay there: each its own values, so none is another's
-            for name, parameter in model.named_parameters():
-                if name.endswith(".bias"):
-                    parameter.normal_(0.0, 0.02)
-        masters, optimizer = train(model)
-        model_state = model.sharded_state_dict()
-        optimizer_part = optimizer_state(model, model_state, masters, optimizer)
-        dtypes = saved_dtypes(model_state)  # the gathered tensors are fp32: each back to its own dtype, exactly
-        truth = {f"model.{key}": t.to(dtypes[key]) for key, t in gathered_truth(model_state).items()}
-        prefix = "optimizer.state.fp32_param."
-        truth.update({f"master.{key[len(prefix):]}": t
-                      for key, t in gathered_truth(optimizer_part["fp32_from_fp16_params"]).items()})
+        config, model_state, optimizer_part, truth = trained(spec["tp"])
         state = {"checkpoint_version": 3.0, "iteration": ITERATION, "model": model_state,
                  "optimizer": optimizer_part, "rng_state": rng_state(spec["tp"], 1)}
         run = save_iteration(spec["out"], rank, ITERATION, state)

@@ -44,7 +44,7 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_megatron_bf16_checkpoint import FROZEN, ITERATION, saved_dtypes, tiny_bf16_gpt, train  # noqa: E402
+from make_megatron_bf16_checkpoint import FROZEN, ITERATION, saved_dtypes, trained_model  # noqa: E402
 from make_megatron_checkpoint import gathered_truth, rng_state, sharded_tensors, stand_in_cuda  # noqa: E402
 from megatron_iteration import save_iteration, truth_keys, write_truth  # noqa: E402
 from tiny_training import gloo_group, launch  # noqa: E402
@@ -59,17 +59,6 @@ def stand_in_numpy_product() -> None:
 
     if not hasattr(numpy, "product"):
         numpy.product = numpy.prod
-
-
-def trained_model(tp: int):
-    model, config = tiny_bf16_gpt(tp)
-    dict(model.named_parameters())[FROZEN].requires_grad_(False)
-    with torch.no_grad():  # biases start at zero and would stay there: each its own values, so none is another's
-        for name, parameter in model.named_parameters():
-            if name.endswith(".bias"):
-                parameter.normal_(0.0, 0.02)
-    masters, optimizer = train(model)
-    return model, config, masters, optimizer
 
 
 def gbuf_ranges(model, config) -> list:

@@ -34,33 +34,12 @@ import click
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_megatron_bf16_checkpoint import (FROZEN, ITERATION, optimizer_state, saved_dtypes,  # noqa: E402
-                                           tiny_bf16_gpt, train)
-from make_megatron_checkpoint import gathered_truth, rng_state, stand_in_cuda  # noqa: E402
+from make_megatron_bf16_checkpoint import FROZEN, ITERATION, trained  # noqa: E402
+from make_megatron_checkpoint import rng_state, stand_in_cuda  # noqa: E402
 from megatron_iteration import save_iteration, truth_keys, write_truth  # noqa: E402
 from tiny_training import gloo_group, launch  # noqa: E402
 
 BACKEND = ("zarr", 1)
-
-
-def trained(tp: int) -> tuple:
-    """The model trained (biases started off zero, as the bf16 maker does), its sharded state, the optimizer's part
-    of the save and the truth."""
-    model, config = tiny_bf16_gpt(tp)
-    dict(model.named_parameters())[FROZEN].requires_grad_(False)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(".bias"):
-                parameter.normal_(0.0, 0.02)
-    masters, optimizer = train(model)
-    model_state = model.sharded_state_dict()
-    optimizer_part = optimizer_state(model, model_state, masters, optimizer)
-    dtypes = saved_dtypes(model_state)
-    truth = {f"model.{key}": t.to(dtypes[key]) for key, t in gathered_truth(model_state).items()}
-    prefix = "optimizer.state.fp32_param."
-    truth.update({f"master.{key[len(prefix):]}": t
-                  for key, t in gathered_truth(optimizer_part["fp32_from_fp16_params"]).items()})
-    return config, model_state, optimizer_part, truth
 
 
 def rank_main(rank: int, world_size: int, rendezvous: str, spec: dict) -> None:
