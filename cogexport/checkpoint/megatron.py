@@ -238,15 +238,14 @@ def layer_name(name: str, at: int, layer: int) -> str:
 def unplaced_masters(files: IterationFiles, unplaced: list[str]) -> str:
     """Why the flattened masters of a save without megatron-core's record of their shapes are not read."""
     key = unplaced[0]
-    state = next(name for name in files.metadata.entries if OPTIMIZER_STATE.match(name)
-                 and OPTIMIZER_STATE.match(name).group(2) == key)
+    state = next(name for name in files.metadata.entries
+                 if (found := OPTIMIZER_STATE.match(name)) and found.group(2) == key)
     masters = any(f"optimizer.state.{name}.{k}" in files.metadata.entries for name in MASTER_STATES for k in unplaced)
     among = ", fp32 masters among them," if masters else ""
     return f" (its optimizer states of {len(unplaced)} parameters{among} are stored flattened, " \
            f"{quoted(state)} as {list(files.metadata.entries[state].size)} for its parameter's " \
            f"{list(files.metadata.entries[key].size)}: megatron-core 0.8-0.15's fully_sharded_model_space layout, " \
-           "but " \
-           "the .metadata lacks the record of the shapes they were flattened from (megatron-core's mcore_data: the " \
+           "but the .metadata lacks the record of the shapes they were flattened from (megatron-core's mcore_data: the " \
            "save was rewritten by another tool?), so where each element goes cannot be told exactly: not read)"
 
 
