@@ -245,8 +245,9 @@ def unplaced_masters(files: IterationFiles, unplaced: list[str]) -> str:
     return f" (its optimizer states of {len(unplaced)} parameters{among} are stored flattened, " \
            f"{quoted(state)} as {list(files.metadata.entries[state].size)} for its parameter's " \
            f"{list(files.metadata.entries[key].size)}: megatron-core 0.8-0.15's fully_sharded_model_space layout, " \
-           "but the .metadata lacks the record of the shapes they were flattened from (megatron-core's mcore_data: the " \
-           "save was rewritten by another tool?), so where each element goes cannot be told exactly: not read)"
+           "but the .metadata lacks the record of the shapes they were flattened from (megatron-core's " \
+           "mcore_data: the save was rewritten by another tool?), so where each element goes cannot be told " \
+           "exactly: not read)"
 
 
 # -- the checkpoint --------------------------------------------------------------------------------------------------
